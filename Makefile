@@ -1,0 +1,30 @@
+# Two commands do all set-up: `make demo` and `make test`. Both create .venv (Python 3.11) when missing.
+PYTHON ?= python3.11
+VENV ?= .venv
+# A CPU build by default; on a GPU machine e.g. `make test TORCH="torch==2.13.0 --index-url ..."`.
+TORCH ?= torch==2.13.0
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test bench venv clean-demo
+
+venv: $(STAMP)
+
+$(PY):
+	$(PYTHON) -m venv $(VENV)
+
+# Reinstall when the dependencies change. torch goes first so pip never pulls a multi-GB CUDA build.
+$(STAMP): setup.py Makefile | $(PY)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e '.[test]'
+	touch $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest
+
+demo: $(STAMP)
+	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
+
+clean-demo:
+	rm -rf demo-out

@@ -1,0 +1,191 @@
+"""The pretrained anchor θ*: where it comes from, which parameters it covers, its layout.
+
+Pure torch (no fairseq import): the fairseq adapter hands in the model and the optimizer's tensors.
+
+- Source: a snapshot of the optimizer's own tensors (the weights fairseq loaded from
+  ``--restore-file``, before any update), or a checkpoint file (``--recadam-pretrained-path``).
+- Coverage: exactly the parameters whose names exist in the pretrained checkpoint, after the
+  model's own ``upgrade_state_dict_named`` (fairseq renames old keys there and injects the
+  model's fresh classification heads; injected entries share storage with the model and are
+  not counted as pretrained).
+- Layout: fairseq hands the optimizer the model's tensors (fp32, memory-efficient fp16), fp32
+  copies of them (``--fp16-no-flatten-grads``, ``--bf16``) or one flat tensor holding all of
+  them back to back (``--fp16``). An anchored region of a flat tensor is a list of element runs.
+"""
+
+import logging
+import os
+from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+
+logger = logging.getLogger(__name__)
+
+
+class AnchorError(ValueError):
+    """The anchor cannot be built: a bad checkpoint file, or a model that does not match it."""
+
+
+def unwrap_model(module: torch.nn.Module) -> torch.nn.Module:
+    """Strip DDP / fairseq wrappers (they keep the model in ``.module``)."""
+    while isinstance(getattr(module, "module", None), torch.nn.Module):
+        module = module.module
+    return module
+
+
+def trainable_named_parameters(model: torch.nn.Module) -> List[Tuple[str, Tensor]]:
+    """What fairseq hands the optimizer, in that order (model first; criterion tensors follow)."""
+    return [(n, p) for n, p in unwrap_model(model).named_parameters() if p.requires_grad]
+
+
+# --------------------------------------------------------------------------- checkpoint files
+def load_checkpoint_state(path: str) -> Dict[str, Tensor]:
+    """The ``model`` state dict of a fairseq checkpoint, memory-mapped where possible.
+
+    Raises AnchorError naming the file when it is missing, unreadable, truncated or not a
+    fairseq checkpoint.
+    """
+    if not os.path.exists(path):
+        raise AnchorError(f"{path}: no such file")
+    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+        raise AnchorError(f"{path}: not a readable file")
+    try:
+        try:
+            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+        except RuntimeError as e:  # legacy (non-zip) checkpoints cannot be memory-mapped
+            if "mmap" not in str(e):
+                raise
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as e:  # noqa: BLE001 - every failure here means "not a usable checkpoint"
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise AnchorError(f"{path}: cannot be read as a torch checkpoint (truncated or corrupt?): {first}") from e
+    model = state.get("model") if isinstance(state, dict) else None
+    if not isinstance(model, dict) or not model or not all(torch.is_tensor(v) for v in model.values()):
+        raise AnchorError(f"{path}: not a fairseq checkpoint (it has no 'model' state dict of tensors)")
+    return model
+
+
+def pretrained_names(model: torch.nn.Module, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
+    """The checkpoint's parameters under the model's names, after the model's own upgrade.
+
+    Returns {name: tensor} for the entries that really come from the checkpoint.
+    """
+    model = unwrap_model(model)
+    state = dict(state)
+    live = {t.data_ptr() for t in model.state_dict().values() if t.numel() > 0}
+    if hasattr(model, "upgrade_state_dict_named"):
+        quiet = logging.getLogger("fairseq")
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)  # fairseq already logged this upgrade when it loaded the file
+        try:
+            model.upgrade_state_dict_named(state, "")
+        finally:
+            quiet.setLevel(level)
+    return {k: v for k, v in state.items() if not (v.numel() > 0 and v.data_ptr() in live)}
+
+
+# --------------------------------------------------------------------------- layout
+def layout(tensors: Sequence[Tensor], named: Sequence[Tuple[str, Tensor]]) -> List[List[Tuple[Optional[str], int, int]]]:
+    """For each optimizer tensor, its parts: [(name or None, start element, numel)].
+
+    Parts named None belong to no model parameter (criterion parameters): never anchored.
+    """
+    by_id = {id(p): n for n, p in named}
+    if all(id(t) in by_id for t in tensors):  # the model's own tensors (fp32, memory-efficient)
+        return [[(by_id[id(t)], 0, t.numel())] for t in tensors]
+    total = sum(p.numel() for _, p in named)
+    if len(tensors) == 1 and tensors[0].dim() == 1 and tensors[0].numel() >= total and len(named) > 1:
+        parts, off = [], 0  # --fp16: one flat tensor, the parameters back to back
+        for n, p in named:
+            parts.append((n, off, p.numel()))
+            off += p.numel()
+        if off < tensors[0].numel():
+            parts.append((None, off, tensors[0].numel() - off))
+        return [parts]
+    if len(tensors) >= len(named) and all(t.shape == p.shape for t, (_, p) in zip(tensors, named)):
+        # fp32 copies in the model's order (--fp16-no-flatten-grads, --bf16); criterion ones after
+        return [[(named[i][0] if i < len(named) else None, 0, t.numel())] for i, t in enumerate(tensors)]
+    raise AnchorError(
+        f"cannot match the optimizer's {len(tensors)} tensors ({sum(t.numel() for t in tensors)} elements) "
+        f"to the model's {len(named)} trainable parameters ({total} elements)"
+    )
+
+
+def runs_of(parts, anchored: Iterable[str]) -> List[Tuple[int, int]]:
+    """Merge the anchored parts of one optimizer tensor into maximal element runs."""
+    anchored = set(anchored)
+    runs: List[List[int]] = []
+    for name, start, n in parts:
+        if name in anchored:
+            if runs and runs[-1][0] + runs[-1][1] == start:
+                runs[-1][1] += n
+            else:
+                runs.append([start, n])
+    return [(s, n) for s, n in runs]
+
+
+# --------------------------------------------------------------------------- building it
+class AnchorPlan:
+    """Which parameters are anchored, and how they map onto the optimizer's tensors."""
+
+    def __init__(self, tensors: Sequence[Tensor], model: torch.nn.Module,
+                 pretrained: Dict[str, Tensor]):
+        named = trainable_named_parameters(model)
+        self.tensors = list(tensors)
+        self.parts = layout(self.tensors, named)
+        shapes = dict((n, tuple(p.shape)) for n, p in named)
+        common = [n for n, _ in named if n in pretrained]
+        if not common:
+            raise AnchorError(
+                "the pretrained checkpoint has no parameter in common with the model "
+                f"(model: {_preview([n for n, _ in named])}; checkpoint: {_preview(list(pretrained))}): wrong file?"
+            )
+        for n in common:
+            if tuple(pretrained[n].shape) != shapes[n]:
+                raise AnchorError(
+                    f"parameter {n} has shape {tuple(pretrained[n].shape)} in the pretrained checkpoint "
+                    f"but {shapes[n]} in the model"
+                )
+        self.anchored = common
+        self.free = [n for n, _ in named if n not in pretrained]
+        self.numel = {n: p.numel() for n, p in named}
+
+    def summary(self) -> str:
+        a = sum(self.numel[n] for n in self.anchored)
+        f = sum(self.numel[n] for n in self.free)
+        msg = f"anchored {len(self.anchored)} tensors ({a:,} elements)"
+        if self.free:
+            msg += f"; not anchored, plain Adam: {len(self.free)} tensors ({f:,} elements): {', '.join(self.free)}"
+        return msg
+
+    def runs(self) -> List[List[Tuple[int, int]]]:
+        return [runs_of(parts, self.anchored) for parts in self.parts]
+
+    def build(self, values: Optional[Dict[str, Tensor]], dtype: Optional[torch.dtype] = None):
+        """Yield (tensor, anchor, runs or None) per optimizer tensor; anchor None = not anchored.
+
+        ``values`` None snapshots the optimizer's tensors; else the named pretrained values.
+        """
+        for t, parts, runs in zip(self.tensors, self.parts, self.runs()):
+            if not runs:
+                yield t, None, None
+                continue
+            buf = torch.empty(sum(n for _, n in runs), dtype=dtype or t.dtype, device=t.device)
+            if values is None:
+                flat, off = t.detach().reshape(-1), 0
+                for s, n in runs:
+                    buf[off:off + n].copy_(flat[s:s + n])
+                    off += n
+            else:
+                off = 0
+                for name, s, n in parts:
+                    if name in values and name in self.anchored:
+                        buf[off:off + n].copy_(values[name].reshape(-1))
+                        off += n
+            whole = len(runs) == 1 and runs[0] == (0, t.numel())
+            yield t, (buf.view_as(t) if whole else buf), (None if whole else runs)
+
+
+def _preview(names: List[str], k: int = 3) -> str:
+    return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")

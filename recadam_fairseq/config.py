@@ -1,0 +1,51 @@
+"""The RecAdam hyperparameters as one fairseq dataclass (flags ``--recadam-*``)."""
+
+from dataclasses import dataclass, field
+from typing import Optional
+
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from omegaconf import II
+
+from .anneal import ANNEAL_FUNS
+
+ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+# How users know each core hyperparameter: error messages name the flag.
+FLAG_NAMES = {
+    "lr": "--lr", "betas": "--adam-betas", "eps": "--adam-eps", "weight_decay": "--weight-decay",
+    "anneal_fun": "--recadam-anneal-fun", "anneal_k": "--recadam-anneal-k",
+    "anneal_t0": "--recadam-anneal-t0", "anneal_w": "--recadam-anneal-w",
+    "pretrain_cof": "--recadam-pretrain-cof",
+}
+
+
+@dataclass
+class RecAdamHyperparams(FairseqDataclass):
+    recadam_anneal_fun: ChoiceEnum(ANNEAL_FUNS) = field(
+        default="sigmoid",
+        metadata={"help": "annealing schedule λ(t): sigmoid w/(1+exp(-k(t-t0))), linear min(1,t/t0)·w, constant w"},
+    )
+    recadam_anneal_k: float = field(
+        default=0.5, metadata={"help": "slope k of the sigmoid λ(t); the authors search 0.05, 0.1, 0.2, 0.5, 1"}
+    )
+    recadam_anneal_t0: float = field(
+        default=250, metadata={"help": "midpoint t0 (updates) of the sigmoid λ(t), or the length of the linear ramp"}
+    )
+    recadam_anneal_w: float = field(
+        default=1.0, metadata={"help": "scale w of λ(t) for pretrained parameters; 0 gives plain Adam"}
+    )
+    recadam_pretrain_cof: float = field(
+        default=5000.0, metadata={"help": "γ: coefficient of the quadratic penalty γ/2·Σ(θ−θ*)² toward the pretrained weights"}
+    )
+    recadam_pretrained_path: Optional[str] = field(
+        default=None,
+        metadata={"help": "fairseq checkpoint holding the pretrained weights θ*; default: the weights loaded "
+                          "from --restore-file (or --finetune-from-model) when the optimizer is built"},
+    )
+    recadam_anchor_dtype: ChoiceEnum(list(ANCHOR_DTYPES)) = field(
+        default="fp32", metadata={"help": "precision of the stored pretrained weights θ* (bf16/fp16 halve their memory)"}
+    )
+    # Read from other config nodes; not command-line flags.
+    restore_file: str = II("checkpoint.restore_file")
+    finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
+    save_dir: str = II("checkpoint.save_dir")

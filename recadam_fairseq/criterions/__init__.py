@@ -1,0 +1,1 @@
+"""fairseq criterion adapters."""

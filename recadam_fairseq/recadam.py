@@ -1,0 +1,377 @@
+"""RecAdam: Adam with a λ(t)-scaled step and a decoupled pull toward pretrained weights.
+
+Pure torch (no fairseq import). The update of one tensor at its own step t (the steps on which
+it had a gradient), exactly in this order:
+
+    m ← β1·m + (1−β1)·g ;  v ← β2·v + (1−β2)·g²
+    s ← lr·√(1−β2^t)/(1−β1^t)            (s ← lr when correct_bias is False)
+    anchored and anneal_w > 0:  λ ← anneal_lambda(fun, t, k, t0, w)
+                                p ← p − s·λ·m/(√v+ε) ;  p ← p − lr·(w−λ)·γ·(p − p*)
+    otherwise:                  p ← p − s·m/(√v+ε)
+    weight_decay > 0:           p ← p − lr·weight_decay·p
+
+A tensor is "anchored" when it has a pretrained value p* (``pretrain_params`` or
+:meth:`RecAdam.set_anchor`). An anchor may cover the whole tensor, or only some element runs of
+a flat tensor (fairseq's ``--fp16`` hands the optimizer one flat tensor holding every parameter):
+elements outside the runs get plain Adam.
+"""
+
+import math
+from collections import defaultdict
+from itertools import chain
+from typing import Iterable, List, Optional, Sequence, Tuple
+
+import torch
+from torch import Tensor
+from torch.optim import Optimizer
+
+from .anneal import ANNEAL_FUNS, anneal_lambda
+
+__all__ = ["RecAdam"]
+
+_HALF = (torch.float16, torch.bfloat16)
+# Elements per batch of work. Bounds every temporary (the Adam denominator, fp32 copies of
+# half-precision tensors) to a few buffers of this size instead of the model's size.
+CHUNK = 1 << 21
+# State tensors whose dtype we keep on load (torch would cast them to the parameter dtype).
+_STATE_TENSORS = ("exp_avg", "exp_avg_sq", "anchor")
+
+
+def validate_hparams(h: dict, where: str = "", names: Optional[dict] = None) -> None:
+    """Raise ValueError naming the first hyperparameter of ``h`` that is out of range.
+
+    ``names`` maps a key to the name users know it by (e.g. a command-line flag).
+    """
+
+    def _check(ok, key, value, rule, where):
+        if not ok:
+            shown = (names or {}).get(key, key)
+            raise ValueError(f"RecAdam: invalid {shown}={value!r}{where}: {rule}")
+
+    _check(h["lr"] >= 0, "lr", h["lr"], "must be >= 0", where)
+    _check(h["eps"] >= 0, "eps", h["eps"], "must be >= 0", where)
+    _check(h["weight_decay"] >= 0, "weight_decay", h["weight_decay"], "must be >= 0", where)
+    betas = h["betas"]
+    _check(
+        len(tuple(betas)) == 2 and all(0.0 <= b < 1.0 for b in betas),
+        "betas", tuple(betas), "each beta must be in [0, 1)", where,
+    )
+    _check(h["anneal_fun"] in ANNEAL_FUNS, "anneal_fun", h["anneal_fun"],
+           f"choose one of {', '.join(ANNEAL_FUNS)}", where)
+    _check(math.isfinite(h["anneal_k"]) and h["anneal_k"] >= 0, "anneal_k", h["anneal_k"],
+           "must be finite and >= 0", where)
+    _check(math.isfinite(h["anneal_t0"]), "anneal_t0", h["anneal_t0"], "must be finite", where)
+    if h["anneal_fun"] == "linear":
+        _check(h["anneal_t0"] > 0, "anneal_t0", h["anneal_t0"],
+               "must be > 0 for the linear schedule", where)
+    _check(math.isfinite(h["anneal_w"]) and h["anneal_w"] >= 0, "anneal_w", h["anneal_w"],
+           "must be finite and >= 0", where)
+    _check(math.isfinite(h["pretrain_cof"]) and h["pretrain_cof"] >= 0, "pretrain_cof",
+           h["pretrain_cof"], "must be finite and >= 0", where)
+
+
+def _views(x: Tensor, lo: int, hi: int) -> Tensor:
+    return x.view(-1)[lo:hi]
+
+
+def _chunks(lo: int, hi: int, contiguous: bool):
+    if not contiguous:  # cannot take flat views: one piece
+        yield lo, hi
+        return
+    for a in range(lo, hi, CHUNK):
+        yield a, min(a + CHUNK, hi)
+
+
+class RecAdam(Optimizer):
+    r"""RecAdam ("Recall and Learn", Chen et al., EMNLP 2020).
+
+    Drop-in for the authors' class: same arguments and defaults; a param group may carry its own
+    ``pretrain_params`` (aligned with its ``params``), ``anneal_w``, ``lr``, ``weight_decay``...
+
+    Args:
+        params: tensors or param groups.
+        lr, betas, eps, weight_decay, correct_bias: as in the authors' AdamW-style Adam
+            (decoupled weight decay applied last; ε added to √v before bias correction).
+        anneal_fun, anneal_k, anneal_t0, anneal_w: the λ(t) schedule (see :func:`anneal_lambda`).
+        pretrain_cof: γ, the coefficient of the quadratic penalty.
+        pretrain_params: pretrained tensors p* aligned with ``params`` (shapes must match).
+            Required for groups with ``anneal_w > 0`` unless ``defer_anchors``.
+        foreach: use multi-tensor ``torch._foreach_*`` kernels (default) or a per-tensor loop.
+        defer_anchors: allow groups without ``pretrain_params``; anchors are attached later
+            with :meth:`set_anchor`, and tensors without one get plain Adam.
+    """
+
+    supports_flat_params = True  # fairseq: may be built on one flat fp32 tensor
+    supports_memory_efficient_fp16 = True  # fairseq: half params are updated in fp32 here
+
+    def __init__(
+        self,
+        params,
+        lr: float = 1e-3,
+        betas: Tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-6,
+        weight_decay: float = 0.0,
+        correct_bias: bool = True,
+        anneal_fun: str = "sigmoid",
+        anneal_k: float = 0,
+        anneal_t0: float = 0,
+        anneal_w: float = 1.0,
+        pretrain_cof: float = 5000.0,
+        pretrain_params: Optional[Iterable[Tensor]] = None,
+        *,
+        foreach: Optional[bool] = None,
+        defer_anchors: bool = False,
+    ):
+        defaults = dict(
+            lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
+            correct_bias=correct_bias, anneal_fun=anneal_fun, anneal_k=anneal_k,
+            anneal_t0=anneal_t0, anneal_w=anneal_w, pretrain_cof=pretrain_cof, foreach=foreach,
+        )
+        self._default_pretrain = pretrain_params
+        self._defer_anchors = defer_anchors
+        super().__init__(params, defaults)
+        del self._default_pretrain  # only meaningful while the constructor adds groups
+
+    # ----------------------------------------------------------------- groups and anchors
+    def add_param_group(self, param_group: dict) -> None:
+        param_group = dict(param_group)
+        if "pretrain_params" in param_group:
+            pretrain = param_group.pop("pretrain_params")
+        else:
+            pretrain = getattr(self, "_default_pretrain", None)
+        index = len(self.param_groups)
+        super().add_param_group(param_group)
+        group = self.param_groups[-1]
+        group["betas"] = tuple(group["betas"])
+        where = f" (param group {index})"
+        validate_hparams(group, where)
+        params = group["params"]
+        if pretrain is None:
+            if group["anneal_w"] > 0 and not self._defer_anchors:
+                raise ValueError(
+                    f"RecAdam: pretrain_params is required{where} when anneal_w > 0 "
+                    f"(anneal_w={group['anneal_w']}); use anneal_w=0 for plain Adam"
+                )
+            return
+        pretrain = list(pretrain)
+        if len(pretrain) != len(params):
+            raise ValueError(
+                f"RecAdam: pretrain_params has {len(pretrain)} tensors but params has "
+                f"{len(params)}{where}: they must be aligned one to one"
+            )
+        for i, (p, a) in enumerate(zip(params, pretrain)):
+            if a is not None and tuple(a.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"RecAdam: pretrain_params[{i}] has shape {tuple(a.shape)} but params[{i}] "
+                    f"has shape {tuple(p.shape)}{where}"
+                )
+            self.set_anchor(p, a)
+
+    def set_anchor(self, p: Tensor, anchor: Optional[Tensor],
+                   runs: Optional[Sequence[Tuple[int, int]]] = None) -> None:
+        """Attach (or with ``anchor=None`` remove) the pretrained value p* of parameter ``p``.
+
+        Without ``runs`` the anchor has p's shape. With ``runs`` = [(start, length), ...] over
+        p's flattened elements (sorted, disjoint), the anchor is a 1-D buffer holding those
+        runs back to back; elements outside the runs get plain Adam. The anchor is used as
+        given (no copy) unless it lives on another device; it may have a lower precision.
+        """
+        state = self.state[p]
+        state.pop("anchor", None)
+        state.pop("anchor_runs", None)
+        if anchor is None:
+            return
+        anchor = anchor.detach()
+        if runs is None:
+            if tuple(anchor.shape) != tuple(p.shape):
+                raise ValueError(
+                    f"RecAdam: anchor shape {tuple(anchor.shape)} != parameter shape {tuple(p.shape)}"
+                )
+        else:
+            runs = [[int(s), int(n)] for s, n in runs]
+            end = 0
+            for s, n in runs:
+                if s < end or n <= 0:
+                    raise ValueError(f"RecAdam: anchor runs must be sorted, disjoint and non-empty: {runs}")
+                end = s + n
+            if end > p.numel() or anchor.numel() != sum(n for _, n in runs):
+                raise ValueError(
+                    f"RecAdam: anchor of {anchor.numel()} elements does not fit runs covering "
+                    f"{sum(n for _, n in runs)} of {p.numel()} elements"
+                )
+            if not p.is_contiguous():
+                raise ValueError("RecAdam: anchor runs need a contiguous parameter")
+            anchor = anchor.reshape(-1)
+            state["anchor_runs"] = runs
+        if not anchor.is_floating_point():
+            raise ValueError(f"RecAdam: anchor must be floating point, got {anchor.dtype}")
+        state["anchor"] = anchor.to(device=p.device).contiguous()
+
+    def anchor_of(self, p: Tensor) -> Optional[Tensor]:
+        return self.state[p].get("anchor") if p in self.state else None
+
+    # ----------------------------------------------------------------- state dict
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a state dict, keeping the moments and anchors in their saved dtype.
+
+        (torch would cast them to the parameter dtype: the fp32 moments of fp16 parameters and a
+        half-precision anchor of fp32 parameters would change.) Moments whose shape does not
+        match the parameter raise ValueError: the state comes from another model.
+        """
+        state_dict = dict(state_dict)
+        kept, rest = {}, {}
+        for k, s in state_dict["state"].items():
+            kept[k] = {n: v for n, v in s.items() if n in _STATE_TENSORS and torch.is_tensor(v)}
+            rest[k] = {n: v for n, v in s.items() if n not in kept[k]}
+        state_dict["state"] = rest
+        super().load_state_dict(state_dict)
+        params = list(chain.from_iterable(g["params"] for g in self.param_groups))
+        for k, tensors in kept.items():
+            p = params[int(k)]
+            for n, v in tensors.items():
+                if n != "anchor" and tuple(v.shape) != tuple(p.shape):
+                    raise ValueError(
+                        f"RecAdam: saved {n} of parameter {k} has shape {tuple(v.shape)} but the "
+                        f"parameter has shape {tuple(p.shape)}: the state comes from another model"
+                    )
+            st = self.state[p]
+            for n, v in tensors.items():
+                st[n] = v.to(device=p.device)
+            if "anchor" in st:
+                runs = st.get("anchor_runs")
+                self.set_anchor(p, st["anchor"], runs)
+
+    # ----------------------------------------------------------------- the update
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = None
+        if closure is not None:
+            with torch.enable_grad():
+                loss = closure()
+        for group in self.param_groups:
+            self._step_group(group)
+        return loss
+
+    def _step_group(self, group: dict) -> None:
+        beta1, beta2 = group["betas"]
+        lr, w = group["lr"], group["anneal_w"]
+        # (step, anchored, dtypes, device) -> segments [(p, g, m, v, anchor)] sharing every scalar
+        batches = defaultdict(list)
+        for p in group["params"]:
+            if p.grad is None:
+                continue
+            g = p.grad
+            if g.is_sparse:
+                raise RuntimeError("RecAdam does not support sparse gradients")
+            if not g.is_contiguous():
+                g = g.contiguous()
+            state = self.state[p]
+            if "step" not in state:
+                state["step"] = 0
+                work = torch.float32 if p.dtype in _HALF else p.dtype
+                state["exp_avg"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
+                state["exp_avg_sq"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
+            for n in _STATE_TENSORS:  # e.g. left on CPU by fairseq's memory-efficient fp16 loading
+                if n in state and state[n].device != p.device:
+                    state[n] = state[n].to(p.device)
+            state["step"] += 1
+            t = state["step"]
+            m, v = state["exp_avg"], state["exp_avg_sq"]
+            anchor = state.get("anchor")
+            contiguous = all(x.is_contiguous() for x in (p, m, v))
+            # anchored element runs, and the gaps between them (plain Adam)
+            pieces: List[Tuple[int, int, Optional[Tensor]]] = []
+            if anchor is None:
+                pieces.append((0, p.numel(), None))
+            elif "anchor_runs" not in state:
+                pieces.append((0, p.numel(), anchor.view(-1) if contiguous else anchor))
+            else:
+                pos = off = 0
+                for s, n in state["anchor_runs"]:
+                    if s > pos:
+                        pieces.append((pos, s, None))
+                    pieces.append((s, s + n, anchor[off:off + n]))
+                    pos, off = s + n, off + n
+                if pos < p.numel():
+                    pieces.append((pos, p.numel(), None))
+            for lo, hi, a in pieces:
+                anchored = a is not None and w > 0
+                key = (t, anchored, p.dtype, g.dtype, None if a is None else a.dtype, p.device)
+                for clo, chi in _chunks(lo, hi, contiguous):
+                    if contiguous:
+                        seg = (_views(p, clo, chi), _views(g, clo, chi), _views(m, clo, chi),
+                               _views(v, clo, chi), None if a is None else a[clo - lo:chi - lo])
+                    else:
+                        seg = (p, g, m, v, a)
+                    batches[key].append(seg)
+
+        for (t, anchored, *_), segs in batches.items():
+            step_size = lr
+            if group["correct_bias"]:
+                step_size = lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+            if anchored:
+                lam = anneal_lambda(group["anneal_fun"], t, group["anneal_k"], group["anneal_t0"], w)
+                adam_scale, pull = step_size * lam, lr * (w - lam) * group["pretrain_cof"]
+            else:
+                adam_scale, pull = step_size, 0.0
+            decay = lr * group["weight_decay"]
+            kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
+            for batch in _batched(segs):
+                kernel(*zip(*batch), beta1=beta1, beta2=beta2, eps=group["eps"],
+                       adam_scale=adam_scale, pull=pull, decay=decay)
+
+
+def _batched(segs):
+    batch, size = [], 0
+    for seg in segs:
+        if batch and size + seg[0].numel() > CHUNK:
+            yield batch
+            batch, size = [], 0
+        batch.append(seg)
+        size += seg[0].numel()
+    if batch:
+        yield batch
+
+
+def _fp32(xs):
+    return [x.float() if x.dtype in _HALF else x for x in xs]
+
+
+def _foreach_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, pull, decay):
+    """One batch of segments with identical scalars, with multi-tensor kernels."""
+    half_p = ps[0].dtype in _HALF
+    ps32, gs = (_fp32(ps) if half_p else list(ps)), _fp32(gs)
+    ms, vs = list(ms), list(vs)
+    torch._foreach_mul_(ms, beta1)
+    torch._foreach_add_(ms, gs, alpha=1.0 - beta1)
+    torch._foreach_mul_(vs, beta2)
+    torch._foreach_addcmul_(vs, gs, gs, value=1.0 - beta2)
+    denom = torch._foreach_sqrt(vs)
+    torch._foreach_add_(denom, eps)
+    torch._foreach_addcdiv_(ps32, ms, denom, value=-adam_scale)
+    del denom
+    if pull != 0.0:  # p ← p − pull·(p − p*), without a temporary: lerp toward p*
+        anchors = list(anchors)
+        if anchors[0].dtype != ps32[0].dtype:
+            anchors = [a.to(ps32[0].dtype) for a in anchors]
+        torch._foreach_lerp_(ps32, anchors, pull)
+    if decay != 0.0:
+        torch._foreach_add_(ps32, ps32, alpha=-decay)
+    if half_p:
+        torch._foreach_copy_(list(ps), ps32)
+
+
+def _single_tensor_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, pull, decay):
+    """The same batch, one tensor at a time (reference for the multi-tensor path)."""
+    for p, g, m, v, a in zip(ps, gs, ms, vs, anchors):
+        p32 = p.float() if p.dtype in _HALF else p
+        g = g.float() if g.dtype in _HALF else g
+        m.mul_(beta1).add_(g, alpha=1.0 - beta1)
+        v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
+        p32.addcdiv_(m, v.sqrt().add_(eps), value=-adam_scale)
+        if pull != 0.0:
+            p32.lerp_(a.to(p32.dtype), pull)
+        if decay != 0.0:
+            p32.add_(p32, alpha=-decay)
+        if p32 is not p:
+            p.copy_(p32)

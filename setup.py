@@ -1,0 +1,24 @@
+"""recadam-fairseq: RecAdam ("Recall and Learn", Chen et al., EMNLP 2020) as a fairseq --user-dir."""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="recadam-fairseq",
+    version="0.1.0",
+    description="RecAdam optimizer for fine-tuning pretrained models in fairseq with less forgetting",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["recadam_fairseq", "recadam_fairseq.*"]),
+    python_requires=">=3.8",
+    install_requires=[
+        # Install torch first (a CPU or CUDA build of your choice): a bare requirement lets pip pick one.
+        "torch",
+        # The official 0.12.2 release does not build on Python >= 3.11; fairseq-fixed imports as `fairseq`.
+        "fairseq==0.12.2; python_version < '3.11'",
+        "fairseq-fixed; python_version >= '3.11'",
+        "numpy",
+        "sacrebleu",
+    ],
+    extras_require={"test": ["pytest", "matplotlib", "scipy", "scikit-learn"]},
+    license="MIT",
+)

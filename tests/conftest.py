@@ -1,0 +1,84 @@
+"""Shared fixtures: a tiny pretrained RoBERTa + tiny classification data, made once per session."""
+
+import importlib.util
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+USER_DIR = os.path.join(ROOT, "recadam_fairseq")
+SCRIPTS = os.path.join(ROOT, "scripts")
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+tiny_roberta = _load_script("make_tiny_roberta")
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)
+
+
+class Tiny:
+    """Paths of the generated tiny setup, and a runner for fairseq-train on it."""
+
+    def __init__(self, root):
+        self.root = str(root)
+        self.pretrained = os.path.join(self.root, "pretrained.pt")
+        self.cls_bin = os.path.join(self.root, "cls-bin")
+        self.lm_bin = os.path.join(self.root, "lm-bin")
+
+    def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False):
+        args = [
+            self.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+            "--num-classes", "2", "--init-token", "0", "--separator-token", "2",
+            *tiny_roberta.TINY_ARCH,
+            "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
+            "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
+            "--batch-size", "16", "--seed", "7", "--cpu", "--num-workers", "0",
+            "--save-dir", str(save_dir), "--no-epoch-checkpoints",
+            "--user-dir", USER_DIR, "--log-format", "simple", "--log-interval", "1",
+        ]
+        if not validate:
+            args.append("--disable-validation")
+        if restore:
+            args += ["--restore-file", self.pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
+        return args + list(extra)
+
+    def train(self, save_dir, *extra, check=True, **kw):
+        """Run the real fairseq-train entry point; return (returncode, log text)."""
+        os.makedirs(save_dir, exist_ok=True)
+        log = os.path.join(str(save_dir), "train.log")
+        cmd = [sys.executable, "-m", "fairseq_cli.train", *self.finetune_args(save_dir, *extra, **kw)]
+        with open(log, "w") as f:
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.root)
+        text = open(log).read()
+        if check and proc.returncode != 0:
+            raise AssertionError(f"fairseq-train failed ({proc.returncode}):\n{text[-4000:]}")
+        return proc.returncode, text
+
+
+@pytest.fixture(scope="session")
+def tiny(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tiny")
+    tiny_roberta.main([str(root)])
+    return Tiny(root)
+
+
+def load_ckpt(path):
+    import recadam_fairseq.safe_globals  # noqa: F401  (fairseq's checkpoint types)
+
+    return torch.load(path, map_location="cpu", weights_only=True)
