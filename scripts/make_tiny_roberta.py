@@ -7,8 +7,8 @@ Used by `make demo` and the tests (real RoBERTa weights and GLUE cannot be downl
   OUT/pretrained.pt     RoBERTa (2 layers, dim 64) after a few dozen masked-LM updates
   OUT/cls-bin/          sentence_prediction data: input0/ (sentences), label/ (0/1)
 
-The classification label is 1 when a sentence holds more "positive" than "negative" words, so
-a tiny model learns it in a few dozen updates.
+The classification label is 1 when a sentence holds three "positive" words and one "negative"
+one, 0 for the reverse, so a tiny model learns it in a few dozen updates.
 """
 
 import argparse
@@ -68,8 +68,14 @@ def main(argv=None):
     write_lines(os.path.join(raw, "lm.train"), make_text(rng, vocab, 600))
     write_lines(os.path.join(raw, "lm.valid"), make_text(rng, vocab, 60))
     for split, n in (("train", args.train_size), ("valid", args.valid_size)):
-        sents = make_text(rng, vocab, n)
-        labels = [str(int(sum(w in pos for w in s.split()) > sum(w in neg for w in s.split()))) for s in sents]
+        labels, sents = [], []
+        for words in make_text(rng, vocab, n):
+            label = rng.randint(0, 1)
+            words = words.split()
+            for w in rng.sample(pos if label else neg, 3) + rng.sample(neg if label else pos, 1):
+                words.insert(rng.randint(0, len(words)), w)
+            labels.append(str(label))
+            sents.append(" ".join(words))
         write_lines(os.path.join(raw, f"cls.{split}.input0"), sents)
         write_lines(os.path.join(raw, f"cls.{split}.label"), labels)
 

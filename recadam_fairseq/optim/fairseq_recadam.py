@@ -44,6 +44,21 @@ def restore_path(cfg) -> str:
     return cfg.restore_file
 
 
+def check_pull_stability(cfg, h) -> None:
+    """The pull p ← p − c·(p − p*), c = lr·(w−λ)·γ, overshoots θ* for c > 1 and diverges for c ≥ 2."""
+    lrs = cfg.lr if isinstance(cfg.lr, Collection) else [cfg.lr]
+    c = max(lrs) * h["anneal_w"] * h["pretrain_cof"]
+    if c >= 2:
+        raise ValueError(
+            f"recadam: --lr {max(lrs):g} x --recadam-pretrain-cof {h['pretrain_cof']:g} x --recadam-anneal-w "
+            f"{h['anneal_w']:g} = {c:g} >= 2: the pull toward the pretrained weights overshoots them and "
+            f"diverges. Lower --recadam-pretrain-cof below {2 / (max(lrs) * h['anneal_w']):g} (the authors "
+            f"use 5000 with lr 1e-5 to 2e-5)"
+        )
+    if c > 1:
+        logger.warning(f"recadam: lr x pretrain_cof x anneal_w = {c:g} > 1: the pull overshoots θ* and oscillates")
+
+
 @register_optimizer("recadam", dataclass=FairseqRecAdamConfig)
 class FairseqRecAdam(FairseqOptimizer):
     """RecAdam for fairseq: Adam with λ(t) and a decoupled pull toward the pretrained weights.
@@ -55,6 +70,7 @@ class FairseqRecAdam(FairseqOptimizer):
         super().__init__(cfg)
         h = self.optimizer_config
         validate_hparams(h, names=FLAG_NAMES)
+        check_pull_stability(cfg, h)
         self._bound = False
         self._pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once

@@ -1,0 +1,147 @@
+"""The fairseq adapter in-process: config from fairseq's own parser, bad input, anchor binding."""
+
+import dataclasses
+
+import pytest
+import torch
+from fairseq import options
+from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+from fairseq.optim import build_optimizer
+
+from conftest import USER_DIR
+from recadam_fairseq.anchor import AnchorError
+from recadam_fairseq.optim.fairseq_recadam import FairseqRecAdamConfig
+
+
+class Net(torch.nn.Module):
+    """A pretrained 'encoder' and a new 'head', as in fine-tuning."""
+
+    def __init__(self, head=True, width=3):
+        super().__init__()
+        self.encoder = torch.nn.Linear(width, 4)
+        if head:
+            self.head = torch.nn.Linear(4, 2)
+
+
+def parse(*flags, restore=None):
+    parser = options.get_training_parser()
+    argv = ["--task", "dummy_lm", "--arch", "transformer_lm", "--user-dir", USER_DIR,
+            "--optimizer", "recadam", "--lr", "1e-4", "--cpu", *flags]
+    if restore:
+        argv += ["--restore-file", str(restore)]
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+
+
+def pretrained_file(tmp_path, **kw):
+    torch.manual_seed(0)
+    path = tmp_path / "pretrained.pt"
+    torch.save({"model": Net(head=False, **kw).state_dict()}, path)
+    return path
+
+
+def test_every_flag_has_help_text():
+    for f in dataclasses.fields(FairseqRecAdamConfig):
+        if f.name == "_name":  # fairseq's registry name, not a flag
+            continue
+        interpolated = isinstance(f.default, str) and f.default.startswith("${")
+        assert interpolated or f.metadata.get("help"), f.name
+
+
+def test_flags_reach_the_core_optimizer(tmp_path):
+    cfg = parse("--adam-betas", "(0.8, 0.9)", "--adam-eps", "1e-7", "--weight-decay", "0.1",
+                "--recadam-anneal-fun", "linear", "--recadam-anneal-k", "0.2", "--recadam-anneal-t0", "30",
+                "--recadam-anneal-w", "0.5", "--recadam-pretrain-cof", "100")
+    net = Net()
+    opt = build_optimizer(cfg.optimizer, list(net.parameters()))
+    g = opt.param_groups[0]
+    assert (g["lr"], g["betas"], g["eps"], g["weight_decay"]) == (1e-4, (0.8, 0.9), 1e-7, 0.1)
+    assert (g["anneal_fun"], g["anneal_k"], g["anneal_t0"], g["anneal_w"], g["pretrain_cof"]) == ("linear", 0.2, 30, 0.5, 100)
+    assert type(g["anneal_fun"]) is str  # a plain str pickles into checkpoints; fairseq's enum does not
+    defaults = parse().optimizer
+    assert (defaults.recadam_anneal_fun, defaults.recadam_anneal_k, defaults.recadam_anneal_t0,
+            defaults.recadam_anneal_w, defaults.recadam_pretrain_cof, defaults.adam_eps) == ("sigmoid", 0.5, 250, 1.0, 5000.0, 1e-8)
+
+
+@pytest.mark.parametrize("flags,match", [
+    (["--recadam-anneal-k=-1"], r"invalid --recadam-anneal-k=-1.0"),
+    (["--recadam-pretrain-cof=-5"], r"invalid --recadam-pretrain-cof=-5.0"),
+    (["--adam-eps=-1e-6"], r"invalid --adam-eps=-1e-06"),
+    (["--adam-betas", "(0.9, 1.0)"], r"invalid --adam-betas=\(0.9, 1.0\)"),
+    (["--recadam-anneal-fun", "linear", "--recadam-anneal-t0", "0"], r"invalid --recadam-anneal-t0=0.0.*linear"),
+    (["--recadam-anneal-w=-1"], r"invalid --recadam-anneal-w=-1.0"),
+    (["--lr", "1e-3", "--recadam-pretrain-cof", "5000"], r"--lr 0.001 x --recadam-pretrain-cof 5000 .* = 5 >= 2.*below 2000"),
+])
+def test_bad_flags_fail_at_build_naming_the_flag(flags, match):
+    cfg = parse(*flags)
+    with pytest.raises(ValueError, match=match):
+        build_optimizer(cfg.optimizer, list(Net().parameters()))
+
+
+def test_bad_choice_is_rejected_by_the_parser(capsys):
+    with pytest.raises(SystemExit):
+        parse("--recadam-anneal-fun", "cosine")
+    assert "--recadam-anneal-fun" in capsys.readouterr().err
+
+
+def test_binding_anchors_pretrained_names_only(tmp_path):
+    path = pretrained_file(tmp_path)
+    net = Net()
+    net.load_state_dict(torch.load(path)["model"], strict=False)  # what --restore-file does
+    cfg = parse(restore=path)
+    opt = build_optimizer(cfg.optimizer, list(net.parameters()))
+    with pytest.raises(RuntimeError, match=r"step\(\) before all_reduce_grads"):
+        opt.step()
+    opt.all_reduce_grads(net)
+    core = opt.optimizer
+    assert torch.equal(core.anchor_of(net.encoder.weight), net.encoder.weight.detach())
+    assert core.anchor_of(net.head.weight) is None and core.anchor_of(net.head.bias) is None
+    assert core.anchor_of(net.encoder.weight).data_ptr() != net.encoder.weight.data_ptr()  # a copy
+
+
+def test_pretrained_path_overrides_the_loaded_weights(tmp_path):
+    path = pretrained_file(tmp_path)
+    net = Net()  # random init: the authors' preferred strategy
+    cfg = parse("--recadam-pretrained-path", str(path), "--recadam-anchor-dtype", "bf16")
+    opt = build_optimizer(cfg.optimizer, list(net.parameters()))
+    opt.all_reduce_grads(net)
+    want = torch.load(path)["model"]["encoder.weight"]
+    got = opt.optimizer.anchor_of(net.encoder.weight)
+    assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
+
+
+@pytest.mark.parametrize("make,match", [
+    (lambda p: None, r"--recadam-pretrained-path .*missing.pt: no such file"),
+    (lambda p: p.write_bytes(b"\x00garbage" * 10), r"cannot be read as a torch checkpoint"),
+    (lambda p: torch.save({"weights": torch.zeros(2)}, p), r"not a fairseq checkpoint"),
+])
+def test_bad_pretrained_file_fails_at_build(tmp_path, make, match):
+    path = tmp_path / "missing.pt"
+    make(path)
+    cfg = parse("--recadam-pretrained-path", str(path))
+    with pytest.raises(AnchorError, match=match):
+        build_optimizer(cfg.optimizer, list(Net().parameters()))
+
+
+def test_truncated_checkpoint_fails_at_build(tmp_path):
+    path = pretrained_file(tmp_path)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+    cfg = parse("--recadam-pretrained-path", str(path))
+    with pytest.raises(AnchorError, match=r"pretrained.pt: cannot be read as a torch checkpoint"):
+        build_optimizer(cfg.optimizer, list(Net().parameters()))
+
+
+def test_model_and_checkpoint_disagree(tmp_path):
+    path = pretrained_file(tmp_path, width=5)
+    net = Net(width=3)
+    cfg = parse("--recadam-pretrained-path", str(path))
+    opt = build_optimizer(cfg.optimizer, list(net.parameters()))
+    with pytest.raises(AnchorError, match=r"parameter encoder.weight has shape \(4, 5\) in the pretrained checkpoint but \(4, 3\) in the model"):
+        opt.all_reduce_grads(net)
+
+    other = tmp_path / "other.pt"
+    torch.save({"model": {"decoder.embed.weight": torch.zeros(3)}}, other)
+    cfg = parse("--recadam-pretrained-path", str(other))
+    opt = build_optimizer(cfg.optimizer, list(net.parameters()))
+    with pytest.raises(AnchorError, match=r"no parameter in common with the model .*wrong file"):
+        opt.all_reduce_grads(net)
