@@ -182,6 +182,11 @@ class RecAdam(Optimizer):
         if anchor is None:
             return
         anchor = anchor.detach()
+        if anchor.numel() and anchor.device == p.device and anchor.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
+            raise ValueError(
+                "RecAdam: a pretrained tensor shares memory with its parameter, so it would move with it: "
+                "pass a copy (p.detach().clone())"
+            )
         if runs is None:
             if tuple(anchor.shape) != tuple(p.shape):
                 raise ValueError(

@@ -11,6 +11,7 @@ import torch
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 SCRIPTS = os.path.join(ROOT, "scripts")
+TRAIN_ENTRY = os.path.join(ROOT, "tests", "train_entry.py")  # fairseq-train, --fp16 usable on CPU
 
 
 def _load_script(name):
@@ -41,19 +42,22 @@ class Tiny:
         self.cls_bin = os.path.join(self.root, "cls-bin")
         self.lm_bin = os.path.join(self.root, "lm-bin")
 
-    def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False):
+    def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
+                      device="cpu"):
         args = [
             self.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
             "--num-classes", "2", "--init-token", "0", "--separator-token", "2",
             *tiny_roberta.TINY_ARCH,
             "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
             "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
-            "--batch-size", "16", "--seed", "7", "--cpu", "--num-workers", "0",
+            "--batch-size", "16", "--seed", "7", "--num-workers", "0",
             "--save-dir", str(save_dir), "--no-epoch-checkpoints",
             "--user-dir", USER_DIR, "--log-format", "simple", "--log-interval", "1",
         ]
         if not validate:
             args.append("--disable-validation")
+        if device == "cpu":
+            args.append("--cpu")
         if restore:
             args += ["--restore-file", self.pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
         return args + list(extra)
@@ -62,7 +66,7 @@ class Tiny:
         """Run the real fairseq-train entry point; return (returncode, log text)."""
         os.makedirs(save_dir, exist_ok=True)
         log = os.path.join(str(save_dir), "train.log")
-        cmd = [sys.executable, "-m", "fairseq_cli.train", *self.finetune_args(save_dir, *extra, **kw)]
+        cmd = [sys.executable, TRAIN_ENTRY, *self.finetune_args(save_dir, *extra, **kw)]
         with open(log, "w") as f:
             proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.root)
         text = open(log).read()

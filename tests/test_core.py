@@ -264,6 +264,13 @@ def test_pretrain_params_misaligned():
     RecAdam(params, anneal_w=0.0)  # plain Adam needs no anchor
 
 
+def test_anchor_aliasing_its_parameter_is_rejected():
+    p = torch.nn.Parameter(torch.zeros(2, 3))
+    with pytest.raises(ValueError, match=r"shares memory with its parameter.*clone"):
+        RecAdam([p], pretrain_params=[p.detach()])
+    RecAdam([p], pretrain_params=[p.detach().clone()])
+
+
 def test_sparse_grad_rejected():
     p = torch.nn.Parameter(torch.zeros(3, 2))
     opt = RecAdam([p], anneal_w=0.0)

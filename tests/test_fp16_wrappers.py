@@ -1,0 +1,161 @@
+"""recadam inside fairseq's fp16 wrappers, in-process, against the core on the same gradients.
+
+FP16Optimizer (flat or per-parameter fp32 master copies) and MemoryEfficientFP16Optimizer
+(fp16 params, fp32 math) must apply exactly the per-parameter rule of the core: the encoder is
+anchored, the new head gets plain Adam, on the right element ranges of the flat tensor.
+"""
+
+import pytest
+import torch
+from fairseq import optim
+
+from recadam_fairseq import RecAdam
+from test_adapter import Net, parse
+
+STEPS = 6
+HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid",
+          anneal_k=0.5, anneal_t0=3, anneal_w=1.0, pretrain_cof=50.0)
+FLAGS = ["--lr", "1e-2", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.01",
+         "--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "3", "--recadam-pretrain-cof", "50",
+         "--fp16-init-scale", "1", "--fp16-scale-window", "1000"]
+MODES = {
+    "fp16-flat": ["--fp16"],
+    "fp16-per-param": ["--fp16", "--fp16-no-flatten-grads"],
+    "memory-efficient-fp16": ["--fp16", "--memory-efficient-fp16"],
+}
+
+
+@pytest.fixture
+def cpu_flat_fp16(monkeypatch):
+    if not torch.cuda.is_available():  # see tests/train_entry.py
+        monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
+
+
+def grads(gen, net):
+    return [torch.randn(p.shape, generator=gen) for p in net.parameters()]
+
+
+def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu"):
+    torch.manual_seed(0)
+    pre = Net(head=False)
+    restore = tmp_path / "pre.pt"
+    torch.save({"model": pre.state_dict()}, restore)
+    torch.manual_seed(1)
+    net = Net()
+    net.load_state_dict(pre.state_dict(), strict=False)
+    net = net.half().to(device)
+    cfg = parse(*FLAGS, *MODES[mode], "--recadam-anchor-dtype", anchor_dtype, restore=restore)
+    params = list(net.parameters())
+    if mode == "memory-efficient-fp16":
+        opt = optim.MemoryEfficientFP16Optimizer.build_optimizer(cfg, params)
+    else:
+        opt = optim.FP16Optimizer.build_optimizer(cfg, params)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(STEPS):
+        opt.zero_grad()
+        for p, g in zip(params, grads(gen, net)):
+            p.grad = g.half().to(device)
+        opt._needs_sync = True  # what opt.backward(loss) records: fp16 grads are copied to fp32 at step()
+        opt.all_reduce_grads(net)
+        opt.step()
+    return net, opt
+
+
+def run_core(rounded_each_step=False, anchor_dtype=torch.float32):
+    """The core on fp32 copies of the fp16 weights, fed the same (fp16-rounded) gradients."""
+    torch.manual_seed(0)
+    pre = Net(head=False)
+    torch.manual_seed(1)
+    net = Net()
+    net.load_state_dict(pre.state_dict(), strict=False)
+    net = net.half().float()
+    enc, head = list(net.encoder.parameters()), list(net.head.parameters())
+    opt = RecAdam([dict(params=enc, pretrain_params=[p.detach().to(anchor_dtype).float().clone() for p in enc]),
+                   dict(params=head, anneal_w=0.0)], **HP)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(STEPS):
+        for p, g in zip(net.parameters(), grads(gen, net)):
+            p.grad = g.half().float()
+        opt.step()
+        if rounded_each_step:  # no fp32 master copy: the fp16 value is the state
+            for p in net.parameters():
+                p.data.copy_(p.data.half().float())
+    return net
+
+
+def flat_params(net):
+    return torch.cat([p.detach().float().reshape(-1) for p in net.parameters()])
+
+
+@pytest.mark.parametrize("mode", ["fp16-flat", "fp16-per-param"])
+def test_fp16_master_weights_equal_the_core(mode, tmp_path, cpu_flat_fp16):
+    net, opt = run_wrapper(mode, tmp_path)
+    master = opt.fp32_params
+    master = torch.cat([p.reshape(-1) for p in (master.values() if isinstance(master, dict) else master)])
+    want = flat_params(run_core())
+    assert torch.equal(master, want)  # the same fp32 arithmetic, element for element
+    assert torch.equal(flat_params(net), want.half().float())  # the fp16 model is the rounded master
+    core = opt.optimizer
+    if mode == "fp16-flat":
+        (flat,) = [p for g in core.param_groups for p in g["params"]]
+        n_enc = sum(p.numel() for p in net.encoder.parameters())
+        assert core.state[flat]["anchor_runs"] == [[0, n_enc]]  # the head's range is not anchored
+        assert core.state[flat]["anchor"].numel() == n_enc
+
+
+def test_memory_efficient_fp16_equals_the_core_rounded_each_step(tmp_path):
+    net, opt = run_wrapper("memory-efficient-fp16", tmp_path)
+    want = flat_params(run_core(rounded_each_step=True))
+    assert torch.equal(flat_params(net), want)
+    st = opt.optimizer.state[net.encoder.weight]
+    assert st["exp_avg"].dtype == torch.float32 and st["anchor"].dtype == torch.float32
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
+def test_half_precision_anchor(dtype, torch_dtype, tmp_path, cpu_flat_fp16):
+    """A half anchor stores p* rounded once; the update then equals the core with that p*."""
+    net, opt = run_wrapper("fp16-flat", tmp_path, anchor_dtype=dtype)
+    (flat,) = [p for g in opt.optimizer.param_groups for p in g["params"]]
+    assert opt.optimizer.state[flat]["anchor"].dtype == torch_dtype
+    assert torch.equal(opt.fp32_params[None].detach() if None in opt.fp32_params else next(iter(opt.fp32_params.values())).detach(),
+                       flat_params(run_core(anchor_dtype=torch_dtype)))
+
+
+def test_overflowing_step_changes_nothing(tmp_path, cpu_flat_fp16):
+    """fairseq skips the step on loss-scale overflow: t, the moments and the anchor stay."""
+    net, opt = run_wrapper("fp16-flat", tmp_path)
+    core = opt.optimizer
+    (flat,) = [p for g in core.param_groups for p in g["params"]]
+    before = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in core.state[flat].items()}
+    master = flat.detach().clone()
+    opt.zero_grad()
+    for p in net.parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    opt._needs_sync = True
+    opt.all_reduce_grads(net)
+    with pytest.raises(OverflowError):  # what fairseq's Trainer catches to skip the update
+        opt.clip_grad_norm(0.0)
+    after = core.state[flat]
+    assert after["step"] == before["step"] == STEPS
+    for k in ("exp_avg", "exp_avg_sq", "anchor"):
+        assert torch.equal(after[k], before[k])
+    assert torch.equal(flat.detach(), master)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["fp16-flat", "fp16-per-param"])
+def test_fp16_wrappers_on_gpu_equal_the_core(mode, tmp_path):
+    net, opt = run_wrapper(mode, tmp_path, device="cuda")
+    master = opt.fp32_params
+    master = torch.cat([p.reshape(-1) for p in (master.values() if isinstance(master, dict) else master)]).cpu()
+    want = flat_params(run_core())
+    # CUDA kernels may fuse multiply-adds differently from the CPU: fp32 round-off per step
+    torch.testing.assert_close(master, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+def test_memory_efficient_fp16_on_gpu(tmp_path):
+    net, opt = run_wrapper("memory-efficient-fp16", tmp_path, device="cuda")
+    want = flat_params(run_core(rounded_each_step=True))
+    # one fp16 ulp: a different fp32 round-off can round the fp16 result the other way
+    torch.testing.assert_close(flat_params(net).cpu(), want, rtol=2e-3, atol=1e-4)

@@ -1,0 +1,437 @@
+"""data-prep/prepare_glue.py on tiny GLUE-format files, loaded back with fairseq's sentence_prediction task.
+
+Everything is generated here (no network): TSVs with the official column layouts of all nine
+tasks, and a tiny GPT-2 byte-level BPE (all 256 byte symbols + a few dozen merges).
+"""
+
+import contextlib
+import importlib.util
+import io
+import json
+import os
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from types import SimpleNamespace
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "data-prep", "prepare_glue.py")
+
+# Registered in sys.modules so the BPE pool can pickle the worker functions by name.
+_spec = importlib.util.spec_from_file_location("prepare_glue", SCRIPT)
+pg = importlib.util.module_from_spec(_spec)
+sys.modules["prepare_glue"] = pg
+_spec.loader.exec_module(pg)
+
+# ----------------------------------------------------------------------------- tiny GLUE
+
+MNLI_TRAIN_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
+                   "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"]
+MNLI_DEV_HEAD = MNLI_TRAIN_HEAD[:-1] + ["label2", "label3", "label4", "label5", "gold_label"]
+STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2", "score"]
+PAIR_HEAD = ["index", "sentence1", "sentence2", "label"]
+
+
+def mnli(i, s1, s2, gold, dev=False):
+    labels = [gold] * (5 if dev else 1)
+    return [str(i), str(9000 + i), f"{9000 + i}e", "fiction", f"( {s1} )", f"( {s2} )",
+            f"(ROOT {s1})", f"(ROOT {s2})", s1, s2, *labels, gold]
+
+
+def stsb(i, s1, s2, score):
+    return [f"{i:04d}", "main-captions", "MSRvid", "2012test", f"{i:04d}", "none", "none", s1, s2, score]
+
+
+# task -> file -> (header or None, rows); each task also lists (text columns, label column).
+GLUE = {
+    "CoLA": ((3,), 1, {  # no header; source, label, original mark, sentence
+        "train.tsv": (None, [["gj04", "1", "", "The man is good."], ["gj04", "0", "*", "Good the is man."],
+                             ["bc01", "1", "", "The movie was bad."], ["bc01", "1", "", "Is the café open?"]]),
+        "dev.tsv": (None, [["gj04", "0", "*", "Man the good."], ["gj04", "1", "", "The man said so."]]),
+    }),
+    "SST-2": ((0,), 1, {  # the official sentences end with a space
+        "train.tsv": (["sentence", "label"], [["the movie is good ", "1"], ["a bad , bad movie ", "0"],
+                                              ["it 's not the man 's best ", "0"]]),
+        "dev.tsv": (["sentence", "label"], [["good movie ", "1"], ["bad man ", "0"], ["\"good\" ", "1"]]),
+    }),
+    "MRPC": ((3, 4), 0, {  # the header starts with a BOM, as download_glue_data.py writes it
+        "train.tsv": (["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+                      [["1", "702876", "702977", "The man said it was good.", "He said it is good."],
+                       ["0", "2108705", "2108831", "The movie is bad.", "The man is good."],
+                       ["1", "1330381", "1330521", "Good man.", "A good man."]]),
+        "dev.tsv": (["\ufeffQuality", "#1 ID", "#2 ID", "#1 String", "#2 String"],
+                    [["1", "1355540", "1355592", "It is bad.", "It was bad."],
+                     ["0", "2029631", "2029565", "The man is here.", "The movie is here."]]),
+    }),
+    "QQP": ((3, 4), 5, {  # includes malformed rows (wrong column counts) like the official file
+        "train.tsv": (["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                      [["0", "1", "2", "Is the movie good?", "Is the movie bad?", "0"],
+                       ["1", "3", "4", "How is the man?", "How is that man?", "1"],
+                       ["2", "5", "6", "What did he say", "And"],  # malformed: 5 columns
+                       ["3", "7", "8", "Who said it?", "Who said that?", "1"],
+                       ["4", "9", "10", "", "Is it empty?", "0"]]),
+        "dev.tsv": (["id", "qid1", "qid2", "question1", "question2", "is_duplicate"],
+                    [["5", "11", "12", "Good?", "Bad?", "0"],
+                     ["6", "13", "14", "a", "b", "1", "extra"],  # malformed: 7 columns
+                     ["7", "15", "16", "Is the man good?", "Is the man good ?", "1"]]),
+    }),
+    "STS-B": ((7, 8), 9, {
+        "train.tsv": (STSB_HEAD, [stsb(1, "A man is playing.", "A man plays.", "5.000"),
+                                  stsb(2, "A movie.", "The man is good.", "0.500"),
+                                  stsb(3, "The man said it.", "A man said it.", "3.800")]),
+        "dev.tsv": (STSB_HEAD, [stsb(4, "It is good.", "It is bad.", "1.25"),
+                                stsb(5, "The movie.", "The movie!", "4.6")]),
+    }),
+    "MNLI": ((8, 9), -1, {
+        "train.tsv": (MNLI_TRAIN_HEAD, [mnli(0, "The man is good.", "The man is bad.", "contradiction"),
+                                        mnli(1, 'He said "good".', "He said something.", "entailment"),
+                                        mnli(2, "The movie is long.", "The movie is good.", "neutral"),
+                                        mnli(3, "It is bad.", "It is not good.", "entailment")]),
+        "dev_matched.tsv": (MNLI_DEV_HEAD, [mnli(10, "A man.", "A movie.", "neutral", dev=True),
+                                            mnli(11, "Good.", "Bad.", "contradiction", dev=True)]),
+        "dev_mismatched.tsv": (MNLI_DEV_HEAD, [mnli(20, "The man said it.", "He said it.", "entailment", dev=True),
+                                               mnli(21, "Is it?", "It is.", "neutral", dev=True),
+                                               mnli(22, "Bad man.", "Good man.", "contradiction", dev=True)]),
+    }),
+    "QNLI": ((1, 2), 3, {
+        "train.tsv": (["index", "question", "sentence", "label"],
+                      [["0", "Who said it?", "The man said it.", "entailment"],
+                       ["1", "Is the movie good?", "It is raining.", "not_entailment"]]),
+        "dev.tsv": (["index", "question", "sentence", "label"],
+                    [["0", "What is good?", "The movie is good.", "entailment"]]),
+    }),
+    "RTE": ((1, 2), 3, {
+        "train.tsv": (PAIR_HEAD, [["0", "The man is good.", "A man is good.", "entailment"],
+                                  ["1", "The movie is bad.", "The movie is good.", "not_entailment"],
+                                  ["2", "He said it.", "Someone said it.", "entailment"]]),
+        "dev.tsv": (PAIR_HEAD, [["0", "It is good.", "It is.", "entailment"],
+                                ["1", "It is bad.", "It is good.", "not_entailment"]]),
+    }),
+    "WNLI": ((1, 2), 3, {
+        "train.tsv": (PAIR_HEAD, [["0", "The man said he was good.", "The man was good.", "1"],
+                                  ["1", "The movie was bad, so he left.", "The movie left.", "0"]]),
+        "dev.tsv": (PAIR_HEAD, [["0", "He is good.", "The man is good.", "1"], ["1", "Bad.", "Good.", "0"]]),
+    }),
+}
+NUM_CLASSES = {"MNLI": 3, "STS-B": 1}
+PAIR = {"MRPC", "QQP", "STS-B", "MNLI", "QNLI", "RTE", "WNLI"}
+SPLITS = {"MNLI": {"train": "train.tsv", "valid": "dev_matched.tsv", "valid1": "dev_mismatched.tsv"}}
+MALFORMED = {("QQP", "train.tsv"): [4], ("QQP", "dev.tsv"): [3]}  # line numbers (header = line 1)
+
+
+def write_glue(glue_dir):
+    for task, (_, _, files) in GLUE.items():
+        os.makedirs(os.path.join(glue_dir, task), exist_ok=True)
+        for fname, (header, rows) in files.items():
+            write_tsv(os.path.join(glue_dir, task, fname), header, rows)
+
+
+def write_tsv(path, header, rows):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines("\t".join(r) + "\n" for r in ([header] if header else []) + rows)
+
+
+def expected(task, fname):
+    """(texts, label) per example that should survive, in file order."""
+    text_cols, label_col, files = GLUE[task]
+    header, rows = files[fname]
+    ncols = len(header) if header else len(rows[0])
+    return [([r[c].strip() for c in text_cols], r[label_col]) for r in rows if len(r) == ncols]
+
+
+def splits_of(task):
+    return SPLITS.get(task, {"train": "train.tsv", "valid": "dev.tsv"})
+
+
+# ----------------------------------------------------------------------------- tiny GPT-2 BPE
+
+WORDS = ["the", "man", "movie", "good", "bad", "is", "said"]
+
+
+def write_bpe(bpe_dir):
+    from fairseq.data.encoders.gpt2_bpe_utils import bytes_to_unicode
+
+    b2u = bytes_to_unicode()
+    vocab = [b2u[b] for b in range(256)]  # every byte symbol, so any text encodes
+    merges = []
+    for word in WORDS:
+        for sym in (word, b2u[ord(" ")] + word):  # with and without the leading-space marker
+            cur = sym[0]
+            for ch in sym[1:]:
+                if cur + ch not in vocab:
+                    merges.append((cur, ch))
+                    vocab.append(cur + ch)
+                cur += ch
+    os.makedirs(bpe_dir, exist_ok=True)
+    with open(os.path.join(bpe_dir, "encoder.json"), "w", encoding="utf-8") as f:
+        json.dump({tok: i for i, tok in enumerate(vocab)}, f, ensure_ascii=False)
+    with open(os.path.join(bpe_dir, "vocab.bpe"), "w", encoding="utf-8") as f:
+        f.write("#version: 0.2\n" + "".join(f"{a} {b}\n" for a, b in merges))
+    # RoBERTa's dict.txt: "<bpe id> <count>", ordered by frequency, not by id
+    with open(os.path.join(bpe_dir, "dict.txt"), "w", encoding="utf-8") as f:
+        f.writelines(f"{i} {i + 1}\n" for i in reversed(range(len(vocab))))
+    return len(merges)
+
+
+def run(args, capsys=None):
+    """pg.main in-process; returns (rc, stdout, stderr)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        rc = pg.main([str(a) for a in args])
+    return rc, out.getvalue(), err.getvalue()
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+    root = tmp_path_factory.mktemp("glue")
+    glue, bpe, out = root / "glue", root / "bpe", root / "out"
+    write_glue(glue)
+    n_merges = write_bpe(bpe)
+    old, pg.POOL_MIN_LINES = pg.POOL_MIN_LINES, 0  # exercise the BPE process pool on tiny data
+    try:
+        rc, stdout, stderr = run(["--glue-dir", glue, "--bpe-dir", bpe, "--out", out, "--tasks", "ALL",
+                                  "--workers", "2"])
+    finally:
+        pg.POOL_MIN_LINES = old
+    assert rc == 0, stderr
+    return SimpleNamespace(glue=glue, bpe=bpe, out=out, stdout=stdout, n_merges=n_merges)
+
+
+def load(task_dir, split, task_name):
+    from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+
+    cfg = SentencePredictionConfig(data=str(task_dir), num_classes=NUM_CLASSES.get(task_name, 2),
+                                   regression_target=task_name == "STS-B", classification_head_name="h",
+                                   seed=1, no_shuffle=True)
+    task = SentencePredictionTask.setup_task(cfg)
+    return task, task.load_dataset(split)
+
+
+# ----------------------------------------------------------------------------- results
+
+
+def test_tiny_bpe_is_a_few_dozen_merges(prepared):
+    assert 20 <= prepared.n_merges <= 80
+
+
+@pytest.mark.parametrize("name", list(GLUE))
+def test_task_loads_back_with_sentence_prediction(prepared, name):
+    from fairseq.data.encoders.gpt2_bpe_utils import get_encoder
+
+    bpe = get_encoder(str(prepared.bpe / "encoder.json"), str(prepared.bpe / "vocab.bpe"))
+    task_dir = prepared.out / f"{name}-bin"
+    assert (task_dir / "input1").is_dir() == (name in PAIR)
+    meta = json.loads((task_dir / "labels.json").read_text())
+    for split, fname in splits_of(name).items():
+        task, ds = load(task_dir, split, name)
+        want = expected(name, fname)
+        assert len(ds) == len(want), (split, fname)
+        d = task.source_dictionary
+        for i, (texts, label) in enumerate(want):
+            item = ds[i]
+            tokens = item["net_input.src_tokens"].tolist()
+            # one </s>-terminated segment per input (input0, then input1 for pairs)
+            assert tokens[-1] == d.eos() and tokens.count(d.eos()) == len(texts)
+            segments, cur = [], []
+            for t in tokens:
+                if t == d.eos():
+                    segments.append(cur)
+                    cur = []
+                else:
+                    cur.append(int(d[t]))  # dict symbols are the GPT-2 BPE ids
+            assert [bpe.decode(s) for s in segments] == texts
+            if name == "STS-B":
+                assert item["target"] == pytest.approx([float(label) / 5.0])
+            else:
+                target = int(item["target"])
+                assert task.label_dictionary[target + task.label_dictionary.nspecial] == label
+                assert meta["id2label"][str(target)] == label
+
+
+def test_output_layout(prepared):
+    for name in GLUE:
+        d = prepared.out / f"{name}-bin"
+        inputs = ["input0", "input1"] if name in PAIR else ["input0"]
+        for split in splits_of(name):
+            for sub in inputs:
+                assert (d / sub / f"{split}.bin").is_file() and (d / sub / f"{split}.idx").is_file()
+            if name == "STS-B":
+                assert (d / "label" / f"{split}.label").is_file()
+            else:
+                assert (d / "label" / f"{split}.bin").is_file()
+        assert (d / "input0" / "dict.txt").read_text() == (prepared.bpe / "dict.txt").read_text()
+        assert (d / "label" / "dict.txt").is_file() == (name != "STS-B")
+        assert not (d / "input0" / "valid1.bin").exists() or name == "MNLI"
+    # nothing left over from the build
+    assert sorted(os.listdir(prepared.out)) == sorted(f"{n}-bin" for n in GLUE)
+
+
+def test_mnli_has_matched_and_mismatched_dev(prepared):
+    d = prepared.out / "MNLI-bin"
+    _, matched = load(d, "valid", "MNLI")
+    _, mismatched = load(d, "valid1", "MNLI")
+    assert (len(matched), len(mismatched)) == (2, 3)
+    assert json.loads((d / "labels.json").read_text())["splits"] == SPLITS["MNLI"]
+
+
+def test_labels_json(prepared):
+    meta = json.loads((prepared.out / "MNLI-bin" / "labels.json").read_text())
+    assert meta["num_classes"] == 3 and not meta["regression"]
+    assert sorted(meta["id2label"].values()) == ["contradiction", "entailment", "neutral"]
+    assert {v: int(k) for k, v in meta["id2label"].items()} == meta["label2id"]
+    cola = json.loads((prepared.out / "CoLA-bin" / "labels.json").read_text())
+    assert cola["label_meaning"] == {"0": "unacceptable", "1": "acceptable"}
+    stsb = json.loads((prepared.out / "STS-B-bin" / "labels.json").read_text())
+    assert stsb["regression"] and stsb["num_classes"] == 1 and stsb["target"] == "score / 5"
+
+
+def test_stsb_label_files_hold_scaled_scores(prepared):
+    lines = (prepared.out / "STS-B-bin" / "label" / "train.label").read_text().split()
+    assert [float(x) for x in lines] == pytest.approx([1.0, 0.1, 0.76])
+
+
+def test_stsb_raw_scores(prepared, tmp_path):
+    rc, _, err = run(["--glue-dir", prepared.glue, "--bpe-dir", prepared.bpe, "--out", tmp_path,
+                      "--tasks", "sts-b", "--stsb-raw-scores"])
+    assert rc == 0, err
+    _, ds = load(tmp_path / "STS-B-bin", "valid", "STS-B")
+    assert [ds[i]["target"] for i in range(len(ds))] == [pytest.approx([1.25]), pytest.approx([4.6])]
+
+
+def test_summary_reports_counts_and_qqp_skips(prepared):
+    s = prepared.stdout.split("== summary")[-1]
+    for name in GLUE:
+        assert f"{name}: " in s and str(prepared.out / f"{name}-bin") in s
+    assert "train         4 examples from train.tsv (5 rows read, 1 skipped)" in s
+    assert "skipped 1 x expected 6 tab-separated columns, got 5: lines 4" in s
+    assert "skipped 1 x expected 6 tab-separated columns, got 7: lines 3" in s
+    assert "valid1        3 examples from dev_mismatched.tsv" in s
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+@pytest.fixture
+def glue_dir(tmp_path):
+    write_glue(tmp_path / "glue")
+    write_bpe(tmp_path / "bpe")
+    return tmp_path
+
+
+def prep(root, *tasks):
+    return run(["--glue-dir", root / "glue", "--bpe-dir", root / "bpe", "--out", root / "out", "--tasks", *tasks])
+
+
+def rewrite(root, task, fname, edit):
+    header, rows = GLUE[task][2][fname]
+    rows = [list(r) for r in rows]
+    edit(rows)
+    write_tsv(root / "glue" / task / fname, header, rows)
+    return str(root / "glue" / task / fname)
+
+
+def test_missing_task_file_exits_nonzero(glue_dir):
+    os.remove(glue_dir / "glue" / "RTE" / "dev.tsv")
+    proc = subprocess.run([sys.executable, SCRIPT, "--glue-dir", glue_dir / "glue", "--bpe-dir", glue_dir / "bpe",
+                           "--out", glue_dir / "out", "--tasks", "CoLA", "RTE"], capture_output=True, text=True)
+    assert proc.returncode == 1
+    assert f"{glue_dir / 'glue' / 'RTE' / 'dev.tsv'}: missing RTE file" in proc.stderr
+    assert not (glue_dir / "out" / "CoLA-bin").exists()  # checked before any work
+
+
+def test_wrong_column_count(glue_dir):
+    path = rewrite(glue_dir, "RTE", "train.tsv", lambda rows: rows[1].pop())
+    rc, _, err = prep(glue_dir, "RTE")
+    assert rc == 1 and f"{path}, line 3: expected 4 tab-separated columns, got 3" in err
+    assert os.listdir(glue_dir / "out") == []  # no half-made output
+
+
+def test_wrong_column_count_in_headerless_cola(glue_dir):
+    path = rewrite(glue_dir, "CoLA", "dev.tsv", lambda rows: rows[1].append("x"))
+    rc, _, err = prep(glue_dir, "CoLA")
+    assert rc == 1 and f"{path}, line 2: expected 4 tab-separated columns, got 5" in err
+
+
+def test_unknown_label(glue_dir):
+    path = rewrite(glue_dir, "MNLI", "dev_mismatched.tsv", lambda rows: rows[2].__setitem__(-1, "maybe"))
+    rc, _, err = prep(glue_dir, "MNLI")
+    assert rc == 1 and f"{path}, line 4: unknown MNLI label 'maybe'" in err
+
+
+def test_dev_label_missing_from_train(glue_dir):
+    path = rewrite(glue_dir, "QNLI", "train.tsv", lambda rows: rows[0].__setitem__(3, "not_entailment"))
+    rc, _, err = prep(glue_dir, "QNLI")
+    assert rc == 1
+    assert f"{glue_dir / 'glue' / 'QNLI' / 'dev.tsv'}, line 2: label 'entailment' never occurs in {path}" in err
+
+
+def test_bad_stsb_score(glue_dir):
+    path = rewrite(glue_dir, "STS-B", "dev.tsv", lambda rows: rows[1].__setitem__(9, "7.5"))
+    rc, _, err = prep(glue_dir, "STS-B")
+    assert rc == 1 and f"{path}, line 3: STS-B score '7.5' is not a number in [0, 5]" in err
+
+
+def test_empty_split(glue_dir):
+    path = rewrite(glue_dir, "SST-2", "dev.tsv", lambda rows: rows.clear())  # header only
+    rc, _, err = prep(glue_dir, "SST-2")
+    assert rc == 1 and f"{path}: empty split, no examples" in err
+
+
+def test_qqp_split_with_only_malformed_rows_is_empty(glue_dir):
+    path = rewrite(glue_dir, "QQP", "dev.tsv", lambda rows: [r.append("x") for r in rows])
+    rc, _, err = prep(glue_dir, "QQP")
+    assert rc == 1 and f"{path}: empty split, no examples (3 rows read, all skipped)" in err
+
+
+def test_download_without_network(glue_dir, monkeypatch):
+    def offline(*a, **k):
+        raise urllib.error.URLError("Temporary failure in name resolution")
+
+    monkeypatch.setattr(urllib.request, "urlopen", offline)
+    rc, _, err = run(["--glue-dir", glue_dir / "fresh", "--bpe-dir", glue_dir / "fresh-bpe",
+                      "--out", glue_dir / "out", "--tasks", "RTE", "--download"])
+    assert rc == 1
+    assert "--download could not fetch https://dl.fbaipublicfiles.com/fairseq/gpt2_bpe/encoder.json" in err
+    assert "Temporary failure in name resolution" in err
+
+
+def test_download_lays_out_files_like_download_glue_data(tmp_path, monkeypatch):
+    """--download against a fake network: zip extraction, MRPC's dev-id split, BPE files."""
+    import zipfile
+
+    write_bpe(tmp_path / "src-bpe")
+    rte = io.BytesIO()
+    with zipfile.ZipFile(rte, "w") as z:
+        for fname, (header, rows) in GLUE["RTE"][2].items():
+            z.writestr(f"RTE/{fname}", "".join("\t".join(r) + "\n" for r in [header] + rows))
+    mrpc_files = GLUE["MRPC"][2]
+    header = mrpc_files["train.tsv"][0]
+    msr = [header] + mrpc_files["dev.tsv"][1] + mrpc_files["train.tsv"][1]  # SentEval's unsplit train file
+    served = {
+        pg.GLUE_ZIPS["RTE"]: rte.getvalue(),
+        pg.MRPC_TRAIN: "".join("\t".join(r) + "\n" for r in msr).encode("utf-8"),
+        pg.MRPC_DEV_IDS: "".join(f"{r[1]}\t{r[2]}\n" for r in mrpc_files["dev.tsv"][1]).encode(),
+        **{pg.BPE_URL.format(n): (tmp_path / "src-bpe" / n).read_bytes() for n in pg.BPE_FILES},
+    }
+    fetched = []
+
+    def fake_urlopen(url, timeout=None):
+        fetched.append(url)
+        return io.BytesIO(served[url])
+
+    monkeypatch.setattr(urllib.request, "urlopen", fake_urlopen)
+    glue, bpe = tmp_path / "glue", tmp_path / "bpe"
+    rc, out, err = run(["--glue-dir", glue, "--bpe-dir", bpe, "--out", tmp_path / "out",
+                        "--tasks", "RTE", "MRPC", "--download"])
+    assert rc == 0, err
+    assert sorted(fetched) == sorted(served)
+    assert "MRPC: sentence pair, 2 classes" in out and "valid         2 examples from dev.tsv" in out
+    _, ds = load(tmp_path / "out" / "MRPC-bin", "valid", "MRPC")
+    assert len(ds) == 2
+    # a second run finds everything in place and fetches nothing
+    fetched.clear()
+    rc, _, err = run(["--glue-dir", glue, "--bpe-dir", bpe, "--out", tmp_path / "out", "--tasks", "RTE", "--download"])
+    assert rc == 0 and fetched == [], err
