@@ -40,11 +40,11 @@ def trainable_named_parameters(model: torch.nn.Module) -> List[Tuple[str, Tensor
 
 
 # --------------------------------------------------------------------------- checkpoint files
-def load_checkpoint_state(path: str) -> Dict[str, Tensor]:
-    """The ``model`` state dict of a fairseq checkpoint, memory-mapped where possible.
+def load_checkpoint(path: str) -> dict:
+    """A fairseq checkpoint, memory-mapped where possible (tensors are read when used).
 
     Raises AnchorError naming the file when it is missing, unreadable, truncated or not a
-    fairseq checkpoint.
+    fairseq checkpoint (a dict whose ``model`` is a state dict of tensors).
     """
     if not os.path.exists(path):
         raise AnchorError(f"{path}: no such file")
@@ -63,7 +63,13 @@ def load_checkpoint_state(path: str) -> Dict[str, Tensor]:
     model = state.get("model") if isinstance(state, dict) else None
     if not isinstance(model, dict) or not model or not all(torch.is_tensor(v) for v in model.values()):
         raise AnchorError(f"{path}: not a fairseq checkpoint (it has no 'model' state dict of tensors)")
-    return model
+    return state
+
+
+def recadam_updates(state: dict) -> int:
+    """How many updates recadam itself made to produce this checkpoint (0: a pretrained model)."""
+    history = state.get("optimizer_history") or []
+    return sum(h.get("num_updates", 0) for h in history[-1:] if h.get("optimizer_name") == "FairseqRecAdam")
 
 
 def pretrained_names(model: torch.nn.Module, state: Dict[str, Tensor]) -> Dict[str, Tensor]:

@@ -10,12 +10,12 @@ from .anneal import ANNEAL_FUNS
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
-# How users know each core hyperparameter: error messages name the flag.
+# How users know each core hyperparameter (command line, hydra yaml): error messages name both.
 FLAG_NAMES = {
-    "lr": "--lr", "betas": "--adam-betas", "eps": "--adam-eps", "weight_decay": "--weight-decay",
-    "anneal_fun": "--recadam-anneal-fun", "anneal_k": "--recadam-anneal-k",
-    "anneal_t0": "--recadam-anneal-t0", "anneal_w": "--recadam-anneal-w",
-    "pretrain_cof": "--recadam-pretrain-cof",
+    "lr": ("--lr", "optimization.lr"), "betas": ("--adam-betas", "optimizer.adam_betas"),
+    "eps": ("--adam-eps", "optimizer.adam_eps"), "weight_decay": ("--weight-decay", "optimizer.weight_decay"),
+    **{k: (f"--recadam-{k.replace('_', '-')}", f"optimizer.recadam_{k}")
+       for k in ("anneal_fun", "anneal_k", "anneal_t0", "anneal_w", "pretrain_cof")},
 }
 
 

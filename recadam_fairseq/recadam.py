@@ -40,13 +40,15 @@ _STATE_TENSORS = ("exp_avg", "exp_avg_sq", "anchor")
 def validate_hparams(h: dict, where: str = "", names: Optional[dict] = None) -> None:
     """Raise ValueError naming the first hyperparameter of ``h`` that is out of range.
 
-    ``names`` maps a key to the name users know it by (e.g. a command-line flag).
+    ``names`` maps a key to the (flag, config key) users know it by.
     """
 
     def _check(ok, key, value, rule, where):
         if not ok:
-            shown = (names or {}).get(key, key)
-            raise ValueError(f"RecAdam: invalid {shown}={value!r}{where}: {rule}")
+            shown = f"{key}={value!r}"
+            if names and key in names:
+                shown = f"{names[key][0]}={value!r} ({names[key][1]})"
+            raise ValueError(f"RecAdam: invalid {shown}{where}: {rule}")
 
     _check(h["lr"] >= 0, "lr", h["lr"], "must be >= 0", where)
     _check(h["eps"] >= 0, "eps", h["eps"], "must be >= 0", where)

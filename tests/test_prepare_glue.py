@@ -31,12 +31,14 @@ _spec.loader.exec_module(pg)
 MNLI_TRAIN_HEAD = ["index", "promptID", "pairID", "genre", "sentence1_binary_parse", "sentence2_binary_parse",
                    "sentence1_parse", "sentence2_parse", "sentence1", "sentence2", "label1", "gold_label"]
 MNLI_DEV_HEAD = MNLI_TRAIN_HEAD[:-1] + ["label2", "label3", "label4", "label5", "gold_label"]
-STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2", "sentence1", "sentence2", "score"]
+STSB_HEAD = ["index", "genre", "filename", "year", "old_index", "source1", "source2",
+             "sentence1", "sentence2", "score"]
 PAIR_HEAD = ["index", "sentence1", "sentence2", "label"]
 
 
 def mnli(i, s1, s2, gold, dev=False):
-    labels = [gold] * (5 if dev else 1)
+    # dev rows carry five annotator labels before gold_label; make the first disagree
+    labels = [gold] if not dev else ["neutral" if gold != "neutral" else "entailment"] + [gold] * 4
     return [str(i), str(9000 + i), f"{9000 + i}e", "fiction", f"( {s1} )", f"( {s2} )",
             f"(ROOT {s1})", f"(ROOT {s2})", s1, s2, *labels, gold]
 
@@ -176,7 +178,7 @@ def write_bpe(bpe_dir):
     return len(merges)
 
 
-def run(args, capsys=None):
+def run(args):
     """pg.main in-process; returns (rc, stdout, stderr)."""
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
@@ -433,5 +435,6 @@ def test_download_lays_out_files_like_download_glue_data(tmp_path, monkeypatch):
     assert len(ds) == 2
     # a second run finds everything in place and fetches nothing
     fetched.clear()
-    rc, _, err = run(["--glue-dir", glue, "--bpe-dir", bpe, "--out", tmp_path / "out", "--tasks", "RTE", "--download"])
+    rc, _, err = run(["--glue-dir", glue, "--bpe-dir", bpe, "--out", tmp_path / "out",
+                      "--tasks", "RTE", "--download"])
     assert rc == 0 and fetched == [], err

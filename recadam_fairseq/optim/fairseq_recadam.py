@@ -17,7 +17,7 @@ import torch
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from ..anchor import AnchorError, AnchorPlan, load_checkpoint_state, pretrained_names
+from ..anchor import AnchorError, AnchorPlan, load_checkpoint, pretrained_names, recadam_updates
 from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams
 from ..recadam import RecAdam, validate_hparams
 
@@ -75,7 +75,7 @@ class FairseqRecAdam(FairseqOptimizer):
         self._pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
             try:
-                self._pretrained = load_checkpoint_state(cfg.recadam_pretrained_path)
+                self._pretrained = load_checkpoint(cfg.recadam_pretrained_path)["model"]
             except AnchorError as e:
                 raise AnchorError(f"--recadam-pretrained-path {e}") from None
         self._optimizer = RecAdam(params, **h, defer_anchors=True)
@@ -123,9 +123,17 @@ class FairseqRecAdam(FairseqOptimizer):
                     f"(or --finetune-from-model), or --recadam-pretrained-path"
                 )
             try:
-                source, state = f"--restore-file {path}", load_checkpoint_state(path)
+                ckpt = load_checkpoint(path)
             except AnchorError as e:
                 raise AnchorError(f"--restore-file {e}") from None
+            source, state = f"--restore-file {path}", ckpt["model"]
+            done = recadam_updates(ckpt)
+            if done:  # --reset-optimizer on a fine-tuned checkpoint: the user asked for it, but say so
+                logger.warning(
+                    f"recadam: !!! {path} was written by recadam after {done} updates and the optimizer "
+                    f"state was reset: θ* is now these FINE-TUNED weights, not the pretrained ones. To keep "
+                    f"pulling toward the pretrained model, pass --recadam-pretrained-path PRETRAINED.pt !!!"
+                )
         try:
             plan = AnchorPlan(tensors, model, pretrained_names(model, state))
         except AnchorError as e:
@@ -137,6 +145,15 @@ class FairseqRecAdam(FairseqOptimizer):
         self._pretrained = None  # the anchor holds what is needed; free the mapping
         logger.info(f"recadam: pretrained weights θ* from {source}: {plan.summary()}")
         self._bound = True
+
+    def load_state_dict(self, state_dict, optimizer_overrides=None):
+        try:
+            super().load_state_dict(state_dict, optimizer_overrides)
+        except ValueError as e:  # another model size, or another layout (e.g. --fp16 vs fp32)
+            raise ValueError(
+                f"recadam: the checkpoint's optimizer state does not fit this model: {e}. Start with "
+                f"--reset-optimizer (θ* then comes from --restore-file or --recadam-pretrained-path)"
+            ) from e
 
     def step(self, closure=None, scale=1.0, groups=None):
         if not self._bound:
