@@ -13,6 +13,7 @@ except ImportError:  # the core works without fairseq
     pass
 else:
     from . import safe_globals  # noqa: F401
+    from .criterions import sentence_prediction_recadam  # noqa: F401
     from .optim import fairseq_recadam  # noqa: F401
 
 __all__ = ["RecAdam", "anneal_lambda"]

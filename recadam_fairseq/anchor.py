@@ -66,10 +66,65 @@ def load_checkpoint(path: str) -> dict:
     return state
 
 
+RECADAM_CLASSES = ("FairseqRecAdam", "SentencePredictionRecAdamCriterion")
+
+
 def recadam_updates(state: dict) -> int:
-    """How many updates recadam itself made to produce this checkpoint (0: a pretrained model)."""
+    """How many updates a recadam run made to produce this checkpoint (0: a pretrained model)."""
     history = state.get("optimizer_history") or []
-    return sum(h.get("num_updates", 0) for h in history[-1:] if h.get("optimizer_name") == "FairseqRecAdam")
+    if not history:
+        return 0
+    last = history[-1]
+    ours = last.get("optimizer_name") in RECADAM_CLASSES or last.get("criterion_name") in RECADAM_CLASSES
+    return int(last.get("num_updates", 0)) if ours else 0
+
+
+def restore_path(cfg) -> str:
+    """The checkpoint fairseq loads the model weights from (its rule in checkpoint_utils)."""
+    if cfg.restore_file == "checkpoint_last.pt":
+        last = os.path.join(cfg.save_dir, "checkpoint_last.pt")
+        if not os.path.exists(last) and cfg.finetune_from_model:
+            return cfg.finetune_from_model
+        return last
+    return cfg.restore_file
+
+
+def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_is_error: bool = False):
+    """Where θ* comes from, for a config with the recadam_* and checkpoint fields.
+
+    Returns (what to log, the checkpoint's model state dict, whether θ* takes the file's values
+    rather than the weights fairseq loaded). Raises AnchorError when there is no pretrained model.
+    """
+    if cfg.recadam_pretrained_path:
+        state = preloaded if preloaded is not None else _load(cfg.recadam_pretrained_path, "--recadam-pretrained-path")
+        return f"--recadam-pretrained-path {cfg.recadam_pretrained_path}", state, True
+    path = restore_path(cfg)
+    if not os.path.exists(path):
+        raise AnchorError(
+            f"recadam has no pretrained weights to pull toward: no checkpoint was loaded ({path} does not "
+            f"exist). Give the pretrained model with --restore-file (or --finetune-from-model), or "
+            f"--recadam-pretrained-path"
+        )
+    ckpt = _load(path, "--restore-file")
+    done = recadam_updates(ckpt)
+    if done and cfg.finetune_from_model and os.path.exists(cfg.finetune_from_model):
+        # a relaunch that resumes from checkpoint_last.pt: the pretrained file is still named
+        f = cfg.finetune_from_model
+        return f"--finetune-from-model {f}", _load(f, "--finetune-from-model")["model"], True
+    if done:
+        msg = (f"{path} was written by recadam after {done} updates: θ* would be these FINE-TUNED weights, "
+               f"not the pretrained ones. Pass --recadam-pretrained-path PRETRAINED.pt")
+        if resuming_is_error:
+            raise AnchorError(msg)
+        logger.warning(f"recadam: !!! {msg} to keep pulling toward the pretrained model !!!")
+    return f"--restore-file {path}", ckpt["model"], False
+
+
+def _load(path: str, flag: str) -> dict:
+    try:
+        return load_checkpoint(path)
+    except AnchorError as e:
+        raise AnchorError(f"{flag} {e}") from None
 
 
 def pretrained_names(model: torch.nn.Module, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
@@ -195,3 +250,19 @@ class AnchorPlan:
 
 def _preview(names: List[str], k: int = 3) -> str:
     return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
+
+
+def build_anchors(tensors: Sequence[Tensor], model: torch.nn.Module, cfg, preloaded=None,
+                  dtype: Optional[torch.dtype] = None, resuming_is_error: bool = False):
+    """θ* for ``tensors`` (the optimizer's, or the model's own) from the source ``cfg`` names.
+
+    Returns (one log line, [(tensor, anchor or None, runs or None)]).
+    """
+    source, state, from_file = anchor_source(cfg, preloaded, resuming_is_error)
+    try:
+        named = pretrained_names(model, state)
+        plan = AnchorPlan(tensors, model, named)
+    except AnchorError as e:
+        raise AnchorError(f"{source}: {e}") from None
+    anchors = list(plan.build(named if from_file else None, dtype=dtype))
+    return f"pretrained weights θ* from {source}: {plan.summary()}", anchors

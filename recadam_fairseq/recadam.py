@@ -248,6 +248,47 @@ class RecAdam(Optimizer):
                 runs = st.get("anchor_runs")
                 self.set_anchor(p, st["anchor"], runs)
 
+    # ----------------------------------------------------------------- what a run reports
+    def anchored_step(self) -> int:
+        """The step t of the anchored tensors (0 before their first update)."""
+        for p, state in self._anchored():
+            if "step" in state:
+                return state["step"]
+        return 0
+
+    def current_lambda(self) -> float:
+        """λ(t) of the first group holding anchored tensors, at their current step."""
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p, {})
+                if "anchor" in state and "step" in state:
+                    return anneal_lambda(group["anneal_fun"], state["step"], group["anneal_k"],
+                                         group["anneal_t0"], group["anneal_w"])
+        return 0.0
+
+    @torch.no_grad()
+    def anchor_distance(self) -> Tensor:
+        """Σ(θ−θ*)² over the anchored elements, in float64, chunk by chunk (no model-sized temporary)."""
+        total = torch.zeros((), dtype=torch.float64)
+        for p, state in self._anchored():
+            contiguous = p.is_contiguous()
+            for lo, hi, a in _pieces(p, state, contiguous):
+                if a is None:
+                    continue
+                for clo, chi in _chunks(lo, hi, contiguous):
+                    x = _views(p, clo, chi) if contiguous else p
+                    y = a[clo - lo:chi - lo] if contiguous else a
+                    d = x.float() - y.float()
+                    total = total.to(d.device) + d.pow(2).sum(dtype=torch.float64)
+        return total
+
+    def _anchored(self):
+        for group in self.param_groups:
+            for p in group["params"]:
+                state = self.state.get(p)
+                if state and "anchor" in state:
+                    yield p, state
+
     # ----------------------------------------------------------------- the update
     @torch.no_grad()
     def step(self, closure=None):
@@ -284,24 +325,8 @@ class RecAdam(Optimizer):
             state["step"] += 1
             t = state["step"]
             m, v = state["exp_avg"], state["exp_avg_sq"]
-            anchor = state.get("anchor")
             contiguous = all(x.is_contiguous() for x in (p, m, v))
-            # anchored element runs, and the gaps between them (plain Adam)
-            pieces: List[Tuple[int, int, Optional[Tensor]]] = []
-            if anchor is None:
-                pieces.append((0, p.numel(), None))
-            elif "anchor_runs" not in state:
-                pieces.append((0, p.numel(), anchor.view(-1) if contiguous else anchor))
-            else:
-                pos = off = 0
-                for s, n in state["anchor_runs"]:
-                    if s > pos:
-                        pieces.append((pos, s, None))
-                    pieces.append((s, s + n, anchor[off:off + n]))
-                    pos, off = s + n, off + n
-                if pos < p.numel():
-                    pieces.append((pos, p.numel(), None))
-            for lo, hi, a in pieces:
+            for lo, hi, a in _pieces(p, state, contiguous):
                 anchored = a is not None and w > 0
                 key = (t, anchored, p.dtype, g.dtype, None if a is None else a.dtype, p.device)
                 for clo, chi in _chunks(lo, hi, contiguous):
@@ -326,6 +351,24 @@ class RecAdam(Optimizer):
             for batch in _batched(segs):
                 kernel(*zip(*batch), beta1=beta1, beta2=beta2, eps=group["eps"],
                        adam_scale=adam_scale, pull=pull, decay=decay)
+
+
+def _pieces(p: Tensor, state: dict, contiguous: bool):
+    """(start, end, anchor or None) over p's flattened elements: anchored runs and the gaps."""
+    anchor = state.get("anchor")
+    if anchor is None:
+        yield 0, p.numel(), None
+    elif "anchor_runs" not in state:
+        yield 0, p.numel(), (anchor.view(-1) if contiguous else anchor)
+    else:
+        pos = off = 0
+        for s, n in state["anchor_runs"]:
+            if s > pos:
+                yield pos, s, None
+            yield s, s + n, anchor[off:off + n]
+            pos, off = s + n, off + n
+        if pos < p.numel():
+            yield pos, p.numel(), None
 
 
 def _batched(segs):

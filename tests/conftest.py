@@ -43,9 +43,9 @@ class Tiny:
         self.lm_bin = os.path.join(self.root, "lm-bin")
 
     def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
-                      device="cpu"):
+                      device="cpu", data=None):
         args = [
-            self.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+            data or self.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
             "--num-classes", "2", "--init-token", "0", "--separator-token", "2",
             *tiny_roberta.TINY_ARCH,
             "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",

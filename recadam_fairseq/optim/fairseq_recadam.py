@@ -8,7 +8,6 @@ on the first call we learn the parameter names, decide which tensors are pretrai
 """
 
 import logging
-import os
 from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, List
@@ -17,9 +16,10 @@ import torch
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from ..anchor import AnchorError, AnchorPlan, load_checkpoint, pretrained_names, recadam_updates
+from ..anchor import AnchorError, build_anchors, load_checkpoint
 from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams
 from ..recadam import RecAdam, validate_hparams
+from ..report import log_recadam_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -32,16 +32,7 @@ class FairseqRecAdamConfig(RecAdamHyperparams):
         default=0.0, metadata={"help": "decoupled weight decay, applied after the RecAdam update"}
     )
     lr: List[float] = II("optimization.lr")
-
-
-def restore_path(cfg) -> str:
-    """The checkpoint fairseq loads model weights from (its own rule in checkpoint_utils)."""
-    if cfg.restore_file == "checkpoint_last.pt":
-        last = os.path.join(cfg.save_dir, "checkpoint_last.pt")
-        if not os.path.exists(last) and cfg.finetune_from_model:
-            return cfg.finetune_from_model
-        return last
-    return cfg.restore_file
+    log_interval: int = II("common.log_interval")
 
 
 def check_pull_stability(cfg, h) -> None:
@@ -111,39 +102,12 @@ class FairseqRecAdam(FairseqOptimizer):
             logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")
             self._bound = True
             return
-        cfg = self.cfg
-        if self._pretrained is not None:
-            source, state = f"--recadam-pretrained-path {cfg.recadam_pretrained_path}", self._pretrained
-        else:
-            path = restore_path(cfg)
-            if not os.path.exists(path):
-                raise AnchorError(
-                    f"recadam has no pretrained weights to pull toward: no checkpoint was loaded "
-                    f"({path} does not exist). Give the pretrained model with --restore-file "
-                    f"(or --finetune-from-model), or --recadam-pretrained-path"
-                )
-            try:
-                ckpt = load_checkpoint(path)
-            except AnchorError as e:
-                raise AnchorError(f"--restore-file {e}") from None
-            source, state = f"--restore-file {path}", ckpt["model"]
-            done = recadam_updates(ckpt)
-            if done:  # --reset-optimizer on a fine-tuned checkpoint: the user asked for it, but say so
-                logger.warning(
-                    f"recadam: !!! {path} was written by recadam after {done} updates and the optimizer "
-                    f"state was reset: θ* is now these FINE-TUNED weights, not the pretrained ones. To keep "
-                    f"pulling toward the pretrained model, pass --recadam-pretrained-path PRETRAINED.pt !!!"
-                )
-        try:
-            plan = AnchorPlan(tensors, model, pretrained_names(model, state))
-        except AnchorError as e:
-            raise AnchorError(f"{source}: {e}") from None
-        values = None if self._pretrained is None else pretrained_names(model, state)
-        dtype = getattr(torch, ANCHOR_DTYPES[str(cfg.recadam_anchor_dtype)])
-        for t, anchor, runs in plan.build(values, dtype=dtype):
+        dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
+        line, anchors = build_anchors(tensors, model, self.cfg, self._pretrained, dtype)
+        for t, anchor, runs in anchors:
             opt.set_anchor(t, anchor, runs)
         self._pretrained = None  # the anchor holds what is needed; free the mapping
-        logger.info(f"recadam: pretrained weights θ* from {source}: {plan.summary()}")
+        logger.info(f"recadam: {line}")
         self._bound = True
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
@@ -162,3 +126,14 @@ class FairseqRecAdam(FairseqOptimizer):
                 "model's parameter names there (fairseq's Trainer calls it before every update)"
             )
         super().step(closure, scale, groups)
+        t = self._optimizer.anchored_step()
+        if t and t % max(1, int(self.cfg.log_interval)) == 0:
+            self.log_metrics()
+
+    def log_metrics(self) -> None:
+        """λ(t) and the distance to θ*, on log steps only: the distance costs a pass over the weights.
+
+        Every rank holds the same weights and anchor: each logs the same value (no sum over ranks).
+        """
+        dist = self._optimizer.anchor_distance().item()
+        log_recadam_metrics(self._optimizer.current_lambda(), dist, 0.5 * self.cfg.recadam_pretrain_cof * dist)

@@ -1,0 +1,217 @@
+"""``--criterion sentence_prediction_recadam``: sentence_prediction, GLUE dev metrics, RecAdam's objective.
+
+- What fairseq's ``sentence_prediction`` does (classification, ``--regression-target``, head name).
+- GLUE dev metrics over the whole valid set, usable as ``--best-checkpoint-metric``: accuracy,
+  mcc (CoLA), f1 and acc_and_f1 (MRPC, QQP), pearson, spearman and pearson_and_spearman (STS-B).
+- ``target_loss`` logged apart from the penalty, for plots of Loss = λ(t)·Loss_T + (1−λ(t))·Loss_S.
+- ``--recadam-objective decoupled`` (default): the loss is the target loss; the penalty lives in
+  ``--optimizer recadam``. ``coupled``: the loss is λ(t)·Loss_T + (w−λ(t))·γ/2·Σ(θ−θ*)², for any
+  optimizer (the paper's baseline: RecAdam's decoupling is what it improves on). The anchor and
+  λ(t) come from the same code as the optimizer's (anchor.py, anneal.py).
+"""
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from fairseq.criterions import register_criterion
+from fairseq.criterions.fairseq_criterion import FairseqCriterion
+from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
+from fairseq.dataclass import ChoiceEnum
+from fairseq.logging import metrics
+from fairseq.logging.meters import AverageMeter, safe_round
+
+from .. import glue_metrics
+from ..anchor import build_anchors
+from ..anneal import anneal_lambda
+from ..config import RecAdamHyperparams
+from ..report import RECADAM_METRICS, log_recadam_metrics
+
+logger = logging.getLogger(__name__)
+
+OBJECTIVES = ChoiceEnum(["decoupled", "coupled"])
+
+
+@dataclass
+class SentencePredictionRecAdamConfig(RecAdamHyperparams):
+    classification_head_name: str = field(
+        default="sentence_classification_head", metadata={"help": "name of the classification head to use"}
+    )
+    regression_target: bool = field(default=False, metadata={"help": "regression (STS-B) instead of classification"})
+    recadam_objective: OBJECTIVES = field(
+        default="decoupled",
+        metadata={"help": "decoupled: the target loss only, the penalty lives in --optimizer recadam; coupled: "
+                          "λ(t)·Loss_T + (w−λ(t))·γ/2·Σ(θ−θ*)² in the loss, for any optimizer (e.g. adam)"},
+    )
+
+
+class _ListMeter(AverageMeter):
+    """Collects one validation pass's predictions and targets (the metrics need the whole set).
+
+    Checkpoints save meters by class name and fairseq rebuilds them from its own module, so this
+    one is saved as an empty AverageMeter: the lists only matter during one validation pass.
+    """
+
+    def __init__(self):
+        super().__init__()
+        self.values = []
+
+    def update(self, values, n=1):
+        self.values.extend(values)
+
+    def reset(self):
+        super().reset()
+        self.values = []
+
+    @property
+    def smoothed_value(self):
+        return None
+
+
+def _log_list(key, values):
+    for agg in metrics.get_active_aggregators():
+        if key not in agg:
+            agg.add_meter(key, _ListMeter(), 1000)
+        agg[key].update(values)
+
+
+@register_criterion("sentence_prediction_recadam", dataclass=SentencePredictionRecAdamConfig)
+class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
+    def __init__(self, cfg: SentencePredictionRecAdamConfig, task):
+        FairseqCriterion.__init__(self, task)  # the parent's __init__ differs between fairseq releases
+        self.cfg = cfg
+        self.classification_head_name = cfg.classification_head_name
+        self.regression_target = cfg.regression_target
+        self.coupled = str(cfg.recadam_objective) == "coupled"
+        self.num_updates = 0
+        self._anchors = None
+        self._label_values = _label_values(getattr(task, "label_dictionary", None))
+        if self.coupled:
+            self._follow_updates(task)
+
+    def _follow_updates(self, task):
+        """λ(t) needs the update number; fairseq hands it to task.train_step, not to criteria."""
+        train_step = task.train_step
+
+        def _train_step(*args, **kwargs):
+            self.num_updates = kwargs["update_num"] if "update_num" in kwargs else args[4]
+            return train_step(*args, **kwargs)
+
+        task.train_step = _train_step
+
+    # ----------------------------------------------------------------- forward
+    def forward(self, model, sample, reduce=True):
+        assert hasattr(model, "classification_heads") and self.classification_head_name in model.classification_heads, (
+            "model must provide sentence classification head for --criterion=sentence_prediction_recadam"
+        )
+        logits, _ = model(**sample["net_input"], features_only=True,
+                          classification_head_name=self.classification_head_name)
+        targets = model.get_targets(sample, [logits]).view(-1)
+        sample_size = targets.numel()
+        if self.regression_target:
+            logits = logits.view(-1).float()
+            targets = targets.float()
+            task_loss = F.mse_loss(logits, targets, reduction="sum")
+        else:
+            lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)
+            task_loss = F.nll_loss(lprobs, targets, reduction="sum")
+        loss = task_loss
+        logging_output = {
+            "target_loss": task_loss.data, "ntokens": sample["ntokens"],
+            "nsentences": sample_size, "sample_size": sample_size,
+        }
+        if not self.regression_target:
+            preds = logits.argmax(dim=1)
+            logging_output["ncorrect"] = (preds == targets).sum()
+        if self.coupled and model.training:
+            loss = self._coupled_loss(model, task_loss, sample_size, logging_output)
+        if not model.training:  # the GLUE metrics need every prediction of the valid set
+            if self.regression_target:
+                pred, targ = logits.detach().view(-1), targets.detach()
+            else:
+                pred, targ = logits.detach().argmax(dim=1), targets.detach()
+                if self._label_values is not None:  # label ids follow the dictionary's frequency order
+                    values = self._label_values.to(pred.device)
+                    pred, targ = values[pred], values[targ]
+            logging_output["recadam_pred"] = pred.cpu().tolist()
+            logging_output["recadam_targ"] = targ.cpu().tolist()
+            logging_output["recadam_classes"] = 0 if self.regression_target else logits.size(-1)
+        logging_output["loss"] = loss.data
+        return loss, sample_size, logging_output
+
+    def _coupled_loss(self, model, task_loss, sample_size, logging_output):
+        cfg = self.cfg
+        if self._anchors is None:  # first training forward: fairseq has loaded --restore-file
+            params = [p for _, p in model.named_parameters() if p.requires_grad]
+            line, anchors = build_anchors(params, model, cfg, resuming_is_error=True)
+            self._anchors = [(p, a) for p, a, _ in anchors if a is not None]
+            logger.info(f"recadam (coupled objective): {line}")
+        dist = sum(((p.float() - a.float()) ** 2).sum() for p, a in self._anchors)
+        penalty = 0.5 * cfg.recadam_pretrain_cof * dist
+        w = cfg.recadam_anneal_w
+        lam = anneal_lambda(str(cfg.recadam_anneal_fun), self.num_updates + 1, cfg.recadam_anneal_k,
+                            cfg.recadam_anneal_t0, w)
+        logging_output.update(recadam_lambda=lam, recadam_dist=dist.item(), recadam_penalty=penalty.item(),
+                              recadam_count=1)
+        # fairseq divides gradients by the summed sample size: scale the penalty to survive that
+        return lam * task_loss + (w - lam) * penalty * sample_size
+
+    # ----------------------------------------------------------------- metrics
+    @staticmethod
+    def reduce_metrics(logging_outputs) -> None:
+        SentencePredictionCriterion.reduce_metrics(logging_outputs)  # loss, nll_loss, accuracy
+        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+        target = sum(log.get("target_loss", 0) for log in logging_outputs)
+        metrics.log_scalar("target_loss", target / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        count = sum(log.get("recadam_count", 0) for log in logging_outputs)
+        if count:  # coupled objective: the same value on every worker and micro-batch: average it
+            values = {k: sum(log.get(k, 0) for log in logging_outputs) / count for k in RECADAM_METRICS}
+            log_recadam_metrics(**values)
+        pred = [x for log in logging_outputs for x in log.get("recadam_pred", [])]
+        if pred:
+            _log_list("_recadam_pred", pred)
+            _log_list("_recadam_targ", [x for log in logging_outputs for x in log.get("recadam_targ", [])])
+            classes = max(log.get("recadam_classes", 0) for log in logging_outputs)
+            for name, fn in _derived(classes).items():
+                metrics.log_derived(name, _metric(fn))
+
+    @staticmethod
+    def logging_outputs_can_be_summed() -> bool:
+        return False  # predictions are lists; λ and the distance must not be summed over workers
+
+
+def _metric(fn):
+    def derived(meters):
+        pred, targ = np.array(meters["_recadam_pred"].values), np.array(meters["_recadam_targ"].values)
+        return safe_round(100.0 * fn(pred, targ), 2) if len(pred) else 0.0
+
+    return derived
+
+
+def _derived(classes: int):
+    """The GLUE metrics that apply: correlations for regression (0 classes), F1 for binary tasks."""
+    if classes == 0:
+        return {
+            "pearson": glue_metrics.pearson,
+            "spearman": glue_metrics.spearman,
+            "pearson_and_spearman": lambda p, t: (glue_metrics.pearson(p, t) + glue_metrics.spearman(p, t)) / 2,
+        }
+    out = {"mcc": glue_metrics.matthews_corrcoef}
+    if classes == 2:
+        out["f1"] = glue_metrics.f1
+        out["acc_and_f1"] = lambda p, t: (glue_metrics.accuracy(p, t) + glue_metrics.f1(p, t)) / 2
+    return out
+
+
+def _label_values(label_dict):
+    """Label id -> the integer the label names (GLUE's "0"/"1"), or None for non-numeric labels."""
+    if label_dict is None:
+        return None
+    names = [label_dict[i] for i in range(label_dict.nspecial, len(label_dict))]
+    try:
+        return torch.tensor([int(n) for n in names])
+    except ValueError:
+        return None

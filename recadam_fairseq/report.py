@@ -1,0 +1,14 @@
+"""The metrics every recadam run reports through fairseq's logging (train_inner, json, tensorboard, wandb)."""
+
+from fairseq.logging import metrics
+
+RECADAM_METRICS = ("recadam_lambda", "recadam_dist", "recadam_penalty")
+
+
+def log_recadam_metrics(recadam_lambda: float, recadam_dist: float, recadam_penalty: float) -> None:
+    """λ(t), Σ(θ−θ*)² over the anchored parameters, and γ/2 of it (the simulated source loss).
+
+    weight=0 makes the logged value the latest one, not an average over the log interval.
+    """
+    for priority, (key, value) in enumerate(zip(RECADAM_METRICS, (recadam_lambda, recadam_dist, recadam_penalty))):
+        metrics.log_scalar(key, value, weight=0, priority=300 + priority)

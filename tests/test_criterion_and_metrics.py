@@ -1,0 +1,139 @@
+"""What a run reports (λ, distance, penalty, target loss, GLUE metrics) and the coupled objective."""
+
+import glob
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import pearsonr, spearmanr
+from sklearn.metrics import f1_score, matthews_corrcoef
+
+from conftest import load_ckpt
+from recadam_fairseq import glue_metrics
+from test_adapter import parse
+
+CRIT = ["--criterion", "sentence_prediction_recadam"]
+
+
+def json_lines(log, kind):
+    """fairseq's --log-format json lines of one kind (train_inner, valid, train)."""
+    out = []
+    for line in log.splitlines():
+        if f"| {kind} | {{" in line:
+            out.append(json.loads(line.split(f"| {kind} | ", 1)[1]))
+    return out
+
+
+# --------------------------------------------------------------------------- GLUE metrics
+@pytest.mark.parametrize("seed", range(5))
+def test_glue_metrics_match_sklearn_and_scipy(seed):
+    rng = np.random.default_rng(seed)
+    t2, p2 = rng.integers(0, 2, 300), rng.integers(0, 2, 300)
+    p2[:150] = t2[:150]  # correlated with the targets
+    t3, p3 = rng.integers(0, 3, 300), rng.integers(0, 3, 300)
+    x = rng.normal(size=200)
+    y = np.round(x + rng.normal(size=200), 1)  # rounded: ties for the ranks
+    assert glue_metrics.matthews_corrcoef(p2, t2) == pytest.approx(matthews_corrcoef(t2, p2), abs=1e-12)
+    assert glue_metrics.matthews_corrcoef(p3, t3) == pytest.approx(matthews_corrcoef(t3, p3), abs=1e-12)
+    assert glue_metrics.f1(p2, t2) == pytest.approx(f1_score(t2, p2), abs=1e-12)
+    assert glue_metrics.pearson(x, y) == pytest.approx(pearsonr(x, y)[0], abs=1e-12)
+    assert glue_metrics.spearman(x, y) == pytest.approx(spearmanr(x, y)[0], abs=1e-12)
+    assert glue_metrics.matthews_corrcoef(np.zeros(5), np.ones(5)) == 0.0  # sklearn's convention
+
+
+# --------------------------------------------------------------------------- config
+def test_shared_flags_exist_once_and_reach_both_components():
+    cfg = parse(*CRIT, "--recadam-anneal-k", "0.3", "--recadam-pretrain-cof", "7", "--recadam-objective", "coupled")
+    assert cfg.optimizer.recadam_anneal_k == cfg.criterion.recadam_anneal_k == 0.3
+    assert cfg.optimizer.recadam_pretrain_cof == cfg.criterion.recadam_pretrain_cof == 7
+    assert str(cfg.criterion.recadam_objective) == "coupled"
+
+
+# --------------------------------------------------------------------------- real runs
+def test_reported_metrics_agree_with_the_checkpoints(tiny, tmp_path):
+    save = tmp_path / "run"
+    k, t0, gamma = 0.5, 6.0, 500.0
+    rc, log = tiny.train(save, *CRIT, "--recadam-anneal-k", str(k), "--recadam-anneal-t0", str(t0),
+                         "--recadam-pretrain-cof", str(gamma), "--log-format", "json", "--log-interval", "4",
+                         "--save-interval-updates", "4", "--keep-interval-updates", "-1",
+                         "--best-checkpoint-metric", "mcc", "--maximize-best-checkpoint-metric",
+                         "--validate-interval-updates", "4", validate=True)
+    inner = json_lines(log, "train_inner")
+    assert [int(x["num_updates"]) for x in inner] == [4, 8, 12]
+    for x in inner:
+        n = int(x["num_updates"])
+        lam = 1 / (1 + math.exp(-k * (n - t0)))
+        assert float(x["recadam_lambda"]) == pytest.approx(lam, rel=1e-5)
+        ck = load_ckpt(glob.glob(str(save / f"checkpoint_*_{n}.pt"))[0])
+        dist = sum(((ck["model"][_name] - st["anchor"]).double() ** 2).sum().item()
+                   for _name, st in zip(_names(ck), ck["last_optimizer_state"]["state"].values()) if "anchor" in st)
+        assert dist > 0
+        assert float(x["recadam_dist"]) == pytest.approx(dist, rel=1e-5)
+        assert float(x["recadam_penalty"]) == pytest.approx(gamma / 2 * dist, rel=1e-5)
+        assert "target_loss" in x
+    valid = json_lines(log, "valid")
+    assert valid and all({"valid_accuracy", "valid_mcc", "valid_f1", "valid_acc_and_f1"} <= v.keys() for v in valid)
+    assert "valid_best_mcc" in valid[-1]
+
+
+def _names(ck):
+    """Names of the optimizer's tensors in order (fp32: the model's trainable parameters)."""
+    from test_fairseq_train import trainable_names
+    import tempfile, os
+
+    with tempfile.TemporaryDirectory() as d:
+        p = os.path.join(d, "c.pt")
+        torch.save(ck, p)
+        return trainable_names(p)
+
+
+def test_regression_metrics_in_real_logs(tiny, tmp_path):
+    """STS-B style: one output, MSE loss, Pearson/Spearman over the whole valid set."""
+    import os
+    import shutil
+
+    data = tmp_path / "reg"
+    shutil.copytree(os.path.join(tiny.cls_bin, "input0"), data / "input0")
+    (data / "label").mkdir()
+    for split in ("train", "valid"):
+        n = len(open(os.path.join(tiny.root, "raw", f"cls.{split}.label")).read().split())
+        (data / "label" / f"{split}.label").write_text("\n".join(f"{(i % 11) / 10:.1f}" for i in range(n)) + "\n")
+    rc, log = tiny.train(tmp_path / "s", "--regression-target", *CRIT, "--log-format", "json", "--recadam-pretrain-cof", "500",
+                         "--best-checkpoint-metric", "pearson", "--maximize-best-checkpoint-metric",
+                         "--num-classes", "1", validate=True, data=str(data))
+    valid = json_lines(log, "valid")
+    assert valid and all({"valid_pearson", "valid_spearman"} <= v.keys() for v in valid)
+    assert "valid_mcc" not in valid[-1]
+
+
+def test_coupled_objective_trains_with_fairseq_adam(tiny, tmp_path):
+    # λ ≡ 1 (t0 far in the past): the coupled loss is the target loss: bit for bit plain fine-tuning
+    tiny.train(tmp_path / "plain", optimizer="adam")
+    rc, log = tiny.train(tmp_path / "c1", *CRIT, "--recadam-objective", "coupled", "--recadam-anneal-k", "1",
+                         "--recadam-anneal-t0", "-1000", optimizer="adam")
+    a, b = load_ckpt(tmp_path / "plain" / "checkpoint_last.pt"), load_ckpt(tmp_path / "c1" / "checkpoint_last.pt")
+    for k, v in a["model"].items():
+        assert torch.equal(v, b["model"][k]), k
+    # λ ≈ 0 and a strong penalty: the loss is mostly γ/2·Σ(θ−θ*)² and the encoder stays at θ*
+    rc, log = tiny.train(tmp_path / "c0", *CRIT, "--recadam-objective", "coupled", "--recadam-anneal-k", "1",
+                         "--recadam-anneal-t0", "1000", "--recadam-pretrain-cof", "500", "--log-format", "json",
+                         optimizer="adam")
+    assert "recadam (coupled objective): pretrained weights θ* from --restore-file" in log
+    inner = json_lines(log, "train_inner")
+    assert all(float(x["recadam_lambda"]) < 1e-6 for x in inner)
+    assert all(float(x["loss"]) != float(x["target_loss"]) for x in inner[1:])
+    pre = load_ckpt(tiny.pretrained)["model"]
+    c0 = load_ckpt(tmp_path / "c0" / "checkpoint_last.pt")["model"]
+    free = max((c0[k] - pre[k]).abs().max().item() for k in pre if k in c0)
+    moved = max((a["model"][k] - pre[k]).abs().max().item() for k in pre if k in c0)
+    assert free < 0.2 * moved
+
+
+def test_coupled_objective_will_not_resume_toward_finetuned_weights(tiny, tmp_path):
+    save = tmp_path / "c"
+    flags = [*CRIT, "--recadam-objective", "coupled", "--recadam-pretrain-cof", "50"]
+    tiny.train(save, *flags, updates=2, optimizer="adam")
+    rc, log = tiny.train(save, *flags, optimizer="adam", check=False, restore=False)
+    assert rc != 0 and "FINE-TUNED" in log and "--recadam-pretrained-path" in log
