@@ -1,7 +1,8 @@
 """GLUE dev metrics over a whole validation set, in numpy (official fairseq 0.12.2 has none).
 
 Each matches scikit-learn / scipy (tests compare them): Matthews correlation (multi-class),
-binary F1, Pearson and Spearman (average ranks for ties) correlations.
+binary F1, Pearson and Spearman (average ranks for ties) correlations. The classification ones
+are computed from a confusion matrix, which sums across batches and workers.
 """
 
 import numpy as np
@@ -11,12 +12,22 @@ def accuracy(pred, targ) -> float:
     return float(np.mean(np.asarray(pred) == np.asarray(targ)))
 
 
+def confusion_matrix(pred, targ, k: int) -> np.ndarray:
+    """cm[target, prediction] counts, labels 0..k-1."""
+    pred, targ = np.asarray(pred, dtype=np.int64), np.asarray(targ, dtype=np.int64)
+    return np.bincount(targ * k + pred, minlength=k * k).reshape(k, k)
+
+
 def matthews_corrcoef(pred, targ) -> float:
     """Multi-class MCC (Gorodkin's R_K), as sklearn.metrics.matthews_corrcoef(targ, pred)."""
     pred, targ = np.asarray(pred), np.asarray(targ)
     labels, idx = np.unique(np.concatenate([targ, pred]), return_inverse=True)
-    k, n = len(labels), len(targ)
-    cm = np.bincount(idx[:n] * k + idx[n:], minlength=k * k).reshape(k, k).astype(np.float64)
+    n = len(targ)
+    return mcc_from_confusion(confusion_matrix(idx[n:], idx[:n], len(labels)))
+
+
+def mcc_from_confusion(cm) -> float:
+    cm = np.asarray(cm, dtype=np.float64)
     t_sum, p_sum = cm.sum(axis=1), cm.sum(axis=0)
     correct, s = np.trace(cm), cm.sum()
     cov_ytyp = correct * s - np.dot(t_sum, p_sum)
@@ -30,9 +41,19 @@ def matthews_corrcoef(pred, targ) -> float:
 def f1(pred, targ, positive=1) -> float:
     """Binary F1 of the positive class (0 when it is never predicted nor present)."""
     pred, targ = np.asarray(pred) == positive, np.asarray(targ) == positive
-    tp = float(np.sum(pred & targ))
-    denom = float(np.sum(pred) + np.sum(targ))
-    return 2 * tp / denom if denom else 0.0
+    return f1_from_confusion([[np.sum(~targ & ~pred), np.sum(~targ & pred)], [np.sum(targ & ~pred), np.sum(targ & pred)]])
+
+
+def f1_from_confusion(cm, positive=1) -> float:
+    cm = np.asarray(cm, dtype=np.float64)
+    tp = cm[positive, positive]
+    denom = cm[positive, :].sum() + cm[:, positive].sum()
+    return float(2 * tp / denom) if denom else 0.0
+
+
+def accuracy_from_confusion(cm) -> float:
+    cm = np.asarray(cm, dtype=np.float64)
+    return float(np.trace(cm) / cm.sum()) if cm.sum() else 0.0
 
 
 def pearson(x, y) -> float:

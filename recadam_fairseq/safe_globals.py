@@ -1,16 +1,37 @@
-"""Let ``torch.load`` (weights_only, the default since torch 2.6) read fairseq's own checkpoints.
+"""Let ``torch.load`` (weights_only, the default since torch 2.6) read what fairseq pickles.
 
 fairseq calls ``torch.load`` without ``weights_only``; torch >= 2.6 then refuses the Python
-objects fairseq pickles into its checkpoints. We allow-list exactly those types instead of
-switching the safety off. Tools run without ``--user-dir`` can do the same with
+objects fairseq puts in its checkpoints, and in the state it broadcasts from rank 0 to the other
+ranks when loading a checkpoint in distributed training. We allow-list exactly those types
+instead of switching the check off. Tools run without ``--user-dir`` can do the same with
 ``import recadam_fairseq.safe_globals``.
 """
 
 import argparse
+import collections
+import typing
 
 import torch
+from omegaconf import DictConfig, ListConfig
+from omegaconf.base import ContainerMetadata, Metadata
+from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
 
-# What fairseq (0.12.x) pickles into checkpoints it writes: the legacy ``args`` namespace.
-FAIRSEQ_CHECKPOINT_GLOBALS = [argparse.Namespace]
+# In checkpoint files (fairseq 0.12.x): the legacy ``args`` namespace (also inside cfg.model).
+CHECKPOINT_GLOBALS = [argparse.Namespace]
 
-torch.serialization.add_safe_globals(FAIRSEQ_CHECKPOINT_GLOBALS)
+# In the checkpoint state rank 0 broadcasts (checkpoint_utils.load_checkpoint_to_cpu has turned
+# its ``cfg`` into an omegaconf DictConfig): the containers, their nodes and metadata.
+BROADCAST_GLOBALS = [
+    DictConfig, ListConfig, ContainerMetadata, Metadata,
+    AnyNode, StringNode, IntegerNode, FloatNode, BooleanNode,
+    typing.Any, collections.defaultdict, dict, list, int,
+]
+
+try:  # broadcast_object() sends tensors apart and pickles a placeholder for each
+    from fairseq.distributed.utils import _TensorPlaceholder
+
+    BROADCAST_GLOBALS.append(_TensorPlaceholder)
+except ImportError:  # an older fairseq without it pickles the tensors themselves
+    pass
+
+torch.serialization.add_safe_globals(CHECKPOINT_GLOBALS + BROADCAST_GLOBALS)

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # End-to-end RecAdam fine-tuning on tiny generated data, on CPU (run by `make demo`).
 #   1. a tiny RoBERTa is "pretrained" with masked LM on generated text (scripts/make_tiny_roberta.py)
-#   2. it is fine-tuned on a generated sentence classification task with --optimizer recadam
+#   2. it is fine-tuned on a generated sentence classification task with --optimizer recadam,
+#      and, for comparison, with fairseq's --optimizer adam
+#   3. scripts/plot_run.py draws λ(t), the distance to the pretrained weights, the losses and accuracy
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-demo-out}
@@ -11,25 +13,38 @@ TINY_ARCH=(--arch roberta --encoder-layers 2 --encoder-embed-dim 64 --encoder-ff
 
 if [ ! -f "$OUT/tiny/pretrained.pt" ]; then
   echo "== making a tiny pretrained RoBERTa and tiny data in $OUT/tiny"
-  python scripts/make_tiny_roberta.py "$OUT/tiny"
+  mkdir -p "$OUT"
+  python scripts/make_tiny_roberta.py "$OUT/tiny" > "$OUT/make_tiny.log" 2>&1 || { tail -20 "$OUT/make_tiny.log"; exit 1; }
 fi
 
-echo "== fine-tuning with --optimizer recadam (log: $OUT/finetune/train.log)"
-rm -rf "$OUT/finetune" && mkdir -p "$OUT/finetune"
-fairseq-train "$OUT/tiny/cls-bin" \
-  --user-dir "$USER_DIR" \
-  --restore-file "$OUT/tiny/pretrained.pt" --reset-optimizer --reset-dataloader --reset-meters \
-  --task sentence_prediction --criterion sentence_prediction --num-classes 2 \
-  --init-token 0 --separator-token 2 "${TINY_ARCH[@]}" \
-  --optimizer recadam --adam-betas "(0.9, 0.98)" --adam-eps 1e-6 --weight-decay 0.01 \
-  --recadam-anneal-fun sigmoid --recadam-anneal-k 0.1 --recadam-anneal-t0 50 --recadam-pretrain-cof 5000 \
-  --lr 1e-4 --lr-scheduler fixed --max-update 300 \
-  --batch-size 16 --cpu --num-workers 0 --seed 1 \
-  --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --no-epoch-checkpoints \
-  --save-dir "$OUT/finetune" --log-format simple --log-interval 50 2>&1 | tee "$OUT/finetune/train.log" \
-  | grep -E "recadam:|train_inner|valid on|done training"
+finetune() {  # NAME, then optimizer flags
+  local name=$1; shift
+  echo "== fine-tuning: $name (log: $OUT/$name/train.log)"
+  rm -rf "${OUT:?}/$name" && mkdir -p "$OUT/$name"
+  fairseq-train "$OUT/tiny/cls-bin" \
+    --user-dir "$USER_DIR" \
+    --restore-file "$OUT/tiny/pretrained.pt" --reset-optimizer --reset-dataloader --reset-meters \
+    --task sentence_prediction --criterion sentence_prediction_recadam --num-classes 2 \
+    --init-token 0 --separator-token 2 "${TINY_ARCH[@]}" \
+    --adam-betas "(0.9, 0.98)" --adam-eps 1e-6 --weight-decay 0.01 "$@" \
+    --lr 1e-4 --lr-scheduler fixed --max-update 300 \
+    --batch-size 16 --cpu --num-workers 0 --seed 1 \
+    --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --no-epoch-checkpoints \
+    --save-dir "$OUT/$name" --log-format json --log-interval 10 > "$OUT/$name/train.log" 2>&1 \
+    || { tail -30 "$OUT/$name/train.log"; exit 1; }
+  grep -E "recadam: pretrained|done training" "$OUT/$name/train.log" | cut -d'|' -f4- | cut -c1-200
+  grep "| valid |" "$OUT/$name/train.log" | tail -1 | cut -d'|' -f4- | cut -c1-200
+}
+
+finetune recadam --optimizer recadam \
+  --recadam-anneal-fun sigmoid --recadam-anneal-k 0.1 --recadam-anneal-t0 50 --recadam-pretrain-cof 5000
+finetune adam --optimizer adam
+
+python scripts/plot_run.py "$OUT/recadam/train.log" "$OUT/adam/train.log" --labels recadam adam \
+  --out "$OUT/runs.png" > /dev/null
 
 echo
 echo "== done"
-echo "checkpoints: $OUT/finetune/checkpoint_best.pt, $OUT/finetune/checkpoint_last.pt"
-echo "training log: $OUT/finetune/train.log"
+echo "checkpoints: $OUT/recadam/checkpoint_best.pt, $OUT/recadam/checkpoint_last.pt (and $OUT/adam/)"
+echo "logs:        $OUT/recadam/train.log, $OUT/adam/train.log (fairseq json)"
+echo "plot:        $OUT/runs.png"

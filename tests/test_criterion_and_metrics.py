@@ -41,6 +41,11 @@ def test_glue_metrics_match_sklearn_and_scipy(seed):
     assert glue_metrics.pearson(x, y) == pytest.approx(pearsonr(x, y)[0], abs=1e-12)
     assert glue_metrics.spearman(x, y) == pytest.approx(spearmanr(x, y)[0], abs=1e-12)
     assert glue_metrics.matthews_corrcoef(np.zeros(5), np.ones(5)) == 0.0  # sklearn's convention
+    # what the criterion sums over batches and workers: a confusion matrix
+    cm = sum(glue_metrics.confusion_matrix(p2[i:i + 64], t2[i:i + 64], 2) for i in range(0, 300, 64))
+    assert glue_metrics.mcc_from_confusion(cm) == pytest.approx(matthews_corrcoef(t2, p2), abs=1e-12)
+    assert glue_metrics.f1_from_confusion(cm) == pytest.approx(f1_score(t2, p2), abs=1e-12)
+    assert glue_metrics.accuracy_from_confusion(cm) == pytest.approx(np.mean(p2 == t2), abs=1e-12)
 
 
 # --------------------------------------------------------------------------- config
@@ -137,3 +142,77 @@ def test_coupled_objective_will_not_resume_toward_finetuned_weights(tiny, tmp_pa
     tiny.train(save, *flags, updates=2, optimizer="adam")
     rc, log = tiny.train(save, *flags, optimizer="adam", check=False, restore=False)
     assert rc != 0 and "FINE-TUNED" in log and "--recadam-pretrained-path" in log
+
+
+def test_plot_run_renders_real_logs(tiny, tmp_path):
+    from conftest import _load_script
+
+    plot_run = _load_script("plot_run")
+    logs = []
+    for name, flags, opt in (("recadam", ["--recadam-pretrain-cof", "500", "--recadam-anneal-t0", "6"], "recadam"),
+                             ("adam", [], "adam")):
+        rc, log = tiny.train(tmp_path / name, *CRIT, *flags, "--log-format", "json", "--log-interval", "2",
+                             "--validate-interval-updates", "4", optimizer=opt, validate=True)
+        (tmp_path / name / "json.log").write_text(log)
+        logs.append(str(tmp_path / name / "json.log"))
+    out = tmp_path / "runs.png"
+    fig = plot_run.plot(logs, ["recadam", "adam"], str(out))
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
+    panels = {ax.get_title(): [ln.get_label() for ln in ax.get_lines()] for ax in fig.axes}
+    assert panels["λ(t)"] == ["recadam"]  # adam reports no λ
+    assert panels["Σ(θ−θ*)²  (distance to the pretrained weights)"] == ["recadam"]
+    assert panels["train target loss (bits)"] == ["recadam", "adam"]
+    assert panels["dev accuracy"] == ["recadam", "adam"]
+    lam = [ax for ax in fig.axes if ax.get_title() == "λ(t)"][0].get_lines()[0]
+    assert list(lam.get_xdata()) == [2, 4, 6, 8, 10, 12]
+
+
+class _FakeModel(torch.nn.Module):
+    """Returns fixed logits: enough of a RobertaModel for the criterion's forward."""
+
+    def __init__(self, logits):
+        super().__init__()
+        self.logits = logits
+        self.classification_heads = {"sentence_classification_head": None}
+
+    def forward(self, **kw):
+        return self.logits, None
+
+    def get_targets(self, sample, net_output):
+        return sample["target"]
+
+
+def test_f1_is_of_the_label_named_1_whatever_its_dictionary_id():
+    """fairseq-preprocess orders labels by frequency: in MRPC "1" is the most frequent, id 0."""
+    from fairseq.data import Dictionary
+    from fairseq.logging import metrics
+
+    from recadam_fairseq.criterions.sentence_prediction_recadam import (
+        SentencePredictionRecAdamConfig, SentencePredictionRecAdamCriterion)
+
+    labels = Dictionary()
+    labels.add_symbol("1")  # id 0 after the specials
+    labels.add_symbol("0")  # id 1
+    labels.pad_to_multiple_(8)  # fairseq-preprocess pads with madeupword entries
+
+    class Task:
+        label_dictionary = labels
+
+    crit = SentencePredictionRecAdamCriterion(SentencePredictionRecAdamConfig(), Task())
+    rng = np.random.default_rng(0)
+    ids_t, ids_p = rng.integers(0, 2, 200), rng.integers(0, 2, 200)
+    ids_p[:120] = ids_t[:120]
+    name = np.array([1, 0])  # label value of each id
+    with metrics.aggregate(new_root=True) as agg:
+        for i in range(0, 200, 50):  # four validation batches
+            logits = torch.nn.functional.one_hot(torch.tensor(ids_p[i:i + 50]), 2).float()
+            model = _FakeModel(logits).eval()
+            sample = {"net_input": {}, "target": torch.tensor(ids_t[i:i + 50]), "ntokens": 500}
+            _, _, out = crit(model, sample)
+            crit.reduce_metrics([out])
+        values = agg.get_smoothed_values()
+    t, p = name[ids_t], name[ids_p]
+    assert values["f1"] == pytest.approx(100 * f1_score(t, p), abs=0.01)
+    assert values["mcc"] == pytest.approx(100 * matthews_corrcoef(t, p), abs=0.01)
+    assert values["accuracy"] == pytest.approx(100 * np.mean(t == p), abs=0.1)
+    assert values["f1"] != pytest.approx(100 * f1_score(ids_t, ids_p), abs=0.01)  # the id-based F1 differs

@@ -48,34 +48,35 @@ class SentencePredictionRecAdamConfig(RecAdamHyperparams):
     )
 
 
-class _ListMeter(AverageMeter):
-    """Collects one validation pass's predictions and targets (the metrics need the whole set).
+class _TotalMeter(AverageMeter):
+    """Sums (tensors) or concatenates (lists) what one validation pass logs: the GLUE metrics need
+    the whole set, not a per-batch average.
 
     Checkpoints save meters by class name and fairseq rebuilds them from its own module, so this
-    one is saved as an empty AverageMeter: the lists only matter during one validation pass.
+    one is saved as an empty AverageMeter: the total only matters during one validation pass.
     """
 
     def __init__(self):
         super().__init__()
-        self.values = []
+        self.total = None
 
-    def update(self, values, n=1):
-        self.values.extend(values)
+    def update(self, value, n=1):
+        self.total = value if self.total is None else self.total + value
 
     def reset(self):
         super().reset()
-        self.values = []
+        self.total = None
 
     @property
     def smoothed_value(self):
         return None
 
 
-def _log_list(key, values):
+def _log_total(key, value):
     for agg in metrics.get_active_aggregators():
         if key not in agg:
-            agg.add_meter(key, _ListMeter(), 1000)
-        agg[key].update(values)
+            agg.add_meter(key, _TotalMeter(), 1000)
+        agg[key].update(value)
 
 
 @register_criterion("sentence_prediction_recadam", dataclass=SentencePredictionRecAdamConfig)
@@ -88,7 +89,7 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         self.coupled = str(cfg.recadam_objective) == "coupled"
         self.num_updates = 0
         self._anchors = None
-        self._label_values = _label_values(getattr(task, "label_dictionary", None))
+        self._label_dict = getattr(task, "label_dictionary", None)
         if self.coupled:
             self._follow_updates(task)
 
@@ -128,17 +129,18 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
             logging_output["ncorrect"] = (preds == targets).sum()
         if self.coupled and model.training:
             loss = self._coupled_loss(model, task_loss, sample_size, logging_output)
-        if not model.training:  # the GLUE metrics need every prediction of the valid set
-            if self.regression_target:
-                pred, targ = logits.detach().view(-1), targets.detach()
-            else:
+        if not model.training:  # the GLUE metrics need the whole valid set
+            if self.regression_target:  # Spearman needs every prediction (not summable: lists)
+                logging_output["recadam_pred"] = logits.detach().view(-1).cpu().tolist()
+                logging_output["recadam_targ"] = targets.detach().cpu().tolist()
+            else:  # a confusion matrix sums across batches and workers
+                k = logits.size(-1)
                 pred, targ = logits.detach().argmax(dim=1), targets.detach()
-                if self._label_values is not None:  # label ids follow the dictionary's frequency order
-                    values = self._label_values.to(pred.device)
-                    pred, targ = values[pred], values[targ]
-            logging_output["recadam_pred"] = pred.cpu().tolist()
-            logging_output["recadam_targ"] = targ.cpu().tolist()
-            logging_output["recadam_classes"] = 0 if self.regression_target else logits.size(-1)
+                order = _label_values(self._label_dict, k)
+                if order is not None:  # label ids follow the dictionary's frequency order
+                    order = order.to(pred.device)
+                    pred, targ = order[pred], order[targ]  # rows/columns = label values ("0", "1", ...)
+                logging_output["recadam_confusion"] = torch.bincount(targ * k + pred, minlength=k * k).view(k, k)
         logging_output["loss"] = loss.data
         return loss, sample_size, logging_output
 
@@ -170,48 +172,51 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         if count:  # coupled objective: the same value on every worker and micro-batch: average it
             values = {k: sum(log.get(k, 0) for log in logging_outputs) / count for k in RECADAM_METRICS}
             log_recadam_metrics(**values)
+        cms = [log["recadam_confusion"] for log in logging_outputs if "recadam_confusion" in log]
+        if cms:
+            _log_total("_recadam_confusion", sum(cm.cpu().double() for cm in cms))
+            derived = {"mcc": glue_metrics.mcc_from_confusion}
+            if cms[0].shape[0] == 2:
+                derived["f1"] = glue_metrics.f1_from_confusion
+                derived["acc_and_f1"] = lambda cm: (glue_metrics.accuracy_from_confusion(cm)
+                                                    + glue_metrics.f1_from_confusion(cm)) / 2
+            for name, fn in derived.items():
+                metrics.log_derived(name, _from_meter(fn, "_recadam_confusion"))
         pred = [x for log in logging_outputs for x in log.get("recadam_pred", [])]
         if pred:
-            _log_list("_recadam_pred", pred)
-            _log_list("_recadam_targ", [x for log in logging_outputs for x in log.get("recadam_targ", [])])
-            classes = max(log.get("recadam_classes", 0) for log in logging_outputs)
-            for name, fn in _derived(classes).items():
-                metrics.log_derived(name, _metric(fn))
+            _log_total("_recadam_pred", pred)
+            _log_total("_recadam_targ", [x for log in logging_outputs for x in log.get("recadam_targ", [])])
+            for name, fn in REGRESSION_METRICS.items():
+                metrics.log_derived(name, _from_meter(fn, "_recadam_pred", "_recadam_targ"))
 
-    @staticmethod
-    def logging_outputs_can_be_summed() -> bool:
-        return False  # predictions are lists; λ and the distance must not be summed over workers
+    def logging_outputs_can_be_summed(self) -> bool:
+        """Summable (fast, and the only way fairseq syncs on CPU) except the regression
+        predictions, which are lists; λ and the distance are divided by their count after the sum."""
+        return not self.regression_target
 
 
-def _metric(fn):
+REGRESSION_METRICS = {
+    "pearson": glue_metrics.pearson,
+    "spearman": glue_metrics.spearman,
+    "pearson_and_spearman": lambda p, t: (glue_metrics.pearson(p, t) + glue_metrics.spearman(p, t)) / 2,
+}
+
+
+def _from_meter(fn, *keys):
     def derived(meters):
-        pred, targ = np.array(meters["_recadam_pred"].values), np.array(meters["_recadam_targ"].values)
-        return safe_round(100.0 * fn(pred, targ), 2) if len(pred) else 0.0
+        values = [meters[k].total for k in keys]
+        return safe_round(100.0 * fn(*[np.asarray(v) for v in values]), 2)
 
     return derived
 
 
-def _derived(classes: int):
-    """The GLUE metrics that apply: correlations for regression (0 classes), F1 for binary tasks."""
-    if classes == 0:
-        return {
-            "pearson": glue_metrics.pearson,
-            "spearman": glue_metrics.spearman,
-            "pearson_and_spearman": lambda p, t: (glue_metrics.pearson(p, t) + glue_metrics.spearman(p, t)) / 2,
-        }
-    out = {"mcc": glue_metrics.matthews_corrcoef}
-    if classes == 2:
-        out["f1"] = glue_metrics.f1
-        out["acc_and_f1"] = lambda p, t: (glue_metrics.accuracy(p, t) + glue_metrics.f1(p, t)) / 2
-    return out
-
-
-def _label_values(label_dict):
-    """Label id -> the integer the label names (GLUE's "0"/"1"), or None for non-numeric labels."""
-    if label_dict is None:
+def _label_values(label_dict, k: int):
+    """Label id -> the integer the label names (GLUE's "0"/"1"), or None unless they are 0..k-1."""
+    if label_dict is None or len(label_dict) < label_dict.nspecial + k:
         return None
-    names = [label_dict[i] for i in range(label_dict.nspecial, len(label_dict))]
+    names = [label_dict[label_dict.nspecial + i] for i in range(k)]
     try:
-        return torch.tensor([int(n) for n in names])
+        values = [int(n) for n in names]
     except ValueError:
         return None
+    return torch.tensor(values) if sorted(values) == list(range(len(values))) else None

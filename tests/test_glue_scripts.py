@@ -1,0 +1,685 @@
+"""scripts/glue: finetune.sh, grid.sh, summarize.py and the hydra configs.
+
+Real fine-tuning runs of the tiny RoBERTa on CPU (RTE-like classification and an STS-B-like
+regression set made from the tiny data), the grid twice, summarize.py on their logs, and the
+hydra configs compared with what finetune.sh runs. Command-line details are checked with a fake
+fairseq-train that records its argv (no training).
+
+Until every user has --criterion sentence_prediction_recadam, the real runs use fairseq's
+sentence_prediction (CRITERION=sentence_prediction plus its --report-* flags); the
+recadam-coupled run and the hydra run need the recadam criterion and are skipped without it.
+"""
+
+import csv
+import json
+import os
+import random
+import re
+import shlex
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from conftest import ROOT, TRAIN_ENTRY, USER_DIR, tiny_roberta
+
+GLUE = os.path.join(ROOT, "scripts", "glue")
+FINETUNE = os.path.join(GLUE, "finetune.sh")
+GRID = os.path.join(GLUE, "grid.sh")
+SUMMARIZE = os.path.join(GLUE, "summarize.py")
+CONFIGS = os.path.join(GLUE, "configs")
+
+# The env vars the scripts read: the tests start from none of them set.
+SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR", "BATCH", "SEED", "FP16",
+              "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
+              "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS"]
+
+# fairseq's RoBERTa GLUE recipe: lr, batch, updates, warmup, classes, best-checkpoint metric
+RECIPE = {
+    "MNLI": ("1e-5", "32", "123873", "7432", "3", "accuracy"),
+    "QNLI": ("1e-5", "32", "33112", "1986", "2", "accuracy"),
+    "QQP": ("1e-5", "32", "113272", "28318", "2", "f1"),
+    "RTE": ("2e-5", "16", "2036", "122", "2", "accuracy"),
+    "SST-2": ("1e-5", "32", "20935", "1256", "2", "accuracy"),
+    "MRPC": ("1e-5", "16", "2296", "137", "2", "f1"),
+    "CoLA": ("1e-5", "16", "5336", "320", "2", "mcc"),
+    "STS-B": ("2e-5", "16", "3598", "214", "1", "pearson"),
+}
+RECADAM_DEFAULTS = {"--recadam-anneal-fun": "sigmoid", "--recadam-anneal-k": "0.1", "--recadam-anneal-t0": "1000",
+                    "--recadam-pretrain-cof": "5000"}
+TINY_EXTRA = [*tiny_roberta.TINY_ARCH, "--cpu", "--batch-size", "8", "--max-tokens", "2000", "--num-workers", "0",
+              "--validate-interval-updates", "4"]
+REPORT = {"RTE": "--report-acc-and-f1", "STS-B": "--report-pearson-and-spearman"}  # sentence_prediction's flags
+
+
+def base_env(**kw):
+    env = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV}
+    env.update({k: str(v) for k, v in kw.items()})
+    return env
+
+
+def run(cmd, env, cwd=None, check=None):
+    proc = subprocess.run(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if check is not None and proc.returncode != check:
+        raise AssertionError(f"{cmd[:3]} exited {proc.returncode}, expected {check}:\n{proc.stdout[-4000:]}")
+    return proc
+
+
+def recadam_criterion_registered():
+    import argparse
+
+    from fairseq.criterions import CRITERION_REGISTRY
+    from fairseq.utils import import_user_module
+
+    import_user_module(argparse.Namespace(user_dir=USER_DIR))
+    return "sentence_prediction_recadam" in CRITERION_REGISTRY
+
+
+def valid_values(log_text, metric, subset="valid"):
+    """The metric of every validation in a fairseq json log (read here independently of summarize.py)."""
+    return [float(v) for v in re.findall(rf'"{subset}_{metric}": "?([-\d.naN]+)"?', log_text)]
+
+
+def flags(argv):
+    """argv -> {flag: [values of each occurrence]}, and the positional args."""
+    out, pos, i = defaultdict(list), [], 0
+    while i < len(argv):
+        if argv[i].startswith("--"):
+            j = i + 1
+            while j < len(argv) and not argv[j].startswith("--"):
+                j += 1
+            out[argv[i]].append(argv[i + 1:j])
+            i = j
+        else:
+            pos.append(argv[i])
+            i += 1
+    return out, pos
+
+
+def last(fl, name):
+    """The value argparse ends up with: the last occurrence."""
+    vals = fl[name][-1]
+    return vals[0] if len(vals) == 1 else vals
+
+
+def command_sh_argv(path, train_words):
+    """The argv a command.sh runs, parsed with shlex (a bash round trip is checked separately)."""
+    text = open(path).read().replace("\\\n", " ")
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
+    assert lines[0].startswith("cd "), lines[0]
+    argv = shlex.split(lines[1])
+    assert argv[: len(train_words)] == train_words
+    assert len(lines) == 2, lines
+    return argv[len(train_words):]
+
+
+# ------------------------------------------------------------------------- real runs
+
+
+@pytest.fixture(scope="module")
+def glue(tiny, tmp_path_factory):
+    """Tiny GLUE data, and all the real training runs at once (3 at a time: they are mostly start-up)."""
+    root = tmp_path_factory.mktemp("glue")
+    data = root / "glue-bin"
+    data.mkdir()
+    os.symlink(tiny.cls_bin, data / "RTE-bin")
+    stsb = data / "STS-B-bin"
+    (stsb / "label").mkdir(parents=True)
+    os.symlink(os.path.join(tiny.cls_bin, "input0"), stsb / "input0")
+    rng = random.Random(0)
+    for split in ("train", "valid"):
+        with open(os.path.join(tiny.root, "raw", f"cls.{split}.label")) as f:
+            classes = [int(x) for x in f.read().split()]
+        with open(stsb / "label" / f"{split}.label", "w") as f:  # in [0, 1], correlated with the class
+            f.writelines(f"{0.2 + 0.5 * c + 0.3 * rng.random():.4f}\n" for c in classes)
+    runs = root / "runs"
+    env = base_env(ROBERTA_PATH=tiny.pretrained, DATA_DIR=data, SAVE_DIR=runs, FP16=0, MAX_UPDATE=8,
+                   CRITERION="sentence_prediction", FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}")
+    jobs = {}
+    for task in ("RTE", "STS-B"):
+        for method in ("adam", "recadam"):
+            jobs[(task, method)] = ([FINETUNE, task, method, *TINY_EXTRA, REPORT[task]], env)
+    coupled = recadam_criterion_registered()
+    if coupled:  # the real criterion: it computes all the metrics itself
+        env_c = {k: v for k, v in env.items() if k != "CRITERION"}
+        jobs[("RTE", "recadam-coupled")] = ([FINETUNE, "RTE", "recadam-coupled", *TINY_EXTRA], env_c)
+    grid_env = dict(env, KS="0.1 0.5", T0S="100", MAX_UPDATE="4")
+    jobs["grid"] = ([GRID, "RTE", *TINY_EXTRA, REPORT["RTE"]], grid_env)
+    hydra_dir = root / "hydra"
+    if coupled:
+        jobs["hydra"] = (hydra_cmd(tiny, hydra_dir), base_env())
+
+    def go(item):
+        key, (cmd, e) = item
+        t = time.time()
+        cwd = root if key == "hydra" else None  # task.data's default is ${hydra:runtime.cwd}/glue-bin/RTE-bin
+        p = run(cmd, e, cwd=cwd)
+        return key, (p.returncode, p.stdout, time.time() - t)
+
+    with ThreadPoolExecutor(max_workers=3) as pool:
+        results = dict(pool.map(go, jobs.items()))
+    return {"root": root, "data": data, "runs": runs, "env": env, "grid_env": grid_env, "results": results,
+            "coupled": coupled, "hydra_dir": hydra_dir}
+
+
+def hydra_cmd(tiny, out):
+    arch = dict(zip(tiny_roberta.TINY_ARCH[::2], tiny_roberta.TINY_ARCH[1::2]))
+    over = [f"model._name={arch.pop('--arch')}", f"task.max_positions={arch['--max-positions']}"]
+    over += [f"+model.{k[2:].replace('-', '_')}={v}" for k, v in arch.items()]
+    return [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS, "--config-name", "rte_recadam",
+            f"checkpoint.restore_file={tiny.pretrained}", f"common.user_dir={USER_DIR}", "common.fp16=false",
+            "common.cpu=true", *over, "optimization.max_update=4", "lr_scheduler.warmup_updates=1",
+            "dataset.batch_size=8", "dataset.num_workers=0", f"checkpoint.save_dir={out}/ckpt",
+            f"hydra.run.dir={out}/hydra"]
+
+
+def result(glue, key):
+    rc, out, _ = glue["results"][key]
+    assert rc == 0, f"{key} failed ({rc}):\n{out[-5000:]}"
+    return out
+
+
+RUNS = [("RTE", "adam", "adam"), ("RTE", "recadam", "recadam-k0.1-t1000"),
+        ("STS-B", "adam", "adam"), ("STS-B", "recadam", "recadam-k0.1-t1000")]
+
+
+@pytest.mark.parametrize("task,method,name", RUNS)
+def test_finetune_runs_on_tiny_data(glue, task, method, name):
+    from conftest import load_ckpt
+
+    result(glue, (task, method))
+    run_dir = glue["runs"] / task / name / "seed1"
+    assert (run_dir / "done").exists() and (run_dir / "command.sh").exists()
+    log = (run_dir / "train.log").read_text()
+    metric = RECIPE[task][5]
+    assert len(valid_values(log, metric)) >= 2, "validations at updates 4 and 8"
+    assert ("recadam: pretrained weights" in log) == (method == "recadam")
+    cfg = load_ckpt(str(run_dir / "checkpoint_last.pt"))["cfg"]
+    assert cfg["optimizer"]["_name"] == ("recadam" if method == "recadam" else "adam")
+    assert cfg["task"]["max_positions"] == 64, "the extra args override the recipe's 512"
+    assert cfg["model"].arch == "roberta" and cfg["model"].encoder_layers == 2
+    assert cfg["lr_scheduler"]["total_num_update"] == 8 and cfg["optimization"]["max_update"] == 8
+    assert cfg["lr_scheduler"]["warmup_updates"] == 1, "122 or 214 scaled to 8 updates rounds to 0: kept at 1"
+    assert cfg["optimization"]["lr"] == [2e-5]
+    assert cfg["checkpoint"]["best_checkpoint_metric"] == metric
+    assert cfg["task"]["num_classes"] == int(RECIPE[task][4])
+    assert cfg["criterion"]["regression_target"] == (task == "STS-B")
+    assert cfg["common"]["fp16"] is False and cfg["common"]["seed"] == 1
+    assert cfg["dataset"]["batch_size"] == 8 and cfg["dataset"]["required_batch_size_multiple"] == 1
+    if method == "recadam":
+        o = cfg["optimizer"]
+        assert (str(o["recadam_anneal_fun"]), o["recadam_anneal_k"], o["recadam_anneal_t0"],
+                o["recadam_pretrain_cof"]) == ("sigmoid", 0.1, 1000, 5000)
+    # command.sh is the command that ran
+    argv = command_sh_argv(run_dir / "command.sh", [sys.executable, TRAIN_ENTRY])
+    assert argv[-len(TINY_EXTRA) - 1:] == [*TINY_EXTRA, REPORT[task]]
+    assert json.loads((run_dir / "run.json").read_text())["task"] == task
+
+
+def test_recadam_coupled_runs(glue):
+    if not glue["coupled"]:
+        pytest.skip("--criterion sentence_prediction_recadam is not registered yet")
+    result(glue, ("RTE", "recadam-coupled"))
+    run_dir = glue["runs"] / "RTE" / "recadam-coupled-k0.1-t1000" / "seed1"
+    log = (run_dir / "train.log").read_text()
+    assert (run_dir / "done").exists()
+    assert "recadam (coupled objective)" in log
+    assert valid_values(log, "accuracy") and valid_values(log, "f1")
+
+
+def test_hydra_config_trains(glue):
+    """fairseq-hydra-train with scripts/glue/configs/rte_recadam.yaml, on the tiny model."""
+    from conftest import load_ckpt
+
+    if not glue["coupled"]:
+        pytest.skip("--criterion sentence_prediction_recadam is not registered yet")
+    out = result(glue, "hydra")
+    assert "recadam: pretrained weights" in out
+    assert valid_values(out, "accuracy")
+    cfg = load_ckpt(str(glue["hydra_dir"] / "ckpt" / "checkpoint_last.pt"))["cfg"]
+    assert cfg["task"]["data"] == str(glue["data"] / "RTE-bin"), "the yaml's default data path"
+    assert cfg["optimizer"]["recadam_anneal_k"] == 0.1 and cfg["criterion"]["recadam_anneal_k"] == 0.1
+
+
+def test_grid_runs_then_skips(glue):
+    out = result(glue, "grid")
+    names = ["recadam-k0.1-t100", "recadam-k0.5-t100"]
+    for name in names:
+        assert (glue["runs"] / "RTE" / name / "seed1" / "done").exists(), out[-3000:]
+    assert "grid.sh: RTE: 2 run, 0 skipped, 0 failed" in out
+    before = {n: (glue["runs"] / "RTE" / n / "seed1" / "done").stat().st_mtime_ns for n in names}
+    p = run([GRID, "RTE", *TINY_EXTRA], glue["grid_env"], check=0)
+    skips = [ln for ln in p.stdout.splitlines() if ln.startswith("skip ")]
+    assert len(skips) == 2 and all(any(n in s for s in skips) for n in names), p.stdout
+    assert "0 run, 2 skipped" in p.stdout
+    assert before == {n: (glue["runs"] / "RTE" / n / "seed1" / "done").stat().st_mtime_ns for n in names}
+
+
+# ------------------------------------------------------------------------- summarize.py
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_summarize_real_runs(glue, tmp_path):
+    for key in glue["results"]:
+        result(glue, key)
+    out = tmp_path / "summary"
+    p = run([sys.executable, SUMMARIZE, str(glue["runs"]), "--out", str(out)], base_env(), check=0)
+    md = (out / "summary.md").read_text()
+    assert md in p.stdout
+
+    # the best dev metric per run, straight from the logs
+    best = {}
+    for log in glue["runs"].glob("*/*/seed1/train.log"):
+        task, name = log.parts[-4], log.parts[-3]
+        best[(task, name)] = max(valid_values(log.read_text(), RECIPE[task][5]))
+    runs = {(r["task"], r["path"].split(os.sep)[1]): r for r in read_csv(out / "runs.csv")}
+    assert set(runs) == set(best)
+    for key, value in best.items():
+        assert float(runs[key]["best"]) == pytest.approx(value) and runs[key]["status"] == "done"
+        assert runs[key]["metric"] == RECIPE[key[0]][5]
+    assert runs[("STS-B", "adam")]["other"].startswith("spearman="), "STS-B also shows spearman"
+
+    table = {r["task"]: r for r in read_csv(out / "summary.csv")}
+    assert list(table) == ["RTE", "STS-B", "GLUE avg"]
+    methods = ["adam", "recadam"] + (["recadam-coupled"] if glue["coupled"] else [])
+    assert [c[: -len("_mean")] for c in table["RTE"] if c.endswith("_mean")] == methods
+    assert table["RTE"]["metric"] == "accuracy" and table["STS-B"]["metric"] == "pearson"
+    for task in ("RTE", "STS-B"):
+        assert float(table[task]["adam_mean"]) == pytest.approx(best[(task, "adam")])
+        assert table[task]["adam_n"] == "1" and table[task]["adam_std"] == ""
+    # recadam on RTE: three configs (the default and the 2x1 grid); the one with the best mean is shown
+    rte = {n: v for (t, n), v in best.items() if t == "RTE" and n.startswith("recadam-k")}
+    assert len(rte) == 3
+    top = max(sorted(rte), key=rte.get)
+    assert float(table["RTE"]["recadam_mean"]) == pytest.approx(rte[top])
+    assert "recadam-" + table["RTE"]["recadam_config"] == top
+    avg = (best[("RTE", "adam")] + best[("STS-B", "adam")]) / 2
+    assert float(table["GLUE avg"]["adam_mean"]) == pytest.approx(avg)
+    assert float(table["GLUE avg"]["recadam_mean"]) == pytest.approx(
+        (rte[top] + best[("STS-B", "recadam-k0.1-t1000")]) / 2)
+
+    variants = read_csv(out / "variants.csv")
+    rv = [v for v in variants if v["task"] == "RTE" and v["method"] == "recadam"]
+    assert sorted((v["k"], v["t0"]) for v in rv) == [("0.1", "100"), ("0.1", "1000"), ("0.5", "100")]
+    assert [v["chosen"] for v in rv].count("True") == 1
+
+    assert "| task | metric | " + " | ".join(methods) + " |" in md
+    assert re.search(rf"\| RTE \| accuracy \| {best[('RTE', 'adam')]:.2f} \(n=1\) \|", md)
+    assert "## RecAdam: best (k, t0) per task" in md
+    k, t0 = re.fullmatch(r"recadam-k(.+)-t(.+)", top).groups()
+    assert re.search(rf"\| RTE \| recadam \| {re.escape(k)} \| {t0} \|", md)
+    assert "### RTE recadam: mean accuracy per (k, t0)" in md
+    assert "Unfinished" not in md
+
+
+def test_summarize_unfinished_and_broken_runs(glue, tmp_path):
+    result(glue, ("RTE", "adam"))
+    runs = tmp_path / "runs"
+    shutil.copytree(glue["runs"] / "RTE" / "adam", runs / "RTE" / "adam", ignore=shutil.ignore_patterns("*.pt"))
+    src = runs / "RTE" / "adam" / "seed1"
+    # seed2: killed after its first validation (log cut in the middle of a line)
+    crashed = runs / "RTE" / "adam" / "seed2"
+    shutil.copytree(src, crashed)
+    (crashed / "done").unlink()
+    log = (crashed / "train.log").read_text()
+    cut = log.index('"valid_num_updates": "4"}') + 30
+    (crashed / "train.log").write_text(log[:cut] + '\n{"epoch": 1, "valid_loss": "0.9", "valid_acc\n')
+    # seed3: only a dry run (command.sh); seed4: no validation in its log yet
+    (runs / "RTE" / "adam" / "seed3").mkdir()
+    shutil.copy(src / "command.sh", runs / "RTE" / "adam" / "seed3")
+    (runs / "RTE" / "adam" / "seed4").mkdir()
+    (runs / "RTE" / "adam" / "seed4" / "train.log").write_text("garbage {\"x\n{not json}\n")
+
+    p = run([sys.executable, SUMMARIZE, str(runs)], base_env(), check=0)
+    rows = {r["seed"]: r for r in read_csv(runs / "runs.csv")}
+    assert {s: rows[s]["status"] for s in rows} == {"1": "done", "2": "unfinished", "3": "not started",
+                                                      "4": "unfinished"}
+    first = valid_values(log, "accuracy")[0]
+    assert float(rows["2"]["best"]) == pytest.approx(first) and rows["2"]["last_update"] == "4"
+    assert rows["4"]["best"] == "" and "no validation" in rows["4"]["note"]
+    table = {r["task"]: r for r in read_csv(runs / "summary.csv")}
+    assert table["RTE"]["adam_n"] == "1", "unfinished runs are not counted"
+    md = (runs / "summary.md").read_text()
+    assert "## Unfinished runs" in md and "RTE/adam/seed2 | unfinished | 4/8" in md, p.stdout
+
+    p = run([sys.executable, SUMMARIZE, str(runs), "--include-unfinished", "--out", str(tmp_path / "all")],
+            base_env(), check=0)
+    table = {r["task"]: r for r in read_csv(tmp_path / "all" / "summary.csv")}
+    assert table["RTE"]["adam_n"] == "2", "seed1 and seed2's best so far"
+
+    p = run([sys.executable, SUMMARIZE, str(tmp_path / "nothing-here")], base_env())
+    assert p.returncode != 0 and "no such directory" in p.stdout
+    (tmp_path / "empty").mkdir()
+    p = run([sys.executable, SUMMARIZE, str(tmp_path / "empty")], base_env())
+    assert p.returncode != 0 and "no runs under" in p.stdout
+
+
+def test_summarize_mnli_mismatched_and_metrics(tmp_path):
+    """Synthetic logs: MNLI's valid1 row, CoLA's mcc, seeds' mean and std, the best config by mean."""
+    def write(path, lines, done=True):
+        path.mkdir(parents=True)
+        (path / "train.log").write_text("".join(f"2026-01-01 | INFO | valid | {json.dumps(x)}\n" for x in lines))
+        if done:
+            (path / "done").write_text("")
+
+    def v(n, **m):
+        return {"epoch": 1, **{f"valid_{k}": str(x) for k, x in m.items()}, "valid_num_updates": str(n)}
+
+    def v1(n, acc):
+        return {"epoch": 1, "valid1_accuracy": str(acc), "valid1_num_updates": str(n)}
+
+    r = tmp_path / "runs"
+    write(r / "MNLI/adam/seed1", [v(10, accuracy=80), v1(10, 79), v(20, accuracy=85), v1(20, 86)])
+    write(r / "MNLI/adam/seed2", [v(10, accuracy=81), v1(10, 82)])
+    write(r / "CoLA/recadam-k0.1-t100/seed1", [v(5, accuracy=70, mcc=40), v(10, accuracy=75, mcc=38)])
+    write(r / "CoLA/recadam-k0.1-t100/seed2", [v(5, accuracy=70, mcc=50)])
+    write(r / "CoLA/recadam-k1-t250/seed1", [v(5, accuracy=90, mcc=44)])
+    write(r / "CoLA/recadam-k1-t250/seed2", [v(5, accuracy=90, mcc=47)])
+    run([sys.executable, SUMMARIZE, str(r)], base_env(), check=0)
+    table = {x["task"]: x for x in read_csv(r / "summary.csv")}
+    assert list(table) == ["MNLI", "MNLI-mm", "CoLA", "GLUE avg"]
+    assert float(table["MNLI"]["adam_mean"]) == pytest.approx(83.0)
+    assert float(table["MNLI"]["adam_std"]) == pytest.approx(2 ** 0.5 * 2)
+    assert float(table["MNLI-mm"]["adam_mean"]) == pytest.approx(84.0)
+    assert table["CoLA"]["metric"] == "mcc"
+    assert float(table["CoLA"]["recadam_mean"]) == pytest.approx(45.5) and table["CoLA"]["recadam_config"] == "k1-t250"
+    assert float(table["GLUE avg"]["adam_mean"]) == pytest.approx(83.0), "MNLI-mm is not in the average"
+    runs = {x["path"]: x for x in read_csv(r / "runs.csv")}
+    assert runs[os.path.join("CoLA", "recadam-k0.1-t100", "seed1")]["other"] == "accuracy=70"
+    md = (r / "summary.md").read_text()
+    assert "| CoLA | recadam | 1 | 250 | k1-t250 | 45.50 ± 2.12 (n=2) | 2 |" in md
+    assert "| **GLUE avg** |  | 83.00 (1/2 tasks) | 45.50 (1/2 tasks) |" in md
+
+
+# ------------------------------------------------------------------------- command lines (fake trainer)
+
+FAKE_TRAIN = r'''
+import json, os, sys
+argv = sys.argv[1:]
+save = argv[len(argv) - 1 - argv[::-1].index("--save-dir") + 1]
+os.makedirs(save, exist_ok=True)
+with open(os.path.join(save, "argv.json"), "w") as f:
+    json.dump(argv, f)
+print('2026-01-01 | INFO | valid | {"epoch": 1, "valid_accuracy": "50", "valid_num_updates": "1"}')
+sys.exit(int(os.environ.get("FAKE_RC", "0")))
+'''
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """finetune.sh's environment with a fake fairseq-train that records its argv."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    data = tmp_path / "glue-bin"
+    for task in RECIPE:
+        (data / f"{task}-bin" / "input0").mkdir(parents=True)
+    model = tmp_path / "model.pt"
+    model.write_text("")
+    env = base_env(ROBERTA_PATH=model, DATA_DIR=data, SAVE_DIR=tmp_path / "runs",
+                   FAIRSEQ_TRAIN=f"{sys.executable} {script}")
+
+    def finetune(task, method, *extra, check=0, **kw):
+        e = dict(env, **{k: str(v) for k, v in kw.items()})
+        p = run([FINETUNE, task, method, *extra], e, check=check)
+        if check != 0:
+            return p, None, None
+        run_dir = re.search(r"^== done: (.*)$", p.stdout, re.M).group(1)
+        return p, run_dir, json.loads(open(os.path.join(run_dir, "argv.json")).read())
+
+    finetune.env, finetune.tmp = env, tmp_path
+    return finetune
+
+
+@pytest.mark.parametrize("task", list(RECIPE))
+def test_recipe_per_task(fake, task):
+    lr, bsz, total, warmup, ncls, metric = RECIPE[task]
+    _, run_dir, argv = fake(task.lower(), "adam")  # task names are case-insensitive
+    assert run_dir == os.path.join(fake.env["SAVE_DIR"], task, "adam", "seed1")
+    fl, pos = flags(argv)
+    assert pos == [os.path.join(fake.env["DATA_DIR"], f"{task}-bin")]
+    expect = {"--lr": lr, "--batch-size": bsz, "--total-num-update": total, "--max-update": total,
+              "--warmup-updates": warmup, "--num-classes": ncls, "--best-checkpoint-metric": metric,
+              "--max-epoch": "10", "--max-positions": "512", "--max-tokens": "4400", "--dropout": "0.1",
+              "--attention-dropout": "0.1", "--weight-decay": "0.1", "--adam-betas": "(0.9, 0.98)",
+              "--adam-eps": "1e-06", "--clip-norm": "0.0", "--lr-scheduler": "polynomial_decay",
+              "--init-token": "0", "--separator-token": "2", "--required-batch-size-multiple": "1",
+              "--restore-file": fake.env["ROBERTA_PATH"], "--arch": "roberta_large", "--seed": "1",
+              "--criterion": "sentence_prediction_recadam", "--user-dir": USER_DIR, "--log-format": "json",
+              "--save-dir": run_dir, "--task": "sentence_prediction", "--fp16-init-scale": "4",
+              "--threshold-loss-scale": "1", "--fp16-scale-window": "128"}
+    assert {k: last(fl, k) for k in expect} == expect
+    for switch in ("--fp16", "--find-unused-parameters", "--reset-optimizer", "--reset-dataloader",
+                   "--reset-meters", "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"):
+        assert fl[switch] == [[]], switch
+    assert ("--regression-target" in fl) == (task == "STS-B")
+    assert (last(fl, "--valid-subset") if "--valid-subset" in fl else None) == \
+        ("valid,valid1" if task == "MNLI" else None)
+    assert "--distributed-world-size" not in fl and not any(f.startswith("--report") for f in fl)
+    assert not any(f.startswith("--recadam") for f in fl)
+    assert os.path.exists(os.path.join(run_dir, "done"))
+
+
+def test_method_flags(fake):
+    _, _, adam = fake("RTE", "adam")
+    _, run_dir, rec = fake("RTE", "recadam")
+    _, run_dir_c, coupled = fake("RTE", "recadam-coupled")
+    assert run_dir.endswith(os.path.join("RTE", "recadam-k0.1-t1000", "seed1"))
+    assert run_dir_c.endswith(os.path.join("RTE", "recadam-coupled-k0.1-t1000", "seed1"))
+    # what each method adds to adam's command line
+    def diff(a, b):
+        fa, fb = flags(a)[0], flags(b)[0]
+        return {k: fb[k] for k in fb if k != "--save-dir" and fb[k] != fa.get(k)}
+
+    recadam_flags = {k: [[v]] for k, v in RECADAM_DEFAULTS.items()}
+    assert diff(adam, rec) == {"--optimizer": [["recadam"]], **recadam_flags}
+    assert diff(adam, coupled) == {"--recadam-objective": [["coupled"]], **recadam_flags}
+    assert last(flags(adam)[0], "--optimizer") == last(flags(coupled)[0], "--optimizer") == "adam"
+    assert last(flags(coupled)[0], "--criterion") == "sentence_prediction_recadam"
+
+
+def test_env_overrides(fake):
+    _, run_dir, argv = fake("MNLI", "recadam", "--max-tokens", "1000", "--lr", "7e-6", LR="3e-5", BATCH=8, SEED=3,
+                            FP16=0, NUM_GPUS=4, ARCH="roberta_base", K=0.5, T0=250, GAMMA=1000, ANNEAL_FUN="linear",
+                            MAX_UPDATE=1000, USER_DIR="/some/user_dir", CRITERION="my_crit")
+    assert run_dir == os.path.join(fake.env["SAVE_DIR"], "MNLI", "recadam-k0.5-t250-g1000-linear", "seed3")
+    fl, _ = flags(argv)
+    assert argv[-4:] == ["--max-tokens", "1000", "--lr", "7e-6"], "extra args come last"
+    assert last(fl, "--max-tokens") == "1000" and last(fl, "--lr") == "7e-6" and fl["--lr"][0] == ["3e-5"]
+    assert {k: last(fl, k) for k in ("--batch-size", "--seed", "--distributed-world-size", "--arch",
+                                     "--recadam-anneal-k", "--recadam-anneal-t0", "--recadam-pretrain-cof",
+                                     "--recadam-anneal-fun", "--user-dir", "--criterion", "--total-num-update",
+                                     "--max-update", "--warmup-updates")} == {
+        "--batch-size": "8", "--seed": "3", "--distributed-world-size": "4", "--arch": "roberta_base",
+        "--recadam-anneal-k": "0.5", "--recadam-anneal-t0": "250", "--recadam-pretrain-cof": "1000",
+        "--recadam-anneal-fun": "linear", "--user-dir": "/some/user_dir", "--criterion": "my_crit",
+        "--total-num-update": "1000", "--max-update": "1000", "--warmup-updates": "60"}  # 7432 * 1000 / 123873
+    assert "--fp16" not in fl and "--fp16-init-scale" not in fl
+    _, _, argv = fake("QQP", "adam", MAX_UPDATE=1000)
+    assert last(flags(argv)[0], "--warmup-updates") == "250"  # 28318 * 1000 / 113272
+
+
+@pytest.mark.parametrize("task,flag", [("CoLA", "--report-mcc"), ("MRPC", "--report-acc-and-f1"),
+                                       ("QQP", "--report-acc-and-f1"), ("STS-B", "--report-pearson-and-spearman"),
+                                       ("RTE", None)])
+def test_sentence_prediction_gets_its_metric_flag(fake, task, flag):
+    _, _, argv = fake(task, "adam", CRITERION="sentence_prediction")
+    assert [f for f in flags(argv)[0] if f.startswith("--report")] == ([flag] if flag else [])
+
+
+def test_command_sh_reruns_the_same_command(fake):
+    _, run_dir, argv = fake("RTE", "recadam", "--note", "it's a \"test\" $HOME", "(0.9, 0.98)")
+    assert command_sh_argv(os.path.join(run_dir, "command.sh"), shlex.split(fake.env["FAIRSEQ_TRAIN"])) == argv
+    os.remove(os.path.join(run_dir, "argv.json"))
+    run(["bash", os.path.join(run_dir, "command.sh")], fake.env, cwd="/", check=0)  # it cds to where it ran
+    assert json.loads(open(os.path.join(run_dir, "argv.json")).read()) == argv
+
+
+def test_dry_run_writes_only_command_sh(fake):
+    p = run([FINETUNE, "SST-2", "recadam"], dict(fake.env, DRY_RUN="1", ROBERTA_PATH="/no/such/model.pt"), check=0)
+    run_dir = os.path.join(fake.env["SAVE_DIR"], "SST-2", "recadam-k0.1-t1000", "seed1")
+    assert sorted(os.listdir(run_dir)) == ["command.sh"]
+    assert p.stdout.endswith(open(os.path.join(run_dir, "command.sh")).read())
+    assert "warning: ROBERTA_PATH=/no/such/model.pt: no such file" in p.stdout
+
+
+def test_failed_training_leaves_no_done_marker(fake):
+    p, _, _ = fake("RTE", "adam", check=3, FAKE_RC=3)
+    run_dir = os.path.join(fake.env["SAVE_DIR"], "RTE", "adam", "seed1")
+    assert "fairseq-train failed (exit 3)" in p.stdout
+    assert not os.path.exists(os.path.join(run_dir, "done"))
+    assert "valid_accuracy" in open(os.path.join(run_dir, "train.log")).read()
+
+
+@pytest.mark.parametrize("args,env,message", [
+    (["RTE"], {}, "expected TASK METHOD"),
+    (["WNLI", "adam"], {}, "unknown TASK 'WNLI'"),
+    (["RTE", "sgd"], {}, "unknown METHOD 'sgd'"),
+    (["RTE", "adam"], {"ROBERTA_PATH": None}, "ROBERTA_PATH is not set"),
+    (["RTE", "adam"], {"ROBERTA_PATH": "/no/such.pt"}, "ROBERTA_PATH=/no/such.pt: no such file"),
+    (["RTE", "adam"], {"DATA_DIR": "/no/such/dir"}, "no data at /no/such/dir/RTE-bin"),
+    (["RTE", "adam"], {"FP16": "yes"}, "FP16 must be 0 or 1"),
+    (["RTE", "adam"], {"MAX_UPDATE": "0"}, "MAX_UPDATE must be a positive integer"),
+])
+def test_finetune_errors(fake, args, env, message):
+    e = {k: v for k, v in fake.env.items() if not (k in env and env[k] is None)}
+    e.update({k: v for k, v in env.items() if v is not None})
+    p = run([FINETUNE, *args], e)
+    assert p.returncode == 2 and f"error: {message}" in p.stdout, p.stdout
+    assert not os.path.exists(fake.env["SAVE_DIR"]), "nothing written"
+
+
+def test_grid_resumes_and_reports_failures(fake):
+    env = dict(fake.env, KS="0.1 0.5", T0S="100", SEEDS="1 2", METHODS="adam recadam")
+    p = run([GRID, "RTE", "--extra", "x"], env, check=0)
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    expected = sorted(os.path.join(runs, n, f"seed{s}") for s in (1, 2)
+                      for n in ("adam", "recadam-k0.1-t100", "recadam-k0.5-t100"))
+    assert sorted(os.path.dirname(d) for d in glob_done(runs)) == expected
+    assert "6 run, 0 skipped, 0 failed" in p.stdout
+    assert json.loads(open(os.path.join(expected[0], "argv.json")).read())[-2:] == ["--extra", "x"]
+
+    # an unfinished run (killed: log and checkpoint, no done marker) starts again from scratch
+    unfinished = os.path.join(runs, "recadam-k0.5-t100", "seed2")
+    os.remove(os.path.join(unfinished, "done"))
+    open(os.path.join(unfinished, "checkpoint_last.pt"), "w").close()
+    open(os.path.join(unfinished, "train.log"), "w").write("stale\n")
+    p = run([GRID, "RTE"], env, check=0)
+    assert p.stdout.count("skip ") == 5 and f"restart {unfinished} (unfinished)" in p.stdout
+    assert "1 run, 5 skipped" in p.stdout
+    assert os.path.exists(os.path.join(unfinished, "done"))
+    assert not os.path.exists(os.path.join(unfinished, "checkpoint_last.pt"))
+    assert "stale" not in open(os.path.join(unfinished, "train.log")).read()
+
+    # a failing run does not stop the grid; the failures are listed and the exit status is 1
+    env_fail = dict(env, SAVE_DIR=os.path.join(fake.tmp, "runs-fail"), FAKE_RC="1", SEEDS="1")
+    p = run([GRID, "RTE"], env_fail, check=1)
+    assert "3 run, 0 skipped, 3 failed" in p.stdout
+    assert p.stdout.count("run failed:") == 3 and not glob_done(env_fail["SAVE_DIR"])
+
+
+def glob_done(root):
+    return [os.path.join(d, "done") for d, _, files in os.walk(root) if "done" in files]
+
+
+def test_grid_errors(fake):
+    p = run([GRID], fake.env)
+    assert p.returncode == 2 and "expected TASK" in p.stdout
+    p = run([GRID, "WNLI"], fake.env)
+    assert p.returncode == 2 and "unknown TASK 'WNLI'" in p.stdout
+    p = run([GRID, "RTE"], dict(fake.env, METHODS="recadam sgd"))
+    assert p.returncode == 2 and "unknown method 'sgd' in METHODS" in p.stdout
+    assert not os.path.exists(fake.env["SAVE_DIR"])
+
+
+# ------------------------------------------------------------------------- hydra configs
+
+STEMS = {"mnli": "MNLI", "qnli": "QNLI", "qqp": "QQP", "rte": "RTE", "sst2": "SST-2", "mrpc": "MRPC",
+         "cola": "CoLA", "stsb": "STS-B"}
+SECTIONS = ["common", "task", "checkpoint", "distributed_training", "dataset", "optimizer", "lr_scheduler",
+            "optimization", "criterion"]
+# Paths legitimately differ: the yaml's defaults are relative to the hydra launch directory, and
+# fairseq-hydra-train's save_dir is inside its output directory.
+PATH_KEYS = {"common.user_dir", "task.data", "checkpoint.save_dir", "optimizer.save_dir", "criterion.save_dir"}
+# What the comparison must cover at least (the recipe and RecAdam's hyperparameters).
+MUST = ["optimization.lr", "dataset.batch_size", "optimization.max_update", "lr_scheduler.total_num_update",
+        "lr_scheduler.warmup_updates", "optimizer.weight_decay", "optimizer.adam_betas", "optimizer.adam_eps",
+        "optimization.clip_norm", "optimizer.recadam_anneal_fun", "optimizer.recadam_anneal_k",
+        "optimizer.recadam_anneal_t0", "optimizer.recadam_pretrain_cof", "checkpoint.best_checkpoint_metric",
+        "checkpoint.maximize_best_checkpoint_metric", "task.num_classes", "common.fp16", "dataset.max_tokens",
+        "task.max_positions", "distributed_training.find_unused_parameters", "optimization.max_epoch"]
+CONFIG_FILES = sorted(f for f in os.listdir(CONFIGS) if f.endswith(".yaml"))
+
+
+def test_configs_exist():
+    assert {"rte_recadam.yaml", "sst2_recadam.yaml"} <= set(CONFIG_FILES)
+
+
+def normalize(key, v):
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(v):
+        v = OmegaConf.to_container(v)
+    if key.endswith("adam_betas") and isinstance(v, str):
+        v = eval(v)  # "(0.9,0.98)" vs "(0.9, 0.98)"
+    if isinstance(v, (list, tuple)):
+        return [normalize(key, x) for x in v]
+    if isinstance(v, bool) or v is None:
+        return v
+    if isinstance(v, (int, float)):
+        return float(v)
+    return str(v)  # enums
+
+
+@pytest.mark.parametrize("name", CONFIG_FILES)
+def test_hydra_config_matches_finetune(name, tmp_path):
+    """The yaml, composed as fairseq-hydra-train composes it, against finetune.sh's command parsed by
+    fairseq's own argparse (convert_namespace_to_omegaconf): every key of the sections, but paths."""
+    from fairseq import options
+    from fairseq.dataclass.initialize import add_defaults, hydra_init
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    stem, method = name[: -len(".yaml")].split("_", 1)
+    task, method = STEMS[stem], method.replace("_", "-")
+    with_criterion = recadam_criterion_registered()
+    env = base_env(ROBERTA_PATH="/x/model.pt", DATA_DIR="/x/glue-bin", SAVE_DIR=tmp_path, DRY_RUN=1)
+    if not with_criterion:
+        env["CRITERION"] = "sentence_prediction"
+    run([FINETUNE, task, method], env, check=0)
+    run_dir = run([FINETUNE, task, method], dict(env, PRINT_RUN_DIR=1), check=0).stdout.strip()
+    argv = command_sh_argv(os.path.join(run_dir, "command.sh"), ["fairseq-train"])
+    args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+    cli = convert_namespace_to_omegaconf(args)
+
+    hydra_init(name[: -len(".yaml")])
+    with initialize_config_dir(config_dir=CONFIGS, version_base="1.1"):  # fairseq's hydra_main assumes 1.1
+        yml = compose(config_name=name[: -len(".yaml")], overrides=["checkpoint.restore_file=/x/model.pt"])
+    add_defaults(yml)
+
+    assert yml.criterion._name == "sentence_prediction_recadam"
+    sections = SECTIONS if with_criterion else [s for s in SECTIONS if s != "criterion"]
+    compared, diffs = set(), []
+    for sec in sections:
+        for key in sorted(set(yml[sec]) | set(cli[sec])):
+            full = f"{sec}.{key}"
+            if full in PATH_KEYS:
+                continue
+            a = OmegaConf.select(yml, full, default="<absent>")
+            b = OmegaConf.select(cli, full, default="<absent>")
+            if normalize(full, a) != normalize(full, b):
+                diffs.append(f"{full}: yaml {a!r} != finetune.sh {b!r}")
+            compared.add(full)
+    assert not diffs, "\n".join(diffs)
+    assert set(MUST) <= compared
+    assert (yml.model._name, yml.model.dropout, yml.model.attention_dropout) == \
+        (args.arch, args.dropout, args.attention_dropout)
+    assert OmegaConf.select(yml, "task.regression_target") == (task == "STS-B")
