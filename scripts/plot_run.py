@@ -24,7 +24,8 @@ def read_log(path):
             brace = line.find("{")
             if brace < 0:
                 continue
-            head = line[:brace]
+            # "... | INFO | train_inner | {...}", or "INFO:train_inner:{...}" (distributed ranks)
+            head = line[:brace].replace(":", "|")
             kind = head.rstrip(" |").rsplit("|", 1)[-1].strip() if "|" in head else ""
             try:
                 rec = json.loads(line[brace:])

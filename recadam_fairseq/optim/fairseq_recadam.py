@@ -33,6 +33,8 @@ class FairseqRecAdamConfig(RecAdamHyperparams):
     )
     lr: List[float] = II("optimization.lr")
     log_interval: int = II("common.log_interval")
+    zero_sharding: str = II("distributed_training.zero_sharding")
+    ddp_backend: str = II("distributed_training.ddp_backend")
 
 
 def check_pull_stability(cfg, h) -> None:
@@ -50,6 +52,18 @@ def check_pull_stability(cfg, h) -> None:
         logger.warning(f"recadam: lr x pretrain_cof x anneal_w = {c:g} > 1: the pull overshoots θ* and oscillates")
 
 
+def check_sharding(cfg) -> None:
+    """Sharded optimizer state would need the anchor sharded with it: not supported (yet)."""
+    for flag, used in (("--zero-sharding os", str(cfg.zero_sharding) == "os"),
+                       ("--ddp-backend fully_sharded", str(cfg.ddp_backend) == "fully_sharded")):
+        if used:
+            raise ValueError(
+                f"recadam does not support {flag}: the pretrained anchor would have to be sharded like the "
+                f"optimizer state it belongs to. Use --ddp-backend pytorch_ddp (GPUs), legacy_ddp or no_c10d; "
+                f"--recadam-anchor-dtype bf16 halves the anchor's memory"
+            )
+
+
 @register_optimizer("recadam", dataclass=FairseqRecAdamConfig)
 class FairseqRecAdam(FairseqOptimizer):
     """RecAdam for fairseq: Adam with λ(t) and a decoupled pull toward the pretrained weights.
@@ -62,6 +76,7 @@ class FairseqRecAdam(FairseqOptimizer):
         h = self.optimizer_config
         validate_hparams(h, names=FLAG_NAMES)
         check_pull_stability(cfg, h)
+        check_sharding(cfg)
         self._bound = False
         self._pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
