@@ -152,3 +152,25 @@ def test_pytorch_ddp_on_gpus(tiny, tmp_path):
     (ref,) = dumps(tmp_path / "one", 1)
     assert close(r0["model"], r1["model"], atol=0)
     assert close(r0["model"], ref["model"], atol=1e-4)  # NCCL reduction order, TF32 off by default
+
+
+def test_launch_script_cpu_local_and_dry_runs(tiny, tmp_path):
+    script = os.path.join(os.path.dirname(TRAIN_ENTRY), "..", "scripts", "launch_multinode.sh")
+    save = tmp_path / "launched"
+    args = [a for a in tiny.finetune_args(save, *FLAGS, "--max-update", "4") if a != "--cpu"]
+    env = dict(os.environ, NUM_PROCS="2", MASTER_PORT=str(free_port()), FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}")
+    out = subprocess.run(["bash", script, "cpu-local", *args], env=env, capture_output=True, text=True, cwd=tiny.root)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
+    ck = load_ckpt(save / "checkpoint_last.pt")
+    assert ck["cfg"]["distributed_training"]["distributed_world_size"] == 2
+    assert ck["optimizer_history"][-1]["num_updates"] == 4
+    env.update(DRY_RUN="1", NUM_GPUS="8", NNODES="2", NODE_RANK="1", MASTER_ADDR="node0", FAIRSEQ_TRAIN="fairseq-train")
+    out = subprocess.run(["bash", script, "torchrun", "data-bin", "--optimizer", "recadam"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0
+    assert "--nnodes 2 --node-rank 1 --nproc-per-node 8 --master-addr node0" in out.stdout
+    assert "--distributed-world-size 16" in out.stdout
+    out = subprocess.run(["bash", script, "slurm", "data-bin"], env=env, capture_output=True, text=True)
+    assert "srun" in out.stdout and "--ntasks-per-node 8" in out.stdout
+    out = subprocess.run(["bash", script, "nonsense"], env=env, capture_output=True, text=True)
+    assert out.returncode == 2 and "unknown MODE" in out.stderr
