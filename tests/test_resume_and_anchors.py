@@ -109,6 +109,14 @@ def test_recadam_checkpoint_loads_in_plain_fairseq(tiny, tmp_path, straight):
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=str(tmp_path))
     assert out.returncode == 0, out.stderr[-3000:]
     assert "classes 2" in out.stdout
+    # fairseq-validate (the run used fairseq's own criterion; one trained with
+    # sentence_prediction_recadam needs --user-dir to rebuild that criterion)
+    out = subprocess.run([sys.executable, "-m", "fairseq_cli.validate", tiny.cls_bin, "--path", str(d / "model.pt"),
+                          "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--cpu",
+                          "--batch-size", "16", "--num-workers", "0"],
+                         env=env, capture_output=True, text=True, cwd=str(tmp_path))
+    assert out.returncode == 0, (out.stdout + out.stderr)[-3000:]
+    assert "valid on 'valid' subset" in out.stdout + out.stderr
     # fine-tune it further with fairseq's own adam, without the user-dir
     cmd = [sys.executable, TRAIN_ENTRY, *[a for a in tiny.finetune_args(tmp_path / "adam", optimizer="adam", updates=2,
                                                                           restore=False)
