@@ -22,6 +22,7 @@ def _load_script(name):
 
 
 tiny_roberta = _load_script("make_tiny_roberta")
+plot_run = _load_script("plot_run")
 
 
 def pytest_collection_modifyitems(config, items):
@@ -80,6 +81,11 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("tiny")
     tiny_roberta.main([str(root)])
     return Tiny(root)
+
+
+def json_records(log, kind):
+    """fairseq --log-format json records of one kind (train_inner, valid, train) in a log's text."""
+    return plot_run.parse_log_lines(log.splitlines())[kind]
 
 
 def load_ckpt(path):

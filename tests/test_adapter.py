@@ -145,3 +145,31 @@ def test_model_and_checkpoint_disagree(tmp_path):
     opt = build_optimizer(cfg.optimizer, list(net.parameters()))
     with pytest.raises(AnchorError, match=r"no parameter in common with the model .*wrong file"):
         opt.all_reduce_grads(net)
+
+
+def test_bad_value_from_a_hydra_yaml_names_the_config_key():
+    """fairseq-hydra-train merges the yaml into the same config nodes the flags fill."""
+    from omegaconf import OmegaConf
+
+    cfg = parse()
+    yaml = OmegaConf.create("optimizer:\n  recadam_anneal_k: -0.5\n  recadam_pretrain_cof: 1000\n")
+    cfg.optimizer = OmegaConf.merge(cfg.optimizer, yaml.optimizer)
+    with pytest.raises(ValueError, match=r"invalid --recadam-anneal-k=-0.5 \(optimizer.recadam_anneal_k\)"):
+        build_optimizer(cfg.optimizer, list(Net().parameters()))
+
+
+def test_non_finite_gradients_never_reach_the_anchor(tmp_path):
+    """fairseq sees the non-finite norm and stops (fp32) before stepping; θ* stays as built even if
+    a step ran on such gradients."""
+    path = pretrained_file(tmp_path)
+    net = Net()
+    net.load_state_dict(torch.load(path)["model"], strict=False)
+    opt = build_optimizer(parse(restore=path).optimizer, list(net.parameters()))
+    for p in net.parameters():
+        p.grad = torch.full_like(p, float("nan"))
+    opt.all_reduce_grads(net)
+    assert not torch.isfinite(opt.clip_grad_norm(0.0))  # what fairseq's Trainer checks
+    before = opt.optimizer.anchor_of(net.encoder.weight).clone()
+    opt.step()
+    assert torch.isnan(net.encoder.weight).all()
+    assert torch.equal(opt.optimizer.anchor_of(net.encoder.weight), before)

@@ -10,20 +10,11 @@ import torch
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
-from conftest import load_ckpt
+from conftest import json_records, load_ckpt
 from recadam_fairseq import glue_metrics
 from test_adapter import parse
 
 CRIT = ["--criterion", "sentence_prediction_recadam"]
-
-
-def json_lines(log, kind):
-    """fairseq's --log-format json lines of one kind (train_inner, valid, train)."""
-    out = []
-    for line in log.splitlines():
-        if f"| {kind} | {{" in line:
-            out.append(json.loads(line.split(f"| {kind} | ", 1)[1]))
-    return out
 
 
 # --------------------------------------------------------------------------- GLUE metrics
@@ -65,7 +56,7 @@ def test_reported_metrics_agree_with_the_checkpoints(tiny, tmp_path):
                          "--save-interval-updates", "4", "--keep-interval-updates", "-1",
                          "--best-checkpoint-metric", "mcc", "--maximize-best-checkpoint-metric",
                          "--validate-interval-updates", "4", validate=True)
-    inner = json_lines(log, "train_inner")
+    inner = json_records(log, "train_inner")
     assert [int(x["num_updates"]) for x in inner] == [4, 8, 12]
     for x in inner:
         n = int(x["num_updates"])
@@ -78,7 +69,7 @@ def test_reported_metrics_agree_with_the_checkpoints(tiny, tmp_path):
         assert float(x["recadam_dist"]) == pytest.approx(dist, rel=1e-5)
         assert float(x["recadam_penalty"]) == pytest.approx(gamma / 2 * dist, rel=1e-5)
         assert "target_loss" in x
-    valid = json_lines(log, "valid")
+    valid = json_records(log, "valid")
     assert valid and all({"valid_accuracy", "valid_mcc", "valid_f1", "valid_acc_and_f1"} <= v.keys() for v in valid)
     assert "valid_best_mcc" in valid[-1]
 
@@ -108,7 +99,7 @@ def test_regression_metrics_in_real_logs(tiny, tmp_path):
     rc, log = tiny.train(tmp_path / "s", "--regression-target", *CRIT, "--log-format", "json", "--recadam-pretrain-cof", "500",
                          "--best-checkpoint-metric", "pearson", "--maximize-best-checkpoint-metric",
                          "--num-classes", "1", validate=True, data=str(data))
-    valid = json_lines(log, "valid")
+    valid = json_records(log, "valid")
     assert valid and all({"valid_pearson", "valid_spearman"} <= v.keys() for v in valid)
     assert "valid_mcc" not in valid[-1]
 
@@ -126,7 +117,7 @@ def test_coupled_objective_trains_with_fairseq_adam(tiny, tmp_path):
                          "--recadam-anneal-t0", "1000", "--recadam-pretrain-cof", "500", "--log-format", "json",
                          optimizer="adam")
     assert "recadam (coupled objective): pretrained weights θ* from --restore-file" in log
-    inner = json_lines(log, "train_inner")
+    inner = json_records(log, "train_inner")
     assert all(float(x["recadam_lambda"]) < 1e-6 for x in inner)
     assert all(float(x["loss"]) != float(x["target_loss"]) for x in inner[1:])
     pre = load_ckpt(tiny.pretrained)["model"]
@@ -145,9 +136,7 @@ def test_coupled_objective_will_not_resume_toward_finetuned_weights(tiny, tmp_pa
 
 
 def test_plot_run_renders_real_logs(tiny, tmp_path):
-    from conftest import _load_script
-
-    plot_run = _load_script("plot_run")
+    from conftest import plot_run
     logs = []
     for name, flags, opt in (("recadam", ["--recadam-pretrain-cof", "500", "--recadam-anneal-t0", "6"], "recadam"),
                              ("adam", [], "adam")):

@@ -5,7 +5,6 @@ ids (GPU-only tests below). Dropout is off so that N ranks and one rank with --u
 exactly the same computation up to the order of the gradient reduction.
 """
 
-import json
 import os
 import socket
 import subprocess
@@ -14,7 +13,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, load_ckpt
+from conftest import TRAIN_ENTRY, json_records, load_ckpt
 
 FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500",
          "--dropout", "0", "--attention-dropout", "0", "--batch-size", "8", "--log-format", "json",
@@ -103,11 +102,7 @@ def test_metrics_are_one_value_not_a_sum_over_ranks(tiny, tmp_path, one_rank):
     launch(tiny, tmp_path / "two", 2)
     (text,) = [open(tmp_path / "two" / "rank0.log").read()]
 
-    def inner(log):  # "... | train_inner | {...}", or "INFO:train_inner:{...}" on distributed ranks
-        return [json.loads(line[line.index("{"):]) for line in log.splitlines()
-                if "train_inner" in line and "{" in line and line.index("train_inner") < line.index("{")]
-
-    two, one = inner(text), inner(one_rank[1])
+    two, one = json_records(text, "train_inner"), json_records(one_rank[1], "train_inner")
     assert [x["num_updates"] for x in two] == [x["num_updates"] for x in one] == ["4", "8", "12"]
     for a, b in zip(two, one):
         assert float(a["recadam_lambda"]) == float(b["recadam_lambda"])

@@ -15,8 +15,8 @@ import torch
 if not torch.cuda.is_available():
     torch.cuda.current_device = lambda: None
 
+from fairseq_cli.train import cli_main  # noqa: E402  (first: it sets up fairseq's log format)
 from fairseq.trainer import Trainer  # noqa: E402
-from fairseq_cli.train import cli_main  # noqa: E402
 
 
 def _dump_every_rank(dump_dir):

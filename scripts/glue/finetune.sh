@@ -1,0 +1,209 @@
+#!/usr/bin/env bash
+# Fine-tune RoBERTa on one GLUE task with fairseq's recipe, with Adam or RecAdam.
+#
+#   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
+#
+# TASK:   MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B (case-insensitive)
+# METHOD: adam             --optimizer adam
+#         recadam          --optimizer recadam + the RecAdam flags
+#         recadam-coupled  --optimizer adam + --recadam-objective coupled (the penalty in the loss)
+#                          + the RecAdam flags
+# Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
+#
+# Environment (defaults in brackets):
+#   ROBERTA_PATH  pretrained checkpoint (required)     DATA_DIR  [./glue-bin], data at $DATA_DIR/$TASK-bin
+#   SAVE_DIR      [runs]; the run is $SAVE_DIR/$TASK/$METHOD[-k$K-t$T0]/seed$SEED
+#   ARCH [roberta_large]  LR, BATCH [the recipe's]  SEED [1]  FP16 [1]  NUM_GPUS [1]
+#   MAX_UPDATE    total updates [the recipe's]; warmup is scaled in proportion (at least 1)
+#   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
+#                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
+#   CRITERION     [sentence_prediction_recadam]; with sentence_prediction the task's metric flag
+#                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
+#   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
+#   DRY_RUN=1     write $RUN/command.sh and print it; train nothing
+#   PRINT_RUN_DIR=1  print the run directory and exit (used by grid.sh)
+#
+# The run directory gets command.sh (the exact command), run.json (the settings), train.log
+# (fairseq's --log-format json output, with stderr) and, on success, the marker file `done`.
+set -euo pipefail
+
+die() { echo "finetune.sh: error: $*" >&2; exit 2; }
+usage() { sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+
+if [ $# -lt 2 ]; then usage; die "expected TASK METHOD"; fi
+TASK_ARG=$1 METHOD=$2
+shift 2
+EXTRA=("$@")
+
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
+
+# task: lr batch total_updates warmup num_classes best_metric
+case "$(printf %s "$TASK_ARG" | tr "[:lower:]" "[:upper:]")" in
+  MNLI)  TASK=MNLI  R=(1e-5 32 123873  7432 3 accuracy) ;;
+  QNLI)  TASK=QNLI  R=(1e-5 32  33112  1986 2 accuracy) ;;
+  QQP)   TASK=QQP   R=(1e-5 32 113272 28318 2 f1) ;;
+  RTE)   TASK=RTE   R=(2e-5 16   2036   122 2 accuracy) ;;
+  SST-2) TASK=SST-2 R=(1e-5 32  20935  1256 2 accuracy) ;;
+  MRPC)  TASK=MRPC  R=(1e-5 16   2296   137 2 f1) ;;
+  COLA)  TASK=CoLA  R=(1e-5 16   5336   320 2 mcc) ;;
+  STS-B) TASK=STS-B R=(2e-5 16   3598   214 1 pearson) ;;
+  *) die "unknown TASK '$TASK_ARG'; choose one of MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B" ;;
+esac
+case "$METHOD" in
+  adam|recadam|recadam-coupled) ;;
+  *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled" ;;
+esac
+
+LR=${LR:-${R[0]}}
+BATCH=${BATCH:-${R[1]}}
+TOTAL=${R[2]}
+WARMUP=${R[3]}
+NUM_CLASSES=${R[4]}
+METRIC=${R[5]}
+SEED=${SEED:-1}
+FP16=${FP16:-1}
+NUM_GPUS=${NUM_GPUS:-1}
+ARCH=${ARCH:-roberta_large}
+K=${K:-0.1}
+T0=${T0:-1000}
+GAMMA=${GAMMA:-5000}
+ANNEAL_FUN=${ANNEAL_FUN:-sigmoid}
+CRITERION=${CRITERION:-sentence_prediction_recadam}
+DATA_DIR=${DATA_DIR:-./glue-bin}
+SAVE_DIR=${SAVE_DIR:-runs}
+USER_DIR=${USER_DIR:-$REPO_DIR/recadam_fairseq}
+FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
+DRY_RUN=${DRY_RUN:-0}
+
+is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
+is_uint "$SEED" || die "SEED must be a non-negative integer, got '$SEED'"
+is_uint "$BATCH" && [ "$BATCH" -gt 0 ] || die "BATCH must be a positive integer, got '$BATCH'"
+is_uint "$NUM_GPUS" && [ "$NUM_GPUS" -gt 0 ] || die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
+[[ $FP16 == 0 || $FP16 == 1 ]] || die "FP16 must be 0 or 1, got '$FP16'"
+if [ -n "${MAX_UPDATE:-}" ]; then
+  is_uint "$MAX_UPDATE" && [ "$MAX_UPDATE" -gt 0 ] || die "MAX_UPDATE must be a positive integer, got '$MAX_UPDATE'"
+  WARMUP=$(( (WARMUP * MAX_UPDATE + TOTAL / 2) / TOTAL ))  # rounded, in proportion
+  [ "$WARMUP" -ge 1 ] || WARMUP=1
+  TOTAL=$MAX_UPDATE
+fi
+
+NAME=$METHOD
+if [ "$METHOD" != adam ]; then
+  NAME="$METHOD-k$K-t$T0"
+  [ "$GAMMA" = 5000 ] || NAME="$NAME-g$GAMMA"
+  [ "$ANNEAL_FUN" = sigmoid ] || NAME="$NAME-$ANNEAL_FUN"
+fi
+RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
+if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
+
+DATA="$DATA_DIR/$TASK-bin"
+problems=()
+if [ -z "${ROBERTA_PATH:-}" ]; then
+  problems+=("ROBERTA_PATH is not set: give the pretrained checkpoint, e.g. ROBERTA_PATH=roberta.large/model.pt")
+elif [ ! -f "$ROBERTA_PATH" ]; then
+  problems+=("ROBERTA_PATH=$ROBERTA_PATH: no such file")
+fi
+if [ ! -d "$DATA/input0" ]; then
+  problems+=("no data at $DATA (DATA_DIR=$DATA_DIR): expected $DATA/input0, label (see data-prep/README.md)")
+fi
+if [ ${#problems[@]} -gt 0 ]; then
+  for p in "${problems[@]}"; do
+    if [ "$DRY_RUN" = 1 ]; then echo "finetune.sh: warning: $p" >&2; else echo "finetune.sh: error: $p" >&2; fi
+  done
+  [ "$DRY_RUN" = 1 ] || exit 2
+fi
+
+read -r -a TRAIN <<< "$FAIRSEQ_TRAIN"
+CMD=("${TRAIN[@]}" "$DATA"
+  --user-dir "$USER_DIR"
+  --restore-file "${ROBERTA_PATH:-}" --reset-optimizer --reset-dataloader --reset-meters
+  --task sentence_prediction --num-classes "$NUM_CLASSES" --init-token 0 --separator-token 2
+  --max-positions 512 --required-batch-size-multiple 1 --batch-size "$BATCH" --max-tokens 4400
+  --arch "$ARCH" --dropout 0.1 --attention-dropout 0.1
+  --criterion "$CRITERION")
+[ "$TASK" != STS-B ] || CMD+=(--regression-target)
+if [ "$CRITERION" = sentence_prediction ]; then  # fairseq's criterion computes these only when asked
+  case "$METRIC" in
+    mcc) CMD+=(--report-mcc) ;;
+    f1) CMD+=(--report-acc-and-f1) ;;
+    pearson) CMD+=(--report-pearson-and-spearman) ;;
+  esac
+fi
+case "$METHOD" in
+  adam) CMD+=(--optimizer adam) ;;
+  recadam) CMD+=(--optimizer recadam) ;;
+  recadam-coupled) CMD+=(--optimizer adam --recadam-objective coupled) ;;
+esac
+CMD+=(--adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
+if [ "$METHOD" != adam ]; then
+  CMD+=(--recadam-anneal-fun "$ANNEAL_FUN" --recadam-anneal-k "$K" --recadam-anneal-t0 "$T0"
+        --recadam-pretrain-cof "$GAMMA")
+fi
+CMD+=(--lr "$LR" --lr-scheduler polynomial_decay --total-num-update "$TOTAL" --warmup-updates "$WARMUP"
+  --max-update "$TOTAL" --max-epoch 10)
+[ "$FP16" = 0 ] || CMD+=(--fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128)
+CMD+=(--find-unused-parameters)
+[ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
+# MNLI: valid = matched, valid1 = mismatched (data-prep/prepare_glue.py); the first one picks the best checkpoint
+[ "$TASK" != MNLI ] || CMD+=(--valid-subset valid,valid1)
+CMD+=(--best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric
+  --seed "$SEED" --save-dir "$RUN" --no-epoch-checkpoints
+  --log-format json --log-interval 100
+  ${EXTRA[@]+"${EXTRA[@]}"})  # (this form: an empty array is "unbound" to set -u before bash 4.4)
+
+# shell-quote for command.sh, readably: bare when safe, else in single quotes
+q() { if [[ $1 =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi; }
+
+mkdir -p "$RUN"
+{
+  echo "#!/usr/bin/env bash"
+  echo "# $TASK $METHOD seed $SEED, written by scripts/glue/finetune.sh on $(date '+%Y-%m-%d %H:%M:%S')"
+  echo "# settings: LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS ARCH=$ARCH$(
+    [ "$METHOD" = adam ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
+  printf 'cd '; q "$PWD"; echo
+  n=${#TRAIN[@]}
+  line=""
+  for a in "${CMD[@]:0:n}"; do line+="$(q "$a") "; done
+  printf '%s' "${line% }"
+  i=$n
+  while [ "$i" -lt "${#CMD[@]}" ]; do  # one flag and its values per line
+    line=$(q "${CMD[i]}")
+    i=$((i + 1))
+    while [ "$i" -lt "${#CMD[@]}" ] && [[ ${CMD[i]} != --* ]]; do line+=" $(q "${CMD[i]}")"; i=$((i + 1)); done
+    printf ' \\\n  %s' "$line"
+  done
+  echo
+} > "$RUN/command.sh"
+chmod +x "$RUN/command.sh"
+
+if [ "$DRY_RUN" = 1 ]; then
+  cat "$RUN/command.sh"
+  exit 0
+fi
+
+json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
+{
+  printf '{"task": %s, "method": %s, "seed": %s' "$(json_str "$TASK")" "$(json_str "$METHOD")" "$SEED"
+  printf ', "metric": %s, "lr": %s, "batch": %s' "$(json_str "$METRIC")" "$(json_str "$LR")" "$BATCH"
+  printf ', "total_updates": %s, "warmup_updates": %s' "$TOTAL" "$WARMUP"
+  if [ "$METHOD" != adam ]; then
+    printf ', "k": %s, "t0": %s, "gamma": %s, "anneal_fun": %s' "$(json_str "$K")" "$(json_str "$T0")" \
+      "$(json_str "$GAMMA")" "$(json_str "$ANNEAL_FUN")"
+  fi
+  printf '}\n'
+} > "$RUN/run.json"
+
+# A (re)start begins from the pretrained model: drop what an earlier attempt left.
+rm -f "$RUN/done" "$RUN/train.log" "$RUN"/checkpoint*.pt
+echo "== $TASK $METHOD seed $SEED -> $RUN"
+set +e
+"${CMD[@]}" 2>&1 | tee "$RUN/train.log"
+rc=${PIPESTATUS[0]}
+set -e
+if [ "$rc" -ne 0 ]; then
+  echo "finetune.sh: error: fairseq-train failed (exit $rc); see $RUN/train.log" >&2
+  exit "$rc"
+fi
+date '+%Y-%m-%d %H:%M:%S' > "$RUN/done"
+echo "== done: $RUN"

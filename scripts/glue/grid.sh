@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The RecAdam authors' hyperparameter search on one GLUE task, resumable.
+#
+#   scripts/glue/grid.sh TASK [extra fairseq-train args...]
+#
+# Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
+# RecAdam methods once per (k, t0) in KS x T0S, adam once per seed. A run whose `done` marker
+# exists is skipped ("skip"); an unfinished one is started again from the pretrained model.
+# A failed run does not stop the grid: the failures are listed at the end (exit 1).
+#
+# Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
+#              METHODS ["recadam"]; any of adam recadam recadam-coupled
+#              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
+set -euo pipefail
+
+die() { echo "grid.sh: error: $*" >&2; exit 2; }
+[ $# -ge 1 ] || { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; die "expected TASK"; }
+TASK=$1
+shift
+
+FINETUNE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/finetune.sh"
+KS=${KS:-"0.05 0.1 0.2 0.5 1"}
+T0S=${T0S:-"100 250 500 1000"}
+SEEDS=${SEEDS:-1}
+METHODS=${METHODS:-recadam}
+for m in $METHODS; do
+  case "$m" in adam|recadam|recadam-coupled) ;; *) die "unknown method '$m' in METHODS" ;; esac
+done
+[ -n "${KS// }" ] && [ -n "${T0S// }" ] && [ -n "${SEEDS// }" ] || die "KS, T0S and SEEDS must not be empty"
+
+failed=()
+n_run=0 n_skip=0
+one() {  # one() SEED METHOD [K T0]; the extra fairseq-train args are in EXTRA
+  local seed=$1 method=$2 run
+  local env=(SEED="$seed")
+  [ $# -lt 4 ] || env+=(K="$3" T0="$4")
+  run=$(env "${env[@]}" PRINT_RUN_DIR=1 bash "$FINETUNE" "$TASK" "$method")  # exits 2 on a bad TASK
+  if [ -f "$run/done" ]; then
+    echo "skip $run (done)"
+    n_skip=$((n_skip + 1))
+    return
+  fi
+  [ ! -e "$run/train.log" ] || echo "restart $run (unfinished)"
+  n_run=$((n_run + 1))
+  if ! env "${env[@]}" bash "$FINETUNE" "$TASK" "$method" ${EXTRA[@]+"${EXTRA[@]}"}; then
+    echo "grid.sh: run failed: $run" >&2
+    failed+=("$run")
+  fi
+}
+
+EXTRA=("$@")
+for seed in $SEEDS; do
+  for method in $METHODS; do
+    if [ "$method" = adam ]; then
+      one "$seed" adam
+    else
+      for k in $KS; do
+        for t0 in $T0S; do
+          one "$seed" "$method" "$k" "$t0"
+        done
+      done
+    fi
+  done
+done
+
+echo "grid.sh: $TASK: ran $n_run, skipped $n_skip, failed ${#failed[@]}"
+if [ ${#failed[@]} -gt 0 ]; then
+  printf '  failed: %s\n' "${failed[@]}" >&2
+  exit 1
+fi

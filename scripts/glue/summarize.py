@@ -1,0 +1,365 @@
+#!/usr/bin/env python3
+"""Summarize GLUE fine-tuning runs made by scripts/glue/finetune.sh and grid.sh.
+
+    python scripts/glue/summarize.py RUNS_DIR [--out DIR] [--include-unfinished]
+
+Finds the runs under RUNS_DIR (laid out as RUNS_DIR/<TASK>/<METHOD>[-k<K>-t<T0>...]/seed<N>/),
+reads their fairseq ``--log-format json`` logs (train.log) and writes to --out (default RUNS_DIR):
+
+  summary.md    the task x method table, the GLUE average, the best (k, t0) per task, the grid
+                of means per (k, t0), and the unfinished runs
+  summary.csv   the task x method table: mean, std, number of seeds and chosen config per method
+  variants.csv  every (task, method, config): mean, std, seeds, and whether it was chosen
+  runs.csv      one line per run: status, best dev metric, the update it came at, other metrics
+
+Per run, the score is the task's dev metric (CoLA: mcc; MRPC, QQP: f1; STS-B: pearson; the
+others: accuracy), the best (max) over the run's validations on ``valid``. For MNLI ``valid`` is
+matched; the mismatched accuracy (``valid1``) is shown as the row MNLI-mm, taken from the same
+runs as MNLI and left out of the average. A method's result on a task is the mean +- sample std
+over seeds of the config (k, t0, ...) whose mean is highest; the GLUE average is the mean of
+those over the tasks the method has. Runs without a ``done`` marker are listed as unfinished and
+left out of the tables unless --include-unfinished.
+"""
+
+import argparse
+import csv
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from collections import defaultdict
+
+TASKS = ["MNLI", "QNLI", "QQP", "RTE", "SST-2", "MRPC", "CoLA", "STS-B"]
+PRIMARY = {"CoLA": "mcc", "MRPC": "f1", "QQP": "f1", "STS-B": "pearson"}  # the others: accuracy
+OTHER = {"MRPC": ["accuracy", "acc_and_f1"], "QQP": ["accuracy", "acc_and_f1"], "STS-B": ["spearman"],
+         "CoLA": ["accuracy"]}
+METHODS = ["adam", "recadam", "recadam-coupled"]
+MM = "MNLI-mm"
+
+
+def primary_metric(task):
+    return PRIMARY.get(task, "accuracy")
+
+
+def to_float(v):
+    try:
+        x = float(v)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(x) else x
+
+
+def parse_log(path):
+    """fairseq json log -> ({subset: [stats of one validation, ...]}, last update number seen).
+
+    Lines are either bare json (--log-file) or prefixed ("... | INFO | valid | {...}"). A
+    validation line holds "<subset>_num_updates"; train lines hold "num_updates" (train_inner)
+    or "train_num_updates" (end of epoch).
+    """
+    valid, last = defaultdict(list), None
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            i = line.find('{"')
+            if i < 0:
+                continue
+            try:
+                rec = json.loads(line[i:])
+            except ValueError:
+                continue
+            if not isinstance(rec, dict):
+                continue
+            for key in rec:
+                if key == "num_updates" or key.endswith("_num_updates"):
+                    n = to_float(rec[key])
+                    if n is not None:
+                        last = int(n) if last is None else max(last, int(n))
+                if not key.endswith("_num_updates"):
+                    continue
+                subset = key[: -len("_num_updates")]
+                if subset == "train":
+                    continue
+                valid[subset].append({k[len(subset) + 1:]: v for k, v in rec.items() if k.startswith(subset + "_")})
+    return valid, last
+
+
+def best_of(entries, metric):
+    """(best value, its stats) over validations; (None, None) if the metric was never logged."""
+    best, at = None, None
+    for e in entries:
+        x = to_float(e.get(metric))
+        if x is not None and (best is None or x > best):
+            best, at = x, e
+    return best, at
+
+
+def split_name(name):
+    """'recadam-k0.1-t100' -> ('recadam', 'k0.1-t100'); unknown methods keep the whole name."""
+    for m in sorted(METHODS, key=len, reverse=True):
+        if name == m or name.startswith(m + "-"):
+            return m, name[len(m) + 1:]
+    return name, ""
+
+
+def read_run(run_dir, root):
+    rel = os.path.relpath(run_dir, root)
+    parts = rel.split(os.sep)
+    meta = {}
+    try:
+        with open(os.path.join(run_dir, "run.json")) as f:
+            meta = json.load(f)
+    except (OSError, ValueError):
+        pass
+    # The layout <TASK>/<NAME>/seed<N> names the run; run.json (written by finetune.sh) fills in
+    # what the path cannot say (k and t0 exactly, the planned number of updates).
+    laid_out = len(parts) >= 3 and re.fullmatch(r"seed\d+", parts[-1])
+    if laid_out:
+        task, name, seed = parts[-3], parts[-2], int(parts[-1][4:])
+        method, variant = split_name(name)
+    else:
+        task, seed = meta.get("task", "?"), meta.get("seed", parts[-1])
+        method, variant = split_name(parts[-2] if len(parts) >= 2 else meta.get("method", "?"))
+    k, t0 = meta.get("k"), meta.get("t0")
+    if k is None and method != "adam":
+        m = re.match(r"k(.+?)-t([^-]+)", variant)
+        if m:
+            k, t0 = m.group(1), m.group(2)
+    metric = primary_metric(task)
+    run = {
+        "task": task, "method": method, "config": variant, "k": k or "", "t0": t0 or "",
+        "seed": seed, "status": "done" if os.path.exists(os.path.join(run_dir, "done")) else "unfinished",
+        "metric": metric, "best": None, "best_update": "", "other": "", "mm": None,
+        "last_update": "", "total_updates": meta.get("total_updates", ""), "validations": 0, "note": "",
+        "path": rel,
+    }
+    log = os.path.join(run_dir, "train.log")
+    if not os.path.exists(log):
+        run["status"] = "done" if run["status"] == "done" else "not started"
+        run["note"] = "no train.log"
+        return run
+    valid, last = parse_log(log)
+    entries = valid.get("valid", [])
+    run["validations"] = len(entries)
+    run["last_update"] = "" if last is None else last
+    best, at = best_of(entries, metric)
+    if best is None:
+        run["note"] = f"no {metric} in the validations" if entries else "no validation yet"
+    else:
+        run["best"] = best
+        run["best_update"] = at.get("num_updates", "")
+        run["other"] = "; ".join(f"{m}={at[m]}" for m in OTHER.get(task, []) if m in at)
+    if task == "MNLI" and valid.get("valid1"):
+        run["mm"], _ = best_of(valid["valid1"], "accuracy")
+    return run
+
+
+def find_runs(root):
+    out = []
+    for d, dirs, files in os.walk(root):
+        dirs.sort()
+        if {"train.log", "command.sh", "done"} & set(files):
+            out.append(d)
+            dirs[:] = []  # checkpoints etc. below a run are not runs
+    return out
+
+
+def mean_std(xs):
+    m = statistics.fmean(xs)
+    return m, (statistics.stdev(xs) if len(xs) > 1 else None)
+
+
+def aggregate(runs):
+    """{(task, method): {config: [runs]}} over runs with a score."""
+    groups = defaultdict(lambda: defaultdict(list))
+    for r in runs:
+        if r["best"] is not None:
+            groups[(r["task"], r["method"])][r["config"]].append(r)
+    return groups
+
+
+def summarize(runs):
+    """-> (cells {(row, method): cell}, variant rows, methods, table rows, tasks)."""
+    groups = aggregate(runs)
+    cells, variants = {}, []
+    for (task, method), by_config in groups.items():
+        stats = {}
+        for config, rs in by_config.items():
+            m, s = mean_std([r["best"] for r in rs])
+            stats[config] = (m, s, rs)
+        chosen = max(sorted(stats), key=lambda c: stats[c][0])  # ties: the first config by name
+        for config in sorted(stats):
+            m, s, rs = stats[config]
+            variants.append({"task": task, "method": method, "config": config, "k": rs[0]["k"], "t0": rs[0]["t0"],
+                             "metric": rs[0]["metric"], "mean": m, "std": s, "n": len(rs),
+                             "seeds": " ".join(str(r["seed"]) for r in sorted(rs, key=lambda r: str(r["seed"]))),
+                             "chosen": config == chosen})
+        m, s, rs = stats[chosen]
+        cells[(task, method)] = {"mean": m, "std": s, "n": len(rs), "config": chosen, "k": rs[0]["k"],
+                                 "t0": rs[0]["t0"], "metric": rs[0]["metric"]}
+        mms = [r["mm"] for r in rs if r["mm"] is not None]
+        if task == "MNLI" and mms:
+            m2, s2 = mean_std(mms)
+            cells[(MM, method)] = {"mean": m2, "std": s2, "n": len(mms), "config": chosen, "k": rs[0]["k"],
+                                   "t0": rs[0]["t0"], "metric": "accuracy"}
+    methods = [m for m in METHODS if any(k[1] == m for k in cells)]
+    methods += sorted({k[1] for k in cells} - set(methods))
+    tasks = [t for t in TASKS if any(k[0] == t for k in cells)]
+    tasks += sorted({k[0] for k in cells} - set(TASKS) - {MM})
+    rows = []
+    for t in tasks:
+        rows.append(t)
+        if t == "MNLI" and any((MM, m) in cells for m in methods):
+            rows.append(MM)
+    for m in methods:
+        scores = [cells[(t, m)]["mean"] for t in tasks if (t, m) in cells]
+        if scores:
+            cells[("GLUE avg", m)] = {"mean": statistics.fmean(scores), "std": None, "n": len(scores),
+                                      "config": f"{len(scores)} tasks", "k": "", "t0": "", "metric": ""}
+    return cells, sorted(variants, key=lambda v: (order(v["task"]), v["method"], v["config"])), methods, rows, tasks
+
+
+def order(task):
+    return TASKS.index(task) if task in TASKS else len(TASKS)
+
+
+def fmt(x, nd=2):
+    return "" if x is None else f"{x:.{nd}f}"
+
+
+def cell_text(c):
+    if c is None:
+        return "–"
+    if c["std"] is None:
+        return f"{c['mean']:.2f} (n={c['n']})"
+    return f"{c['mean']:.2f} ± {c['std']:.2f} (n={c['n']})"
+
+
+def write_csv(path, rows, fields):
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("runs_dir")
+    ap.add_argument("--out", help="where to write the summary files (default: RUNS_DIR)")
+    ap.add_argument("--include-unfinished", action="store_true",
+                    help="count runs without a done marker (their best so far) in the tables")
+    args = ap.parse_args(argv)
+    root = args.runs_dir
+    if not os.path.isdir(root):
+        sys.exit(f"summarize.py: error: {root}: no such directory")
+    runs = [read_run(d, root) for d in find_runs(root)]
+    if not runs:
+        sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
+    runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))
+    counted = [r for r in runs if r["status"] == "done" or args.include_unfinished]
+    cells, variants, methods, rows, tasks = summarize(counted)
+    out = args.out or root
+    os.makedirs(out, exist_ok=True)
+
+    # runs.csv
+    run_fields = ["task", "method", "config", "k", "t0", "seed", "status", "metric", "best", "best_update", "other",
+                  "mm", "validations", "last_update", "total_updates", "note", "path"]
+    write_csv(os.path.join(out, "runs.csv"), [dict(r, mm=r["mm"]) for r in runs], run_fields)
+    # variants.csv
+    write_csv(os.path.join(out, "variants.csv"), variants,
+              ["task", "method", "config", "k", "t0", "metric", "mean", "std", "n", "seeds", "chosen"])
+    # summary.csv: task x method
+    fields = ["task", "metric"] + [f"{m}_{x}" for m in methods for x in ("mean", "std", "n", "config")]
+    table = []
+    for row in rows + ["GLUE avg"]:
+        line = {"task": row, "metric": {MM: "accuracy", "GLUE avg": ""}.get(row, primary_metric(row))}
+        for m in methods:
+            c = cells.get((row, m))
+            if c:
+                line.update({f"{m}_mean": fmt(c["mean"], 4), f"{m}_std": fmt(c["std"], 4), f"{m}_n": c["n"],
+                             f"{m}_config": c["config"]})
+        table.append(line)
+    write_csv(os.path.join(out, "summary.csv"), table, fields)
+
+    # summary.md
+    n_done = sum(r["status"] == "done" for r in runs)
+    unfinished = [r for r in runs if r["status"] != "done"]
+    md = ["# GLUE dev results", "",
+          f"`{root}`: {len(runs)} runs, {n_done} finished, {len(unfinished)} unfinished"
+          + (" (counted: --include-unfinished)" if args.include_unfinished and unfinished else ""), "",
+          "Best dev score over each run's validations (CoLA: mcc; MRPC, QQP: f1; STS-B: pearson; the others: "
+          "accuracy; MNLI: matched, MNLI-mm: mismatched, not in the average), mean ± std over seeds of the best "
+          "config per task and method (by mean).", ""]
+    if methods:
+        md += ["| task | metric | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
+        for line in table:
+            row = line["task"]
+            texts = []
+            for m in methods:
+                c = cells.get((row, m))
+                if row == "GLUE avg":
+                    n_all = len(tasks)
+                    texts.append("–" if c is None else f"{c['mean']:.2f}" + ("" if c["n"] == n_all else f" ({c['n']}/{n_all} tasks)"))
+                else:
+                    texts.append(cell_text(c))
+            name = f"**{row}**" if row == "GLUE avg" else row
+            md.append(f"| {name} | {line['metric']} | " + " | ".join(texts) + " |")
+        md.append("")
+    else:
+        md += ["No finished run with a score yet.", ""]
+
+    tuned = [v for v in variants if v["method"] != "adam"]
+    if tuned:
+        md += ["## RecAdam: best (k, t0) per task", "", "Chosen by the mean over seeds.", "",
+               "| task | method | k | t0 | config | mean ± std | configs tried |", "|---|---|---|---|---|---|---|"]
+        for (task, method), c in sorted(cells.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
+            if method == "adam" or task in (MM, "GLUE avg"):
+                continue
+            tried = sum(v["task"] == task and v["method"] == method for v in variants)
+            md.append(f"| {task} | {method} | {c['k']} | {c['t0']} | {c['config']} | {cell_text(c)} | {tried} |")
+        md.append("")
+        grids = defaultdict(list)
+        for v in tuned:
+            grids[(v["task"], v["method"])].append(v)
+        for (task, method), vs in sorted(grids.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
+            plain = [v for v in vs if re.fullmatch(r"k[^-]+-t[^-]+", v["config"])]
+            if len(plain) < 2:
+                continue
+            ks = sorted({v["k"] for v in plain}, key=num_key)
+            t0s = sorted({v["t0"] for v in plain}, key=num_key)
+            at = {(v["k"], v["t0"]): v for v in plain}
+            md += [f"### {task} {method}: mean {plain[0]['metric']} per (k, t0)", "",
+                   "| k \\ t0 | " + " | ".join(t0s) + " |", "|---|" + "---|" * len(t0s)]
+            for k in ks:
+                cols = []
+                for t0 in t0s:
+                    v = at.get((k, t0))
+                    cols.append("" if v is None else (f"**{v['mean']:.2f}**" if v["chosen"] else f"{v['mean']:.2f}")
+                                + ("" if v is None else f" ({v['n']})"))
+                md.append(f"| {k} | " + " | ".join(cols) + " |")
+            md.append("")
+
+    if unfinished:
+        md += ["## Unfinished runs", "", "| run | status | updates | best so far | note |", "|---|---|---|---|---|"]
+        for r in unfinished:
+            upd = f"{r['last_update']}/{r['total_updates']}" if r["total_updates"] != "" else str(r["last_update"])
+            best = "" if r["best"] is None else f"{r['metric']} {r['best']:.2f}"
+            md.append(f"| {r['path']} | {r['status']} | {upd} | {best} | {r['note']} |")
+        md.append("")
+    noscore = [r for r in runs if r["status"] == "done" and r["best"] is None]
+    if noscore:
+        md += ["## Finished runs without a score", ""] + [f"- {r['path']}: {r['note']}" for r in noscore] + [""]
+    with open(os.path.join(out, "summary.md"), "w") as f:
+        f.write("\n".join(md))
+    print("\n".join(md))
+    print(f"wrote {', '.join(os.path.join(out, n) for n in ('summary.md', 'summary.csv', 'variants.csv', 'runs.csv'))}")
+
+
+def num_key(s):
+    x = to_float(s)
+    return (0, x, "") if x is not None else (1, 0.0, str(s))
+
+
+if __name__ == "__main__":
+    main()
