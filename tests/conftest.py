@@ -55,6 +55,8 @@ class Tiny:
             "--save-dir", str(save_dir), "--no-epoch-checkpoints",
             "--user-dir", USER_DIR, "--log-format", "simple", "--log-interval", "1",
         ]
+        if optimizer == "recadam":  # lr 1e-3 needs lr·γ < 2 (the authors' γ = 5000 goes with lr ~1e-5)
+            args[args.index("--optimizer") + 2:args.index("--optimizer") + 2] = ["--recadam-pretrain-cof", "500"]
         if not validate:
             args.append("--disable-validation")
         if device == "cpu":

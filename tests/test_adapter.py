@@ -69,12 +69,19 @@ def test_flags_reach_the_core_optimizer(tmp_path):
     (["--adam-betas", "(0.9, 1.0)"], r"invalid --adam-betas=\(0.9, 1.0\)"),
     (["--recadam-anneal-fun", "linear", "--recadam-anneal-t0", "0"], r"invalid --recadam-anneal-t0=0.0.*linear"),
     (["--recadam-anneal-w=-1"], r"invalid --recadam-anneal-w=-1.0"),
-    (["--lr", "1e-3", "--recadam-pretrain-cof", "5000"], r"--lr 0.001 x --recadam-pretrain-cof 5000 .* = 5 >= 2.*below 2000"),
+    (["--lr", "1e-3", "--recadam-pretrain-cof", "5000", "--recadam-anneal-fun", "linear", "--recadam-anneal-t0", "2"],
+     r"--lr 0.001 x --recadam-pretrain-cof 5000 x \(w - λ\(1\)\) = 2.5 >= 2.*below 4000"),
 ])
 def test_bad_flags_fail_at_build_naming_the_flag(flags, match):
     cfg = parse(*flags)
     with pytest.raises(ValueError, match=match):
         build_optimizer(cfg.optimizer, list(Net().parameters()))
+
+
+def test_no_pull_means_no_stability_limit():
+    """constant λ = w: w − λ = 0, nothing pulls, any γ is fine (the fairseq-adam equivalence)."""
+    cfg = parse("--lr", "1e-3", "--recadam-anneal-fun", "constant")
+    build_optimizer(cfg.optimizer, list(Net().parameters()))
 
 
 def test_bad_choice_is_rejected_by_the_parser(capsys):

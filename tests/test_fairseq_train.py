@@ -85,7 +85,7 @@ def test_every_update_follows_the_recadam_equations(tiny, tmp_path):
 def test_penalty_holds_the_encoder_and_not_the_head(tiny, tmp_path):
     """λ ≈ 0 for the whole run: the encoder stays at θ*, the new head learns with plain Adam."""
     tiny.train(tmp_path / "recall", "--recadam-anneal-k", "1", "--recadam-anneal-t0", "1000",
-               "--recadam-pretrain-cof", "5000")
+               "--recadam-pretrain-cof", "1000")
     tiny.train(tmp_path / "free", "--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", "1",
                "--recadam-anneal-t0", "-1000", "--recadam-pretrain-cof", "0")
     pre = model_state(tiny.pretrained)

@@ -17,6 +17,7 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
 from ..anchor import AnchorError, build_anchors, load_checkpoint
+from ..anneal import anneal_lambda
 from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams
 from ..recadam import RecAdam, validate_hparams
 from ..report import log_recadam_metrics
@@ -38,18 +39,21 @@ class FairseqRecAdamConfig(RecAdamHyperparams):
 
 
 def check_pull_stability(cfg, h) -> None:
-    """The pull p ← p − c·(p − p*), c = lr·(w−λ)·γ, overshoots θ* for c > 1 and diverges for c ≥ 2."""
+    """The pull p ← p − c·(p − p*), c = lr·(w−λ(t))·γ, overshoots θ* for c > 1 and diverges for c ≥ 2.
+
+    λ(t) never decreases, so c is largest at the first step.
+    """
     lrs = cfg.lr if isinstance(cfg.lr, Collection) else [cfg.lr]
-    c = max(lrs) * h["anneal_w"] * h["pretrain_cof"]
+    lr, w = max(lrs), h["anneal_w"]
+    c = lr * h["pretrain_cof"] * (w - anneal_lambda(h["anneal_fun"], 1, h["anneal_k"], h["anneal_t0"], w))
     if c >= 2:
         raise ValueError(
-            f"recadam: --lr {max(lrs):g} x --recadam-pretrain-cof {h['pretrain_cof']:g} x --recadam-anneal-w "
-            f"{h['anneal_w']:g} = {c:g} >= 2: the pull toward the pretrained weights overshoots them and "
-            f"diverges. Lower --recadam-pretrain-cof below {2 / (max(lrs) * h['anneal_w']):g} (the authors "
-            f"use 5000 with lr 1e-5 to 2e-5)"
+            f"recadam: --lr {lr:g} x --recadam-pretrain-cof {h['pretrain_cof']:g} x (w - λ(1)) = {c:g} >= 2: "
+            f"the pull toward the pretrained weights overshoots them and diverges. Lower --recadam-pretrain-cof "
+            f"below {2 * h['pretrain_cof'] / c:g} (the authors use 5000 with lr 1e-5 to 2e-5)"
         )
     if c > 1:
-        logger.warning(f"recadam: lr x pretrain_cof x anneal_w = {c:g} > 1: the pull overshoots θ* and oscillates")
+        logger.warning(f"recadam: lr x pretrain_cof x (w - λ(1)) = {c:g} > 1: the pull overshoots θ* and oscillates")
 
 
 def check_sharding(cfg) -> None:
