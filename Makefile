@@ -23,6 +23,10 @@ $(STAMP): setup.py Makefile | $(PY)
 test: $(STAMP)
 	$(PY) -m pytest
 
+# Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one.
+bench: $(STAMP)
+	$(PY) scripts/benchmark.py --sizes tiny base --out-md docs/benchmark.md --out-json docs/benchmark.json
+
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 

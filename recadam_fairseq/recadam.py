@@ -278,8 +278,9 @@ class RecAdam(Optimizer):
                 for clo, chi in _chunks(lo, hi, contiguous):
                     x = _views(p, clo, chi) if contiguous else p
                     y = a[clo - lo:chi - lo] if contiguous else a
-                    d = x.float() - y.float()
-                    total = total.to(d.device) + d.pow(2).sum(dtype=torch.float64)
+                    d = (x.float() - y.float()).reshape(-1)
+                    # fp32 dot per chunk, summed in float64 (a float64 sum would convert the chunk first)
+                    total = total.to(d.device) + torch.dot(d, d).double()
         return total
 
     def _anchored(self):
