@@ -96,7 +96,7 @@ def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_i
     rather than the weights fairseq loaded). Raises AnchorError when there is no pretrained model.
     """
     if cfg.recadam_pretrained_path:
-        state = preloaded if preloaded is not None else _load(cfg.recadam_pretrained_path, "--recadam-pretrained-path")
+        state = preloaded if preloaded is not None else pretrained_model_state(cfg.recadam_pretrained_path)
         return f"--recadam-pretrained-path {cfg.recadam_pretrained_path}", state, True
     path = restore_path(cfg)
     if not os.path.exists(path):
@@ -118,6 +118,11 @@ def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_i
             raise AnchorError(msg)
         logger.warning(f"recadam: !!! {msg} to keep pulling toward the pretrained model !!!")
     return f"--restore-file {path}", ckpt["model"], False
+
+
+def pretrained_model_state(path: str) -> Dict[str, Tensor]:
+    """The model state dict of ``--recadam-pretrained-path``; errors name the flag."""
+    return _load(path, "--recadam-pretrained-path")["model"]
 
 
 def _load(path: str, flag: str) -> dict:

@@ -116,6 +116,15 @@ def test_pretrained_path_overrides_the_loaded_weights(tmp_path):
     assert got.dtype == torch.bfloat16 and torch.equal(got, want.bfloat16())
 
 
+def test_anchor_source_reads_the_model_state_of_the_pretrained_file(tmp_path):
+    """What the coupled criterion uses (it has no optimizer that read the file at build)."""
+    from recadam_fairseq.anchor import anchor_source
+
+    path = pretrained_file(tmp_path)
+    source, state, from_file = anchor_source(parse("--recadam-pretrained-path", str(path)).optimizer)
+    assert from_file and set(state) == {"encoder.weight", "encoder.bias"}
+
+
 @pytest.mark.parametrize("make,match", [
     (lambda p: None, r"--recadam-pretrained-path .*missing.pt: no such file"),
     (lambda p: p.write_bytes(b"\x00garbage" * 10), r"cannot be read as a torch checkpoint"),

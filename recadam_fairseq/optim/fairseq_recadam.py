@@ -16,7 +16,7 @@ import torch
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
-from ..anchor import AnchorError, build_anchors, load_checkpoint
+from ..anchor import build_anchors, pretrained_model_state
 from ..anneal import anneal_lambda
 from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams
 from ..recadam import RecAdam, validate_hparams
@@ -84,10 +84,7 @@ class FairseqRecAdam(FairseqOptimizer):
         self._bound = False
         self._pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
-            try:
-                self._pretrained = load_checkpoint(cfg.recadam_pretrained_path)["model"]
-            except AnchorError as e:
-                raise AnchorError(f"--recadam-pretrained-path {e}") from None
+            self._pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
         self._optimizer = RecAdam(params, **h, defer_anchors=True)
 
     @property
