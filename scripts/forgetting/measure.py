@@ -1,0 +1,117 @@
+"""What one run is measured by, from its checkpoint (plain fairseq model, eval mode, no dropout).
+
+- target accuracy: the sentiment classification head on the held-out snippets (``valid``);
+- zero-shot SNLI AUC: the pretrained skill of all-MiniLM-L6-v2. Each sentence is encoded as
+  ``<s> pieces </s>`` (= BERT's ``[CLS] ... [SEP]``), the last layer's hidden states are mean-pooled
+  over its tokens, as sentence-transformers does for this model (it L2-normalizes afterwards, which
+  the cosine ignores), and cos(premise, hypothesis) scores "entailment" against "contradiction":
+  the ROC-AUC of that score. Forgetting = the fine-tuned AUC minus the pretrained one;
+- weight distance: ‖θ − θ*‖₂ over the tensors of the pretrained checkpoint (the encoder; RecAdam's
+  anchor), squared = what recadam logs as ``recadam_dist``.
+"""
+
+import os
+from typing import Dict, Optional
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+HEAD = "sentence_classification_head"
+
+
+def load(checkpoint: str, data_dir: str):
+    """(model in eval mode, its task) of a fairseq checkpoint; ``data_dir``: where its dictionaries are."""
+    import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
+    from fairseq import checkpoint_utils
+
+    if not os.path.isfile(checkpoint):
+        raise FileNotFoundError(f"{checkpoint}: no such checkpoint")
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_dir})
+    return models[0].eval(), task
+
+
+def sentences(prefix: str):
+    """The binarized sentences at ``prefix`` (.bin/.idx), each ``pieces </s>``."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    ds = MMapIndexedDataset(prefix)
+    return [ds[i].long() for i in range(len(ds))]
+
+
+def batches(items, batch_size: int, pad: int, bos: int):
+    """(row indices, padded ``<s> item`` tokens) in length order, so that little is padding."""
+    from fairseq.data import data_utils
+
+    order = np.argsort([len(x) for x in items], kind="stable")
+    for start in range(0, len(order), batch_size):
+        rows = order[start:start + batch_size]
+        yield rows, data_utils.collate_tokens([F.pad(items[i], (1, 0), value=bos) for i in rows], pad_idx=pad)
+
+
+@torch.inference_mode()
+def mean_pooled(model, items, batch_size: int = 128, pad: int = 1, bos: int = 0) -> torch.Tensor:
+    """(n, dim) mean of the last layer's hidden states over each sentence's tokens (pads excluded)."""
+    out = None
+    for rows, tokens in batches(items, batch_size, pad, bos):
+        h, _ = model(tokens, features_only=True)
+        keep = tokens.ne(pad).unsqueeze(-1).to(h.dtype)
+        pooled = (h * keep).sum(1) / keep.sum(1)
+        if out is None:
+            out = h.new_empty(len(items), h.shape[-1])
+        out[torch.as_tensor(rows)] = pooled
+    return out
+
+
+def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    return float(roc_auc_score(labels, scores))
+
+
+def snli_auc(model, snli_dir: str, embeddings: Optional[torch.Tensor] = None) -> Dict[str, float]:
+    """ROC-AUC of cos(premise, hypothesis) for entailment (1) vs contradiction (0)."""
+    pairs = np.load(os.path.join(snli_dir, "pairs.npz"))
+    if embeddings is None:
+        embeddings = mean_pooled(model, sentences(os.path.join(snli_dir, "sentences")))
+    cos = F.cosine_similarity(embeddings[pairs["premise"]], embeddings[pairs["hypothesis"]], dim=-1).double().numpy()
+    lab = pairs["label"]
+    return {"auc": roc_auc(lab, cos), "cos_entailment": float(cos[lab == 1].mean()),
+            "cos_contradiction": float(cos[lab == 0].mean())}
+
+
+@torch.inference_mode()
+def target_accuracy(model, sentiment_dir: str, split: str = "valid", batch_size: int = 128) -> Dict[str, float]:
+    """Accuracy of the classification head on ``split`` (targets: label ids − fairseq's 4 specials)."""
+    if HEAD not in getattr(model, "classification_heads", {}):
+        raise ValueError(f"the model has no {HEAD!r}: not a fine-tuned sentence_prediction checkpoint")
+    items = sentences(os.path.join(sentiment_dir, "input0", split))
+    target = torch.stack([x[0] for x in sentences(os.path.join(sentiment_dir, "label", split))]) - 4
+    pred = torch.empty_like(target)
+    for rows, tokens in batches(items, batch_size, pad=1, bos=0):
+        logits, _ = model(tokens, features_only=True, classification_head_name=HEAD)
+        pred[torch.as_tensor(rows)] = logits.argmax(-1)
+    return {"accuracy": float((pred == target).double().mean()), "n": len(items)}
+
+
+def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor]) -> Dict[str, float]:
+    """‖θ − θ*‖₂ (and its square, recadam's ``recadam_dist``) over the model's parameters that the
+    pretrained checkpoint has with the same shape; relative to ‖θ*‖₂. ``params``: named_parameters()
+    (a tied tensor counts once, as in recadam's anchor; a state dict would list it twice)."""
+    params = {k: v.detach() for k, v in params.items()}
+    names = [k for k, v in params.items() if k in pretrained and pretrained[k].shape == v.shape]
+    if not names:
+        raise ValueError("the checkpoint shares no tensor with the pretrained model")
+    sq = sum(float(torch.sum((params[k].double() - pretrained[k].double()) ** 2)) for k in names)
+    ref = sum(float(torch.sum(pretrained[k].double() ** 2)) for k in names)
+    return {"dist": sq ** 0.5, "dist_sq": sq, "rel_dist": (sq / ref) ** 0.5, "tensors": len(names)}
+
+
+def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
+                snli_dir: str) -> Dict[str, float]:
+    """All three measures of one fine-tuned checkpoint."""
+    model, _ = load(checkpoint, sentiment_dir)
+    out = {"target_accuracy": target_accuracy(model, sentiment_dir)["accuracy"]}
+    out.update({f"snli_{k}": v for k, v in snli_auc(model, snli_dir).items()})
+    out.update(distance(dict(model.named_parameters()), pretrained_state))
+    return out

