@@ -25,7 +25,7 @@ test: $(STAMP)
 
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one.
 bench: $(STAMP)
-	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --out-md docs/benchmark.md --out-json docs/benchmark.json
+	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --readme README.md --out-md docs/benchmark.md --out-json docs/benchmark.json
 
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh

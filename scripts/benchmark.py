@@ -410,6 +410,45 @@ def distance_notes(rows: List[dict]) -> List[str]:
             for r in rows if r.get("fraction_of_recadam_step") is not None]
 
 
+README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+SUMMARY_IMPLS = ("recadam", "recadam-foreach", "fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
+
+
+def summary_table(info: dict, rows: List[dict], e2e: List[dict]) -> str:
+    """The README's short version: step time (ratio to the fastest Adam) per layout and size."""
+    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    cases = list(dict.fromkeys((r["layout"], r["size"], r["numel"]) for r in rows))
+    head = ["layout", "size"] + list(SUMMARY_IMPLS) + ["peak temporaries: recadam / fairseq-adam"]
+    lines = [f"Measured by `make bench` on {info['machine']} ({info['device']}, {info['threads']} thread(s), "
+             f"torch {info['torch']}); full table: [docs/benchmark.md](docs/benchmark.md).", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for layout, size, numel in cases:
+        cells = [layout, f"{size} ({numel / 1e6:.1f}M)"]
+        for impl in SUMMARY_IMPLS:
+            r = by.get((layout, size, impl))
+            cells.append("—" if r is None else f"{r['median_ms']:.1f} ms ({r['ratio_vs_fastest_adam']:.2f}x)")
+        mem = [by.get((layout, size, i)) for i in ("recadam", "fairseq-adam")]
+        cells.append(" / ".join("—" if r is None or r["peak_extra_mb"] is None else f"{r['peak_extra_mb']:.0f} MB"
+                                for r in mem))
+        lines.append("| " + " | ".join(cells) + " |")
+    if e2e:
+        lines += ["", "End to end, `fairseq-train` on the tiny generated RoBERTa (fp32): " + ", ".join(
+            f"{r['optimizer']} {r['ms_per_update']:.1f} ms/update ({r['ratio_vs_adam']:.2f}x)" for r in e2e) + "."]
+    return "\n".join(lines)
+
+
+def update_readme(path: str, text: str) -> None:
+    """Replace what lies between the benchmark markers of the README."""
+    with open(path, encoding="utf-8") as f:
+        doc = f.read()
+    if README_START not in doc or README_END not in doc:
+        raise SystemExit(f"--readme {path}: no {README_START} ... {README_END} markers")
+    head, rest = doc.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+
+
 # ----------------------------------------------------------------------------- end to end
 SCRIPTS = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(SCRIPTS)
@@ -512,6 +551,8 @@ def parse_args(argv=None):
                     help="also time fairseq-train on the tiny generated RoBERTa (CPU), adam vs recadam, "
                          "UPDATES updates per run (0: skip, the default)")
     ap.add_argument("--e2e-rounds", type=int, default=3, help="fairseq-train runs per optimizer (alternating)")
+    ap.add_argument("--readme", metavar="PATH",
+                    help="also write the summary table into PATH between <!-- benchmark:start/end --> markers")
     ap.add_argument("--quick", action="store_true",
                     help="tiny size, 3 short rounds (well under 30 s on CPU): a smoke test")
     ap.add_argument("--out-md", default="bench.md", help="markdown report (default: bench.md)")
@@ -571,6 +612,8 @@ def main(argv=None) -> int:
     print("\n" + report)
     with open(args.out_md, "w") as f:
         f.write(report)
+    if args.readme:
+        update_readme(args.readme, summary_table(info, rows, e2e))
     with open(args.out_json, "w") as f:
         json.dump(dict(machine=info, hyperparameters=dict(adam=ADAM_HP, recadam=RECADAM_HP),
                        memory_methods=MEMORY_METHODS,
