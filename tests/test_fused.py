@@ -1,0 +1,174 @@
+"""The fused (torch.compile'd, one pass over memory) update against the eager reference paths.
+
+The float64 runs must match the independent reference loop as closely as the eager path does
+(1e-13): the compiled loop evaluates the same expressions in the same order. In float32 the two
+differ only where the compiler contracts a·b + c into one FMA (one rounding instead of two),
+about an ulp per step; we assert rtol 1e-6 (8 ulp) on the weights and moments after 6 steps.
+"""
+
+import warnings
+
+import pytest
+import torch
+
+import recadam_fairseq.fused as fused_mod
+from recadam_fairseq import RecAdam
+from test_core import HP, run_pair
+
+F64 = dict(dtype=torch.float64)
+
+
+@pytest.fixture
+def counted(monkeypatch):
+    """Count the segments that go through the compiled kernel."""
+    calls = []
+    original = fused_mod.update_segments
+
+    def update_segments(segments, s):
+        calls.extend(seg[0].numel() for seg in segments)
+        return original(segments, s)
+
+    monkeypatch.setattr(fused_mod, "update_segments", update_segments)
+    return calls
+
+
+def test_fused_matches_float64_reference(monkeypatch, counted):
+    monkeypatch.setattr(fused_mod, "MIN_SEGMENT", 2)  # the test's small tensors take the kernel too
+    got, want, _ = run_pair(True, fused=True)
+    for gp, wp in zip(got, want):
+        for a, b in zip(gp, wp):
+            torch.testing.assert_close(a.detach(), b, rtol=1e-13, atol=1e-13)
+    assert len(counted) > 100  # every group, every step: the kernel did the work
+
+
+def flat_problem(n=300_000, runs=((1_000, 150_000), (160_000, 139_000)), dtype=torch.float32,
+                 anchor_dtype=None, seed=0):
+    """One flat tensor (fairseq --fp16's layout) with two anchored runs and three plain gaps."""
+    gen = torch.Generator().manual_seed(seed)
+    p = torch.randn(n, generator=gen, **F64)
+    anchor = torch.cat([p[s:s + k] for s, k in runs]) + 0.05 * torch.randn(sum(k for _, k in runs), generator=gen, **F64)
+    grads = [torch.randn(n, generator=gen, **F64) for _ in range(6)]
+    return (p.to(dtype), anchor.to(anchor_dtype or dtype), list(runs), [g.to(dtype) for g in grads])
+
+
+def train_flat(fused, problem, p_dtype=None, **hp):
+    p0, anchor, runs, grads = problem
+    p = torch.nn.Parameter(p0.clone().to(p_dtype or p0.dtype))
+    opt = RecAdam([p], **dict(HP, weight_decay=0.01, **hp), fused=fused, defer_anchors=True)
+    opt.set_anchor(p, anchor, runs)
+    for i, g in enumerate(grads):
+        if i == 3:
+            opt.param_groups[0]["lr"] *= 0.5  # a scheduler's change reaches the kernel's scalars
+        p.grad = g.to(p.dtype)
+        opt.step()
+    st = opt.state[p]
+    return p.detach(), st["exp_avg"], st["exp_avg_sq"], opt
+
+
+@pytest.mark.parametrize("anchor_dtype", [torch.float32, torch.bfloat16])
+def test_fused_and_eager_agree_in_float32(counted, anchor_dtype):
+    problem = flat_problem(anchor_dtype=anchor_dtype)
+    eager = train_flat(False, problem)
+    assert not counted
+    fast = train_flat(True, problem)
+    # the two anchored runs take the kernel every step; the small gaps (< MIN_SEGMENT) stay eager
+    assert sorted(set(counted)) == [139_000, 150_000] and len(counted) == 12
+    for a, b in zip(fast[:3], eager[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(eager[0], problem[0])  # the weights moved
+
+
+def test_fused_half_params_round_like_eager(counted):
+    """Memory-efficient fp16: fp16 params and grads, fp32 moments, the math in fp32."""
+    problem = flat_problem(n=200_000, runs=((0, 150_000),))
+    eager = train_flat(False, problem, p_dtype=torch.float16)
+    fast = train_flat(True, problem, p_dtype=torch.float16)
+    assert counted and fast[0].dtype == torch.float16 and fast[1].dtype == torch.float32
+    torch.testing.assert_close(fast[1], eager[1], rtol=1e-6, atol=1e-7)
+    # an fp32 result an ulp apart may round to neighbouring fp16 values: one fp16 ulp at most
+    torch.testing.assert_close(fast[0].float(), eager[0].float(), rtol=2 ** -10, atol=2 ** -24)
+
+
+def test_no_recompile_across_steps():
+    """Step-dependent scalars travel as a tensor: steps 2..n reuse the compiled kernels."""
+    from torch._dynamo.utils import counters
+
+    problem = flat_problem(n=150_000, runs=((0, 100_000),))
+    train_flat(True, problem)  # compiles what this layout needs
+    before = dict(counters["stats"])
+    train_flat(True, problem, anneal_k=1.0, anneal_t0=2.0, pretrain_cof=7.0)
+    assert dict(counters["stats"]) == before
+
+
+def test_auto_uses_the_kernel_only_for_large_models(monkeypatch, counted):
+    problem = flat_problem(n=150_000, runs=((0, 100_000),))
+    train_flat(None, problem)
+    assert not counted  # 150k elements < AUTO_MIN_NUMEL: eager
+    monkeypatch.setattr(fused_mod, "AUTO_MIN_NUMEL", 100_000)
+    train_flat(None, problem)
+    assert counted
+
+
+def test_failed_compile_falls_back_in_auto_and_raises_when_asked(monkeypatch):
+    problem = flat_problem(n=150_000, runs=((0, 100_000),), dtype=torch.float64)
+    eager = train_flat(False, problem)
+
+    def broken(key):
+        def kernel(*args):
+            raise RuntimeError("no C++ compiler here")
+        return kernel
+
+    monkeypatch.setattr(fused_mod, "_kernel", broken)
+    monkeypatch.setattr(fused_mod, "AUTO_MIN_NUMEL", 1)
+    with pytest.warns(UserWarning, match="failed to compile .*no C\\+\\+ compiler.*eager update"):
+        auto = train_flat(None, problem)
+    for a, b in zip(auto[:3], eager[:3]):
+        assert torch.equal(a, b)  # nothing was half-updated before falling back
+    with pytest.raises(RuntimeError, match="fused=True, but the fused update failed to compile .*no C\\+\\+ compiler"):
+        train_flat(True, problem)
+
+
+def test_fused_needs_foreach():
+    with pytest.raises(ValueError, match="fused=True and foreach=False"):
+        RecAdam([torch.nn.Parameter(torch.zeros(3))], anneal_w=0.0, foreach=False, fused=True)
+
+
+def test_fused_is_not_saved_in_the_state_dict():
+    opt = RecAdam([torch.nn.Parameter(torch.zeros(3))], anneal_w=0.0, fused=True)
+    assert all("fused" not in g for g in opt.state_dict()["param_groups"])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        RecAdam([torch.nn.Parameter(torch.zeros(3))], anneal_w=0.0, fused=False).load_state_dict(opt.state_dict())
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_anchor_distance_matches_float64(monkeypatch, fused):
+    """recadam_dist: one compiled pass (fp32 differences, float64 sum) or fp32 dots per chunk."""
+    calls = []
+    original = fused_mod.distance
+    monkeypatch.setattr(fused_mod, "distance", lambda p, a: calls.append(p.numel()) or original(p, a))
+    p0, anchor, runs, grads = problem = flat_problem()
+    p, *_, opt = train_flat(fused, problem)
+    parts, off = [], 0
+    for s, k in runs:
+        parts.append(((p[s:s + k].double() - anchor[off:off + k].double()) ** 2).sum())
+        off += k
+    exact = torch.stack(parts).sum()
+    got = opt.anchor_distance()
+    assert got.dtype == torch.float64 and exact > 0
+    assert abs(got - exact) / exact < (1e-9 if fused else 1e-5)
+    assert sorted(calls) == (sorted(k for _, k in runs) if fused else [])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p_dtype", [torch.float32, torch.float16])
+def test_fused_matches_eager_on_gpu(counted, p_dtype):
+    """The Triton kernel inductor writes for CUDA, against the eager CUDA path."""
+    p0, anchor, runs, grads = flat_problem()
+    problem = (p0.cuda(), anchor.cuda(), runs, [g.cuda() for g in grads])
+    eager = train_flat(False, problem, p_dtype=p_dtype)
+    fast = train_flat(True, problem, p_dtype=p_dtype)
+    assert counted
+    torch.testing.assert_close(fast[1], eager[1], rtol=1e-6, atol=1e-7)
+    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -10, atol=2 ** -24)
+    torch.testing.assert_close(fast[0].float(), eager[0].float(), **tol)
