@@ -53,19 +53,24 @@ def _update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], s: 
 _kernels = {}
 
 
-def _kernel(key: tuple):
-    """The compiled update for one (dtypes of p, g, p* or None; device) combination.
+def _compiled(fn, cache: dict, key: tuple, what: str):
+    """``fn`` compiled for one (dtypes, device) combination.
 
-    Each gets its own code object, hence its own dynamo cache with a single entry: no search
-    through other variants' guards on each call, and no recompile limit to reach.
+    Each combination gets its own code object, hence its own dynamo cache with a single entry:
+    no search through other variants' guards on each call, and no recompile limit to reach.
     """
-    kernel = _kernels.get(key)
+    kernel = cache.get(key)
     if kernel is None:
-        logger.info(f"RecAdam: compiling the fused update for {key} with torch.compile (once per process)")
-        code = _update.__code__.replace(co_name=f"_recadam_update_{len(_kernels)}")
-        fn = types.FunctionType(code, _update.__globals__, code.co_name)
-        kernel = _kernels[key] = torch.compile(fn, dynamic=True, fullgraph=True)
+        logger.info(f"RecAdam: compiling {what} for {key} with torch.compile (once per process)")
+        code = fn.__code__.replace(co_name=f"_recadam{fn.__name__}_{len(cache)}")
+        kernel = cache[key] = torch.compile(types.FunctionType(code, fn.__globals__, code.co_name),
+                                            dynamic=True, fullgraph=True)
     return kernel
+
+
+def _kernel(key: tuple):
+    """The compiled update for one (dtypes of p, g, p* or None; device) combination."""
+    return _compiled(_update, _kernels, key, "the fused update")
 
 
 def _distance(p: Tensor, a: Tensor) -> Tensor:
@@ -79,13 +84,7 @@ _distances = {}
 
 def distance(p: Tensor, a: Tensor) -> Tensor:
     """Σ(p − p*)² of a contiguous 1-D segment with a compiled kernel (one per dtype pair and device)."""
-    key = (p.dtype, a.dtype, p.device)
-    kernel = _distances.get(key)
-    if kernel is None:
-        code = _distance.__code__.replace(co_name=f"_recadam_distance_{len(_distances)}")
-        fn = types.FunctionType(code, _distance.__globals__, code.co_name)
-        kernel = _distances[key] = torch.compile(fn, dynamic=True, fullgraph=True)
-    return kernel(p, a)
+    return _compiled(_distance, _distances, (p.dtype, a.dtype, p.device), "the fused distance")(p, a)
 
 
 def available(device: torch.device) -> bool:
