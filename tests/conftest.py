@@ -8,6 +8,12 @@ import sys
 import pytest
 import torch
 
+import recadam_fairseq
+
+# In-process tests use fairseq's registries; a test module may have imported the core (no fairseq)
+# first, after which --user-dir skips the package: register explicitly, as a notebook user would.
+recadam_fairseq.register()
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 SCRIPTS = os.path.join(ROOT, "scripts")
