@@ -223,8 +223,10 @@ class CaMtlRobertaEncoder(RobertaEncoder):
         return encoder
 
     def forward(self, src_tokens, features_only=False, return_all_hiddens=False, masked_tokens=None,
-                task_ids=None, **unused):
-        x, extra = self.extract_features(src_tokens, return_all_hiddens=return_all_hiddens, task_ids=task_ids)
+                task_ids=None, token_embeddings=None, **unused):
+        # token_embeddings reaches the encoder (RobertaEncoder.forward drops it): R3F's noised embeddings
+        x, extra = self.extract_features(src_tokens, return_all_hiddens=return_all_hiddens, task_ids=task_ids,
+                                         token_embeddings=token_embeddings)
         if not features_only:
             x = self.output_layer(x, masked_tokens=masked_tokens)
         return x, extra
