@@ -207,6 +207,27 @@ def test_task_ids_condition_each_example(conditioned):
         ca(toks, task_ids=torch.zeros(5, dtype=torch.long))
 
 
+def test_criterion_style_calls(conditioned):
+    """What R3F-style criteria call: features_only + head + task_ids, and token_embeddings (noised) reaching
+    the encoder; a criterion that passes no task_ids gets task 0."""
+    ca, task = conditioned
+    toks, _ = _tokens(task)
+    ids = torch.tensor([2, 1, 0, 2, 1, 0])
+    head = "sentence_classification_head"
+    ca.register_classification_head(head, num_classes=2)
+    ca.double()
+    with torch.no_grad():
+        emb = ca.encoder.sentence_encoder.embed_tokens(toks)
+        plain = ca(toks, features_only=True, classification_head_name=head, task_ids=ids)[0]
+        same = ca(toks, features_only=True, classification_head_name=head, task_ids=ids, token_embeddings=emb)[0]
+        noised = ca(toks, features_only=True, classification_head_name=head, task_ids=ids,
+                    token_embeddings=emb + 1e-2 * torch.randn_like(emb))[0]
+        default = ca(toks, classification_head_name=head)[0]
+        zeros = ca(toks, classification_head_name=head, task_ids=torch.zeros(6, dtype=torch.long))[0]
+    assert plain.shape == (6, 2) and torch.equal(plain, same) and (noised - plain).abs().max() > 1e-6
+    assert torch.equal(default, zeros)
+
+
 def test_bad_flags_name_themselves(pair):
     from recadam_fairseq.models.ca_mtl_roberta import CaMtlPlan
 
