@@ -213,9 +213,7 @@ def test_criterion_style_calls(conditioned):
     ca, task = conditioned
     toks, _ = _tokens(task)
     ids = torch.tensor([2, 1, 0, 2, 1, 0])
-    head = "sentence_classification_head"
-    ca.register_classification_head(head, num_classes=2)
-    ca.double()
+    head = "sentence_classification_head"  # registered by sentence_prediction's build_model
     with torch.no_grad():
         emb = ca.encoder.sentence_encoder.embed_tokens(toks)
         plain = ca(toks, features_only=True, classification_head_name=head, task_ids=ids)[0]
