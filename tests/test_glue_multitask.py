@@ -5,6 +5,7 @@ binarized with its tiny GPT-2 BPE; the "pretrained" model: the session's tiny Ro
 vocabulary tensors resized to that BPE dictionary (every other tensor as pretrained).
 """
 
+import importlib.util
 import json
 import math
 import os
@@ -64,12 +65,13 @@ def make_pretrained(tiny, bpe_dir, out):
     n = len(Dictionary.load(os.path.join(bpe_dir, "dict.txt"))) + 1  # + <mask>, as the tasks add it
     ck = load_ckpt(tiny.pretrained)
     g = torch.Generator().manual_seed(0)
-    for k in ("encoder.sentence_encoder.embed_tokens.weight", "encoder.lm_head.weight", "encoder.lm_head.bias"):
+    for k in ("encoder.sentence_encoder.embed_tokens.weight", "encoder.lm_head.bias"):
         old = ck["model"][k]
         new = torch.randn((n,) + tuple(old.shape[1:]), generator=g) * 0.02
         m = min(n, old.shape[0])
         new[:m] = old[:m]
         ck["model"][k] = new.to(old.dtype)
+    ck["model"]["encoder.lm_head.weight"] = ck["model"]["encoder.sentence_encoder.embed_tokens.weight"]  # tied
     torch.save(ck, out)
 
 
@@ -295,3 +297,124 @@ def test_each_rank_gets_its_own_shard(mt):
         shards.append([b["id"].tolist() for b in itr.next_epoch_itr(shuffle=True) if b])
     whole = mt_sampling.epoch_batches("uniform", [24, 18, 18, 24], 4, seed=9, epoch=1)
     assert shards[0] == [b.tolist() for b in whole[0::2]] and shards[1] == [b.tolist() for b in whole[1::2]]
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+@pytest.fixture(scope="module")
+def run(mt, tmp_path_factory):
+    """One multi-task run: 4 tasks incl. STS-B and MNLI (valid1), uniform sampling, layer 0 and
+    the embeddings frozen, validated at update 6 and 12."""
+    save = tmp_path_factory.mktemp("run")
+    _, log = train(mt, save, "--mt-sampling", "uniform", "--valid-subset", "valid,valid1",
+                   "--validate-interval-updates", "6", "--save-interval-updates", "6", "--freeze-encoder-layers", "0-0", "--freeze-embeddings")
+    return SimpleNamespace(save=save, log=log)
+
+
+def dev_predictions(mt, ckpt_path):
+    """Per task: (predictions, targets) on its dev set, through fairseq's own sentence_prediction
+    datasets and the model's head (no glue_multitask code on this path)."""
+    from fairseq import checkpoint_utils
+    from fairseq.data import data_utils
+    from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([ckpt_path])
+    model = models[0].eval()
+    out = {}
+    for name, head in zip(TASKS, HEADS):
+        reg = name == "STS-B"
+        cfg = SentencePredictionConfig(data=str(mt.data / f"{name}-bin"), num_classes=1 if reg else (3 if name == "MNLI" else 2),
+                                       regression_target=reg, classification_head_name=head, seed=1, no_shuffle=True,
+                                       init_token=0, separator_token=2)
+        task = SentencePredictionTask.setup_task(cfg)
+        ds = task.load_dataset("valid")
+        sample = ds.collater([ds[i] for i in range(len(ds))])
+        with torch.no_grad():
+            logits, _ = model(**sample["net_input"], classification_head_name=head)
+        pred = logits.view(-1).numpy() if reg else logits.argmax(-1).numpy()
+        targ = sample["target"].view(-1).numpy()
+        if not reg:  # label ids -> label names -> GLUE's values where they are numbers
+            meta = json.loads((mt.data / f"{name}-bin" / "labels.json").read_text())
+            names = meta["id2label"]
+            pred, targ = [names[str(int(x))] for x in pred], [names[str(int(x))] for x in targ]
+        out[name] = (pred, targ)
+    return out
+
+
+def test_multitask_run_reports_every_task_dev_metric(mt, run):
+    from recadam_fairseq import glue_metrics
+
+    valid = valid_records(run.log, "valid")
+    assert [r["valid_num_updates"] for r in valid] == ["6", "12"]
+    last = valid[-1]
+    primary = {"cola": "mcc", "mrpc": "f1", "sts_b": "pearson", "mnli": "accuracy"}
+    for h, m in primary.items():
+        assert f"valid_{h}_{m}" in last, sorted(last)
+    for key in ("valid_cola_accuracy", "valid_mrpc_accuracy", "valid_mrpc_acc_and_f1", "valid_sts_b_spearman"):
+        assert key in last
+    assert float(last["valid_glue_avg"]) == pytest.approx(
+        np.mean([float(last[f"valid_{h}_{m}"]) for h, m in primary.items()]), abs=0.01)
+    (v1,) = valid_records(run.log, "valid1")[-1:]
+    assert "valid1_mnli_accuracy" in v1 and "valid1_cola_mcc" not in v1  # MNLI-mm only
+    # the logged metrics are those of the final weights' predictions, computed independently
+    preds = dev_predictions(mt, str(run.save / "checkpoint_last.pt"))
+    p, t = preds["CoLA"]
+    assert float(last["valid_cola_mcc"]) == pytest.approx(100 * glue_metrics.matthews_corrcoef(
+        [int(x) for x in p], [int(x) for x in t]), abs=0.01)
+    p, t = preds["MRPC"]
+    assert float(last["valid_mrpc_f1"]) == pytest.approx(100 * glue_metrics.f1([int(x) for x in p], [int(x) for x in t]), abs=0.01)
+    p, t = preds["STS-B"]
+    assert float(last["valid_sts_b_pearson"]) == pytest.approx(100 * glue_metrics.pearson(p, t), abs=0.01)
+    p, t = preds["MNLI"]
+    assert float(last["valid_mnli_accuracy"]) == pytest.approx(100 * glue_metrics.accuracy(p, t), abs=0.01)
+    # --best-checkpoint-metric glue_avg picked the best validation
+    best = load_ckpt(run.save / "checkpoint_best.pt")["extra_state"]["best"]
+    assert best == pytest.approx(max(float(r["valid_glue_avg"]) for r in valid))
+    # every task was trained on
+    train_rec = json_records(run.log, "train")[-1]
+    assert all(train_rec.get(f"train_{h}_loss") not in (None, "null") for h in HEADS)
+
+
+def test_frozen_layers_bit_for_bit_and_the_rest_moved(mt, run):
+    pre = load_ckpt(mt.pretrained)["model"]
+    got = load_ckpt(run.save / "checkpoint_last.pt")["model"]
+    frozen = [k for k in pre if k.startswith(("encoder.sentence_encoder.layers.0.", "encoder.sentence_encoder.embed_",
+                                              "encoder.sentence_encoder.layernorm_embedding"))]
+    assert len(frozen) >= 18
+    for k in frozen:
+        assert torch.equal(got[k], pre[k]), k
+    moved = [k for k in pre if k.startswith("encoder.sentence_encoder.layers.1.") and k.endswith("weight")]
+    assert moved and all(not torch.equal(got[k], pre[k]) for k in moved)
+    assert "glue_multitask: frozen (not given to the optimizer) encoder.sentence_encoder.layers.0, " \
+           "encoder.sentence_encoder.embed_tokens, encoder.sentence_encoder.embed_positions" in run.log
+    assert sorted({k.split(".")[1] for k in got if k.startswith("classification_heads.")}) == sorted(HEADS)
+    assert got["classification_heads.sts_b.out_proj.weight"].shape[0] == 1
+    assert got["classification_heads.mnli.out_proj.weight"].shape[0] == 3
+
+
+def test_predictions_in_glue_format(mt, run, tmp_path):
+    spec = importlib.util.spec_from_file_location("predict_multitask", os.path.join(ROOT, "scripts", "glue", "predict_multitask.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = tmp_path / "pred"
+    assert mod.main([str(run.save / "checkpoint_last.pt"), "--glue-dir", str(mt.glue), "--bpe-dir", str(mt.bpe),
+                     "--out", str(out), "--cpu", "--batch-size", "5"]) == 0
+    assert sorted(os.listdir(out)) == ["CoLA.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "MRPC.tsv", "STS-B.tsv"]
+    preds = dev_predictions(mt, str(run.save / "checkpoint_last.pt"))  # test files = the dev rows
+    for name, files in TEST_FILES.items():
+        for test, outname in files.items():
+            lines = (out / outname).read_text().splitlines()
+            assert lines[0] == "index\tprediction"
+            rows = [line.split("\t") for line in lines[1:]]
+            n_test = len((mt.glue / name / test).read_text().splitlines()) - 1
+            assert [r[0] for r in rows] == [str(i) for i in range(n_test)]
+            if test == "test_mismatched.tsv":
+                labels = {r[1] for r in rows}
+                assert labels <= {"entailment", "neutral", "contradiction"}
+                continue
+            want = preds[name][0]
+            if name == "STS-B":
+                assert [float(r[1]) for r in rows] == pytest.approx([min(max(5 * x, 0), 5) for x in want], abs=1e-3)
+            else:
+                assert [r[1] for r in rows] == list(want)
