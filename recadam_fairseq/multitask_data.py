@@ -6,7 +6,6 @@ every example's tokens to one tensor and adds, beside what sentence_prediction's
 
 - ``task_ids``   LongTensor [B], the task of each example (its index in ``--mt-tasks``)
 - ``task_index`` LongTensor [B], the example's index inside its task's dataset
-- ``task_sizes`` LongTensor [T], the number of examples of each task in this split
 - ``target``     FloatTensor [B], the label id (classification) or the score (regression)
 """
 
@@ -75,7 +74,6 @@ class MultiTaskDataset(FairseqDataset):
             "target": torch.tensor(targets, dtype=torch.float32),
             "task_ids": torch.tensor([s["task"] for s in samples], dtype=torch.long),
             "task_index": torch.tensor([s["index"] for s in samples], dtype=torch.long),
-            "task_sizes": torch.tensor(self.lengths, dtype=torch.long),
         }
 
     @property

@@ -418,3 +418,56 @@ def test_predictions_in_glue_format(mt, run, tmp_path):
                 assert [float(r[1]) for r in rows] == pytest.approx([min(max(5 * x, 0), 5) for x in want], abs=1e-3)
             else:
                 assert [r[1] for r in rows] == list(want)
+
+
+def test_recadam_with_uncertainty_anchors_exactly_the_pretrained_tensors(mt, tmp_path):
+    """--optimizer recadam on multi-task RoBERTa, MT-Uncertainty batches, --update-freq 2."""
+    _, log = train(mt, tmp_path, "--mt-sampling", "uncertainty", "--update-freq", "2", "--disable-validation",
+                   "--freeze-encoder-layers", "0", updates=4, optimizer="recadam")
+    pre = load_ckpt(mt.pretrained)["model"]
+    ck = load_ckpt(tmp_path / "checkpoint_last.pt")
+    heads = [k for k in ck["model"] if k.startswith("classification_heads.")]
+    assert len(heads) == 4 * 4
+    # the free (plain Adam) tensors are exactly the heads; layer 0 (frozen) is not in the optimizer
+    line = next(x for x in log.splitlines() if "not anchored, plain Adam:" in x)
+    assert sorted(line.split("plain Adam: ")[1].split(": ", 1)[1].split(", ")) == sorted(heads)
+    trainable = [k for k in ck["model"] if not k.startswith("encoder.sentence_encoder.layers.0.")
+                 and k != "encoder.lm_head.weight" and not k.endswith(".version")]  # lm_head: tied to embed_tokens
+    anchors = [st["anchor"] for st in ck["last_optimizer_state"]["state"].values() if "anchor" in st]
+    want = [pre[k] for k in trainable if k in pre]
+    assert len(anchors) == len(want) and f"anchored {len(want)} tensors" in log
+    assert all(torch.equal(a, w) for a, w in zip(anchors, want))
+    # MT-Uncertainty: one extra forward pass over 4 tasks x 4 candidates per micro-batch, 2 per update
+    inner = json_records(log, "train_inner")
+    assert [float(r["mt_extra_fwd"]) for r in inner] == [2.0] * 4
+    assert [float(r["mt_scored"]) for r in inner] == [32.0] * 4
+    assert [float(r["bsz"]) for r in inner] == [8.0] * 4  # 2 micro-batches of the top 4
+
+
+def test_two_cpu_ranks(mt, tmp_path):
+    """2 gloo ranks, MT-Uncertainty: each rank scores and selects from its own candidate shard;
+    the STS-B dev vectors and confusion matrices sum across ranks."""
+    port = free_port()
+    env = dict(os.environ, RECADAM_DUMP_DIR=str(tmp_path))
+    procs = []
+    for rank in range(2):
+        args = mt_args(mt, tmp_path, "--mt-sampling", "uncertainty", "--dropout", "0", "--attention-dropout", "0",
+                       "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-backend", "gloo",
+                       "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
+                       "--device-id", "0", "--ddp-backend", "legacy_ddp", updates=4)
+        log = open(tmp_path / f"rank{rank}.log", "w")
+        procs.append((subprocess.Popen([sys.executable, TRAIN_ENTRY, *args], stdout=log, stderr=subprocess.STDOUT,
+                                       env=env, cwd=str(mt.root)), log))
+    for p, log in procs:
+        p.wait(timeout=120)
+        log.close()
+    texts = [open(tmp_path / f"rank{r}.log").read() for r in range(2)]
+    for r, (p, _) in enumerate(procs):
+        assert p.returncode == 0, texts[r][-4000:]
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
+    assert all(torch.equal(r0["model"][k], r1["model"][k]) for k in r0["model"])
+    (valid,) = valid_records(texts[0], "valid")[-1:]
+    assert all(f"valid_{h}_loss" in valid for h in HEADS) and "valid_sts_b_pearson" in valid
+    inner = json_records(texts[0], "train_inner")
+    assert [float(r["mt_extra_fwd"]) for r in inner] == [2.0] * 4  # one per rank, summed
+    assert [float(r["bsz"]) for r in inner] == [8.0] * 4

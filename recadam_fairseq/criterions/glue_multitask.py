@@ -74,12 +74,13 @@ class GlueMultitaskCriterion(SentencePredictionRecAdamCriterion):
                     log[f"{h}_ncorrect"] = (pred == y).sum()
                 else:
                     loss_t = total.new_zeros(())
-                    log[f"{h}_ncorrect"] = 0
+                    # a tensor like the other ranks' (fairseq all-reduces numbers and tensors apart)
+                    log[f"{h}_ncorrect"] = torch.zeros((), dtype=torch.long, device=features.device)
             total = total + loss_t
             log[f"{h}_loss"] = loss_t.detach()
             log[f"{h}_n"] = n
-            if not model.training and int(sample["task_sizes"][t]) > 0:  # a task with a dev set in this split:
-                log.update(self._dev_stats(t, h, pos, logits, target, sample))  # whole-set statistics, summable
+            if not model.training:  # whole-dev-set statistics, summable; the same keys and shapes for
+                log.update(self._dev_stats(t, h, pos, logits, target, sample))  # every batch and rank
         if model.training and "mt_scored" in sample:  # MT-Uncertainty: one extra forward over the candidates
             log["mt_scored"] = sample["mt_scored"]
             log["mt_extra_fwd"] = 1
@@ -92,8 +93,10 @@ class GlueMultitaskCriterion(SentencePredictionRecAdamCriterion):
 
     def _dev_stats(self, t, h, pos, logits, target, sample):
         if self.task.regression[t]:
-            # prediction, target and count at the example's index in its dev set
-            size = int(sample["task_sizes"][t])
+            # prediction, target and count at the example's index in its dev set; the vector is as
+            # long as the task's largest loaded split, a size every rank agrees on (and that also
+            # fits the training batch fairseq substitutes on a rank whose shard ran out)
+            size = max(int(ds.lengths[t]) for ds in self.task.datasets.values() if hasattr(ds, "lengths"))
             reg = torch.zeros(3, size, dtype=torch.float64)
             if pos is not None and len(pos):
                 at = sample["task_index"][pos].cpu()
@@ -136,7 +139,7 @@ class GlueMultitaskCriterion(SentencePredictionRecAdamCriterion):
                 if f"{h}_ncorrect" in keys:
                     metrics.log_scalar(f"{h}_accuracy", 100.0 * float(total(f"{h}_ncorrect")) / n, n, round=2)
             cms = [log[f"{h}_cm"] for log in logging_outputs if f"{h}_cm" in log]
-            if cms:
+            if cms and n > 0:  # (n = 0: the task has no dev set in this subset, e.g. CoLA in MNLI's valid1)
                 _log_total(f"_{h}_cm", sum(cm.cpu().double() for cm in cms))
                 metrics.log_derived(f"{h}_mcc", _derived(h, "mcc"))
                 if cms[0].shape[0] == 2:
@@ -144,7 +147,7 @@ class GlueMultitaskCriterion(SentencePredictionRecAdamCriterion):
                     metrics.log_derived(f"{h}_acc_and_f1", _derived(h, "acc_and_f1"))
                 dev.append(h)
             regs = [log[f"{h}_reg"] for log in logging_outputs if f"{h}_reg" in log]
-            if regs:
+            if regs and n > 0:
                 _log_total(f"_{h}_reg", sum(r.cpu().double() for r in regs))
                 for m in ("pearson", "spearman"):
                     metrics.log_derived(f"{h}_{m}", _derived(h, m))
