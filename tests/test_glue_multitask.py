@@ -471,3 +471,68 @@ def test_two_cpu_ranks(mt, tmp_path):
     inner = json_records(texts[0], "train_inner")
     assert [float(r["mt_extra_fwd"]) for r in inner] == [2.0] * 4  # one per rank, summed
     assert [float(r["bsz"]) for r in inner] == [8.0] * 4
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def setup(mt, data=None, **kw):
+    from recadam_fairseq.tasks.glue_multitask import GlueMultitaskConfig, GlueMultitaskTask
+
+    cfg = dict(data=str(data or mt.data), mt_tasks="CoLA,STS-B", seed=1, train_subset="train")
+    cfg.update(kw)
+    return GlueMultitaskTask.setup_task(GlueMultitaskConfig(**cfg))
+
+
+def test_bad_task_names_and_directories(mt, tmp_path):
+    from recadam_fairseq.tasks.glue_multitask import MultiTaskError
+
+    with pytest.raises(MultiTaskError, match=r"--mt-tasks: unknown GLUE task 'SST2'; known: CoLA, SST-2"):
+        setup(mt, mt_tasks="CoLA,SST2")
+    with pytest.raises(MultiTaskError, match=r"--mt-tasks is empty"):
+        setup(mt, mt_tasks="")
+    with pytest.raises(MultiTaskError, match=r"--mt-tasks RTE: no task directory .*RTE-bin"):
+        setup(mt, mt_tasks="CoLA,RTE")
+    with pytest.raises(MultiTaskError, match=r"data directory .*nowhere does not exist"):
+        setup(mt, data=tmp_path / "nowhere")
+    # a task directory binarized with another dictionary
+    import shutil
+
+    for name in ("CoLA", "STS-B"):
+        shutil.copytree(mt.data / f"{name}-bin", tmp_path / f"{name}-bin")
+    d = tmp_path / "STS-B-bin" / "input1" / "dict.txt"
+    d.write_text(d.read_text().replace("\n", "\nextra 1\n", 1))
+    with pytest.raises(MultiTaskError, match=r"STS-B-bin/input1/dict.txt differs from .*CoLA-bin/input0/dict.txt"):
+        setup(mt, data=tmp_path)
+    assert setup(mt, mt_tasks="cola,sts-b").mt_task_names == ["CoLA", "STS-B"]  # case-insensitive
+
+
+def parse(*argv):
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    parser = options.get_training_parser()
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, list(argv)))
+
+
+def test_bad_sampling_mode_and_freeze_range(mt, capsys):
+    from fairseq import tasks
+
+    from recadam_fairseq.tasks.glue_multitask import MultiTaskError
+
+    base = [str(mt.data), "--task", "glue_multitask", "--mt-tasks", "CoLA,STS-B", "--criterion", "glue_multitask",
+            *tiny_roberta.TINY_ARCH, "--user-dir", USER_DIR]
+    with pytest.raises(SystemExit):
+        parse(*base, "--mt-sampling", "roundrobin")
+    assert "--mt-sampling: invalid choice: 'roundrobin'" in capsys.readouterr().err
+    cfg = parse(*base, "--freeze-encoder-layers", "0-2")
+    task = tasks.setup_task(cfg.task)
+    with pytest.raises(MultiTaskError, match=r"--freeze-encoder-layers '0-2': layer 2 does not exist, the model has "
+                                             r"2 encoder layers \(0-1\)"):
+        task.build_model(cfg.model)
+    cfg = parse(*base, "--freeze-encoder-layers", "1-0")
+    with pytest.raises(MultiTaskError, match=r"range 1-0 is empty"):
+        tasks.setup_task(cfg.task).build_model(cfg.model)
+    cfg = parse(*base, "--criterion", "sentence_prediction")
+    with pytest.raises(MultiTaskError, match=r"needs --criterion glue_multitask"):
+        tasks.setup_task(cfg.task).build_criterion(cfg.criterion)

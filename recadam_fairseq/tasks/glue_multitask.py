@@ -197,11 +197,13 @@ class GlueMultitaskTask(FairseqTask):
             logger.info(f"glue_multitask: frozen (not given to the optimizer) {', '.join(frozen)}: {n:,} elements")
 
     def build_criterion(self, cfg, from_checkpoint=False):
-        criterion = super().build_criterion(cfg, from_checkpoint)
-        if not getattr(criterion, "handles_multitask", False):
+        from fairseq.criterions import CRITERION_REGISTRY
+
+        name = getattr(cfg, "_name", None) or getattr(cfg, "criterion", None)
+        if not getattr(CRITERION_REGISTRY.get(name), "handles_multitask", False):
             raise MultiTaskError(f"--task glue_multitask needs --criterion glue_multitask "
-                                 f"(got {type(criterion).__name__}: it would use one head for every task)")
-        return criterion
+                                 f"(got {name}: it would use one head for every task)")
+        return super().build_criterion(cfg, from_checkpoint)
 
     # ----------------------------------------------------------------- batches
     def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
