@@ -536,3 +536,47 @@ def test_bad_sampling_mode_and_freeze_range(mt, capsys):
     cfg = parse(*base, "--criterion", "sentence_prediction")
     with pytest.raises(MultiTaskError, match=r"needs --criterion glue_multitask"):
         tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
+
+
+# ----------------------------------------------------------------------------- scripts
+
+
+def test_multitask_script_dry_run(mt, tmp_path):
+    env = dict(os.environ, DRY_RUN="1", DATA_DIR=str(mt.data), TASKS="CoLA,STS-B,MNLI", ROBERTA_PATH=mt.pretrained,
+               SAVE_DIR=str(tmp_path), PYTHON=sys.executable, BATCH="4", ARCH="roberta_large", METHOD="recadam")
+    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh"), "--seed", "5"], env=env,
+                         capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    cmd = out.stdout
+    # 5 epochs of ceil(24/4) + ceil(18/4) + ceil(24/4) = 17 batches, 10% warm-up
+    for flag in ("--task glue_multitask", "--mt-tasks CoLA\\,STS-B\\,MNLI", "--mt-sampling uncertainty",
+                 "--freeze-encoder-layers 0-11", "--total-num-update 85", "--warmup-updates 8", "--lr 2e-5",
+                 "--optimizer recadam", "--valid-subset valid\\,valid1", "--best-checkpoint-metric glue_avg",
+                 "--criterion glue_multitask", "--seed 5"):
+        assert flag in cmd, (flag, cmd)
+    assert (tmp_path / "MTL" / "roberta_large-uncertainty-recadam" / "seed1" / "command.sh").is_file()
+    bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
+                         env=dict(env, SAMPLING="roundrobin"), capture_output=True, text=True)
+    assert bad.returncode == 2 and "unknown SAMPLING 'roundrobin'" in bad.stderr
+
+
+def test_summarize_reads_multitask_logs(run, tmp_path):
+    import csv
+    import shutil
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(ROOT, "scripts", "glue", "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    d = tmp_path / "runs" / "MTL" / "roberta-uniform-adam" / "seed1"
+    d.mkdir(parents=True)
+    shutil.copy(run.save / "train.log", d / "train.log")
+    (d / "done").write_text("x")
+    summarize.main([str(tmp_path / "runs")])
+    valid = valid_records(run.log, "valid")
+    best = max(valid, key=lambda r: float(r["valid_glue_avg"]))
+    rows = {r["task"]: r for r in csv.DictReader(open(tmp_path / "runs" / "summary.csv"))}
+    want = {"CoLA": "valid_cola_mcc", "MRPC": "valid_mrpc_f1", "STS-B": "valid_sts_b_pearson", "MNLI": "valid_mnli_accuracy"}
+    for task, key in want.items():
+        assert float(rows[task]["roberta-uniform-adam_mean"]) == pytest.approx(float(best[key]))
+    mm = [r for r in valid_records(run.log, "valid1") if r["valid1_num_updates"] == best["valid_num_updates"]]
+    assert float(rows["MNLI-mm"]["roberta-uniform-adam_mean"]) == pytest.approx(float(mm[-1]["valid1_mnli_accuracy"]))
