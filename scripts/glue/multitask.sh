@@ -60,15 +60,18 @@ if [ "$DRY_RUN" = 1 ] && [ ! -d "$DATA_DIR" ]; then
   PER_EPOCH=1000; echo "multitask.sh: warning: no $DATA_DIR; assuming $PER_EPOCH updates per epoch" >&2
 else
   PER_EPOCH=$("$PYTHON" - "$DATA_DIR" "$TASKS" "$BATCH" "$NUM_GPUS" <<'EOF'
-import math, os, sys
-from fairseq.data.indexed_dataset import MMapIndexedDataset
+import math, os, struct, sys
 data, tasks, batch, gpus = sys.argv[1], sys.argv[2].split(","), int(sys.argv[3]), int(sys.argv[4])
 steps = 0
 for t in tasks:
-    prefix = os.path.join(data, f"{t}-bin", "input0", "train")
-    if not os.path.exists(prefix + ".idx"):
-        sys.exit(f"multitask.sh: error: no {prefix}.idx (make it with data-prep/prepare_glue.py --tasks {t})")
-    steps += math.ceil(len(MMapIndexedDataset(prefix)) / batch)
+    idx = os.path.join(data, f"{t}-bin", "input0", "train.idx")
+    if not os.path.exists(idx):
+        sys.exit(f"multitask.sh: error: no {idx} (make it with data-prep/prepare_glue.py --tasks {t})")
+    with open(idx, "rb") as f:  # fairseq's mmap index: magic (9 bytes), version (8), dtype (1), count (8)
+        head = f.read(26)
+    if head[:9] != b"MMIDIDX\x00\x00":
+        sys.exit(f"multitask.sh: error: {idx} is not a fairseq mmap index")
+    steps += math.ceil(struct.unpack("<Q", head[18:26])[0] / batch)
 print(max(1, math.ceil(steps / gpus)))
 EOF
 ) || exit 2
