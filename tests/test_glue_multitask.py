@@ -580,3 +580,17 @@ def test_summarize_reads_multitask_logs(run, tmp_path):
         assert float(rows[task]["roberta-uniform-adam_mean"]) == pytest.approx(float(best[key]))
     mm = [r for r in valid_records(run.log, "valid1") if r["valid1_num_updates"] == best["valid_num_updates"]]
     assert float(rows["MNLI-mm"]["roberta-uniform-adam_mean"]) == pytest.approx(float(mm[-1]["valid1_mnli_accuracy"]))
+
+
+def test_resume_mid_epoch_is_bit_exact(mt, run, tmp_path):
+    """The run's update-6 checkpoint resumed to 12 (mid-epoch: the sampler rebuilds the epoch's
+    batches from (seed, epoch) and fairseq skips those done) equals the straight run."""
+    import shutil
+
+    shutil.copy(run.save / "checkpoint_1_6.pt", tmp_path / "checkpoint_last.pt")
+    _, log = train(mt, tmp_path, "--mt-sampling", "uniform", "--valid-subset", "valid,valid1",
+                   "--validate-interval-updates", "6", "--save-interval-updates", "6", "--freeze-encoder-layers", "0-0",
+                   "--freeze-embeddings", restore=False)
+    assert "(epoch 1 @ 6 updates)" in log
+    got, want = (load_ckpt(p)["model"] for p in (tmp_path / "checkpoint_last.pt", run.save / "checkpoint_last.pt"))
+    assert all(torch.equal(got[k], want[k]) for k in want)

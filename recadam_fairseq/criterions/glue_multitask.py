@@ -22,15 +22,37 @@ import torch
 import torch.nn.functional as F
 from fairseq.criterions import register_criterion
 from fairseq.logging import metrics
-from fairseq.logging.meters import safe_round
+from fairseq.logging.meters import MetersDict, safe_round
 
 from .. import glue_metrics
 from ..report import RECADAM_METRICS, log_recadam_metrics
 from ..tasks.glue_multitask import GLUE_TASKS, head_name, primary_metric
 from .sentence_prediction_recadam import (SentencePredictionRecAdamConfig, SentencePredictionRecAdamCriterion,
-                                          _label_values, _log_total)
+                                          _label_values)
 
 HEAD_TO_TASK = {head_name(n): n for n in GLUE_TASKS}
+
+
+class _SumMeter(MetersDict._DerivedMeter):
+    """The sum of what one validation pass logs (confusion matrices, dev-set vectors).
+
+    A _DerivedMeter to fairseq, so checkpoints do not save it (fairseq could not rebuild a meter
+    class of ours on resume); keys starting with "_" are never printed.
+    """
+
+    def __init__(self):
+        super().__init__(lambda meters: None)
+        self.total = None
+
+    def update(self, value):
+        self.total = value if self.total is None else self.total + value
+
+
+def _log_total(key, value):
+    for agg in metrics.get_active_aggregators():
+        if key not in agg:
+            agg.add_meter(key, _SumMeter(), 1000)
+        agg[key].update(value)
 
 
 @register_criterion("glue_multitask", dataclass=SentencePredictionRecAdamConfig)
