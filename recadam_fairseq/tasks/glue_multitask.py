@@ -283,7 +283,8 @@ class GlueMultitaskTask(FairseqTask):
         return out
 
     def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
-        if str(self.cfg.mt_sampling) == "uncertainty" and sample and len(sample["task_ids"]) > self.batch_size:
+        if (str(self.cfg.mt_sampling) == "uncertainty" and sample and self.batch_size
+                and len(sample["task_ids"]) > self.batch_size):
             sample = self.select_uncertain(model, sample)
         return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
 
