@@ -19,6 +19,10 @@ runs as MNLI and left out of the average. A method's result on a task is the mea
 over seeds of the config (k, t0, ...) whose mean is highest; the GLUE average is the mean of
 those over the tasks the method has. Runs without a ``done`` marker are listed as unfinished and
 left out of the tables unless --include-unfinished.
+
+Multi-task runs (scripts/glue/multitask.sh, laid out as RUNS_DIR/MTL/<NAME>/seed<N>/) give one
+row per task they trained, all read at the validation with the best ``glue_avg`` (one model
+for every task); <NAME> is their method column.
 """
 
 import argparse
@@ -37,6 +41,7 @@ OTHER = {"MRPC": ["accuracy", "acc_and_f1"], "QQP": ["accuracy", "acc_and_f1"], 
          "CoLA": ["accuracy"]}
 METHODS = ["adam", "recadam", "recadam-coupled"]
 MM = "MNLI-mm"
+MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
 
 
 def primary_metric(task):
@@ -154,6 +159,50 @@ def read_run(run_dir, root):
     return run
 
 
+def head_name(task):
+    """The head / metric prefix of a task in --task glue_multitask logs ("SST-2" -> "sst_2")."""
+    return re.sub(r"[^a-z0-9]", "_", task.lower())
+
+
+def read_multitask_run(run_dir, root):
+    """A --task glue_multitask run (laid out as MTL/<NAME>/seed<N>): one row per task it trained.
+
+    All tasks are scored at one validation, the one with the best ``glue_avg`` (the checkpoint
+    --best-checkpoint-metric glue_avg keeps: one model for every task, as submitted).
+    """
+    base = read_run(run_dir, root)
+    log = os.path.join(run_dir, "train.log")
+    if not os.path.exists(log):
+        return [base]
+    valid, _ = parse_log(log)
+    best, at = best_of(valid.get("valid", []), "glue_avg")
+    if best is None:
+        base["note"] = "no glue_avg in the validations" if valid.get("valid") else "no validation yet"
+        return [base]
+    upd = at.get("num_updates", "")
+    out = []
+    for task in TASKS:
+        metric = primary_metric(task)
+        x = to_float(at.get(f"{head_name(task)}_{metric}"))
+        if x is None:
+            continue
+        r = dict(base, task=task, metric=metric, best=x, best_update=upd,
+                 other="; ".join(f"{m}={at[head_name(task) + '_' + m]}" for m in OTHER.get(task, [])
+                                 if head_name(task) + "_" + m in at) + f"; glue_avg={best}")
+        if task == "MNLI":
+            mm = [e for e in valid.get("valid1", []) if e.get("num_updates") == upd]
+            r["mm"] = to_float(mm[-1].get("mnli_accuracy")) if mm else None
+        out.append(r)
+    return out or [base]
+
+
+def read_runs(run_dir, root):
+    parts = os.path.relpath(run_dir, root).split(os.sep)
+    if len(parts) >= 3 and parts[-3] == MTL and re.fullmatch(r"seed\d+", parts[-1]):
+        return read_multitask_run(run_dir, root)
+    return [read_run(run_dir, root)]
+
+
 def find_runs(root):
     out = []
     for d, dirs, files in os.walk(root):
@@ -253,7 +302,7 @@ def main(argv=None):
     root = args.runs_dir
     if not os.path.isdir(root):
         sys.exit(f"summarize.py: error: {root}: no such directory")
-    runs = [read_run(d, root) for d in find_runs(root)]
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
     if not runs:
         sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
     runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))

@@ -1,0 +1,1 @@
+"""fairseq task adapters."""

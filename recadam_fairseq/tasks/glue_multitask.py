@@ -1,0 +1,383 @@
+"""``--task glue_multitask``: one model trained on several GLUE tasks at once (CA-MTL's setting).
+
+The data path is the directory holding the ``<TASK>-bin`` directories written by
+``data-prep/prepare_glue.py``; ``--mt-tasks CoLA,SST-2,STS-B`` picks among them. Each task is
+loaded by fairseq's own ``sentence_prediction`` task (same files, same token layout) and gets
+its own classification head (``head_name``; one output for STS-B, a regression). Batches are
+drawn by ``--mt-sampling`` (``mt_sampling.py``); validation runs every task's dev set and the
+criterion ``glue_multitask`` logs each task's GLUE metric and their average ``glue_avg``.
+
+Also here, because they must hold for any encoder (``roberta_*``, ``ca_mtl_roberta_*``):
+``--freeze-encoder-layers`` / ``--freeze-embeddings`` (frozen tensors get ``requires_grad=False``,
+so fairseq never hands them to the optimizer).
+"""
+
+import contextlib
+import json
+import logging
+import os
+import re
+from dataclasses import dataclass, field
+from typing import List, Optional
+
+import numpy as np
+import torch
+from fairseq.data import iterators
+from fairseq.dataclass import ChoiceEnum, FairseqDataclass
+from fairseq.tasks import FairseqTask, register_task
+from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+from omegaconf import II, MISSING, OmegaConf, open_dict
+
+from .. import mt_sampling as sampling
+from ..multitask_data import MultiTaskDataset
+
+logger = logging.getLogger(__name__)
+
+GLUE_TASKS = ["CoLA", "SST-2", "MRPC", "QQP", "STS-B", "MNLI", "QNLI", "RTE", "WNLI"]
+PRIMARY_METRIC = {"CoLA": "mcc", "MRPC": "f1", "QQP": "f1", "STS-B": "pearson"}  # the others: accuracy
+
+
+class MultiTaskError(ValueError):
+    """Bad multi-task input; raised before training starts."""
+
+
+def head_name(task_name: str) -> str:
+    """The classification head of a GLUE task: "SST-2" -> "sst_2" (interface §2)."""
+    return re.sub(r"[^a-z0-9]", "_", task_name.lower())
+
+
+def primary_metric(task_name: str) -> str:
+    return PRIMARY_METRIC.get(task_name, "accuracy")
+
+
+def parse_layer_range(spec: str, num_layers: int, flag: str = "--freeze-encoder-layers") -> List[int]:
+    """ "0-5" -> [0..5]; also "3" and "0-2,7". Every index must exist in the model."""
+    out = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
+        if not m:
+            raise MultiTaskError(f"{flag} {spec!r}: expected layer ranges like 0-5 (or 3, or 0-2,7)")
+        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
+        if lo > hi:
+            raise MultiTaskError(f"{flag} {spec!r}: range {lo}-{hi} is empty")
+        if hi >= num_layers:
+            raise MultiTaskError(f"{flag} {spec!r}: layer {hi} does not exist, the model has "
+                                 f"{num_layers} encoder layers (0-{num_layers - 1})")
+        out += range(lo, hi + 1)
+    return sorted(set(out))
+
+
+@dataclass
+class GlueMultitaskConfig(FairseqDataclass):
+    data: str = field(default=MISSING, metadata={"help": "directory holding the <TASK>-bin directories "
+                                                         "written by data-prep/prepare_glue.py"})
+    mt_tasks: str = field(default="", metadata={"help": "comma-separated GLUE tasks to train on together, "
+                                                        "e.g. CoLA,SST-2,STS-B (case-insensitive); the task id "
+                                                        "of a task is its position in this list"})
+    mt_sampling: ChoiceEnum(sampling.MODES) = field(
+        default="sequential",
+        metadata={"help": "which task each batch comes from: sequential (task after task), uniform, "
+                          "proportional (to dataset size^(1/--mt-temperature)), uncertainty (MT-Uncertainty: "
+                          "a candidate batch of every task, keep the --batch-size most uncertain examples)"})
+    mt_temperature: float = field(default=1.0, metadata={"help": "temperature τ of --mt-sampling proportional: "
+                                                                 "task t drawn ∝ n_t^(1/τ)"})
+    freeze_encoder_layers: str = field(default="", metadata={"help": "encoder layers to freeze, e.g. 0-5 (CA-MTL "
+                                                                     "base) or 0-11 (large); empty: none"})
+    freeze_embeddings: bool = field(default=False, metadata={"help": "freeze the token and position embeddings "
+                                                                     "and the embedding layer norm"})
+    init_token: Optional[int] = field(default=0, metadata={"help": "token added at the beginning of each example "
+                                                                   "(RoBERTa: 0 = <s>)"})
+    separator_token: Optional[int] = field(default=2, metadata={"help": "token between the two sentences of a "
+                                                                        "pair (RoBERTa: 2 = </s>)"})
+    max_positions: int = field(default=512, metadata={"help": "max tokens per example"})
+    seed: int = II("common.seed")
+    train_subset: str = II("dataset.train_subset")
+
+
+@register_task("glue_multitask", dataclass=GlueMultitaskConfig)
+class GlueMultitaskTask(FairseqTask):
+    cfg: GlueMultitaskConfig
+
+    def __init__(self, cfg, dictionary, subtasks, metas):
+        super().__init__(cfg)
+        self.dictionary = dictionary
+        self.subtasks = subtasks  # fairseq SentencePredictionTask per task, sharing `dictionary`
+        self.metas = metas  # labels.json per task
+        self.mt_task_names = [m["name"] for m in metas]
+        self.num_classes = [m["num_classes"] for m in metas]
+        self.regression = [m["regression"] for m in metas]
+        self.batch_size = None  # --batch-size: MT-Uncertainty keeps this many candidates
+
+    # ----------------------------------------------------------------- set-up
+    @staticmethod
+    def head_name(name: str) -> str:
+        return head_name(name)
+
+    @property
+    def head_names(self) -> List[str]:
+        return [head_name(n) for n in self.mt_task_names]
+
+    @classmethod
+    def setup_task(cls, cfg, **kwargs):
+        names = parse_task_names(cfg.mt_tasks)
+        if not os.path.isdir(cfg.data):
+            raise MultiTaskError(f"data directory {cfg.data} does not exist (expected the <TASK>-bin directories "
+                                 "written by data-prep/prepare_glue.py)")
+        if str(cfg.mt_sampling) not in sampling.MODES:
+            raise MultiTaskError(f"--mt-sampling {cfg.mt_sampling}: unknown, choose one of {', '.join(sampling.MODES)}")
+        if not cfg.mt_temperature > 0:
+            raise MultiTaskError(f"--mt-temperature must be > 0, got {cfg.mt_temperature}")
+        dirs = [os.path.join(cfg.data, f"{n}-bin") for n in names]
+        for n, d in zip(names, dirs):
+            if not os.path.isfile(os.path.join(d, "input0", "dict.txt")):
+                raise MultiTaskError(f"--mt-tasks {n}: no task directory {d} (expected {d}/input0/dict.txt; "
+                                     "make it with data-prep/prepare_glue.py --tasks " + n + ")")
+        check_same_dictionary(dirs)
+        dictionary = SentencePredictionTask.load_dictionary(os.path.join(dirs[0], "input0", "dict.txt"))
+        subtasks, metas = [], []
+        for n, d in zip(names, dirs):
+            meta = read_labels_json(n, d)
+            sub_cfg = SentencePredictionConfig(
+                data=d, num_classes=meta["num_classes"], init_token=cfg.init_token,
+                separator_token=cfg.separator_token, no_shuffle=True, max_positions=cfg.max_positions,
+                regression_target=meta["regression"], classification_head_name=head_name(n), seed=cfg.seed)
+            label_dict = dictionary if meta["regression"] else SentencePredictionTask.load_dictionary(
+                os.path.join(d, "label", "dict.txt"))
+            subtasks.append(SentencePredictionTask(sub_cfg, dictionary, label_dict))
+            metas.append(meta)
+        logger.info("glue_multitask: " + ", ".join(
+            f"{m['name']} (id {i}, head {head_name(m['name'])}, "
+            f"{'regression' if m['regression'] else str(m['num_classes']) + ' classes'})" for i, m in enumerate(metas))
+            + f"; dictionary {len(dictionary)} types; sampling {cfg.mt_sampling}")
+        return cls(cfg, dictionary, subtasks, metas)
+
+    def load_dataset(self, split, epoch=1, combine=False, **kwargs):
+        parts = []
+        for sub in self.subtasks:
+            has = os.path.exists(os.path.join(sub.cfg.data, "input0", f"{split}.idx"))
+            parts.append(sub.load_dataset(split, combine=combine) if has else None)
+        if all(p is None for p in parts):
+            raise FileNotFoundError(f"glue_multitask: no task of --mt-tasks has a {split!r} split "
+                                    f"({', '.join(s.cfg.data for s in self.subtasks)})")
+        ds = MultiTaskDataset(parts, self.mt_task_names, self.dictionary.pad(), split)
+        logger.info(f"glue_multitask {split}: " + ", ".join(
+            f"{n} {int(k)}" for n, k in zip(self.mt_task_names, ds.lengths)))
+        self.datasets[split] = ds
+        return ds
+
+    def build_model(self, cfg, from_checkpoint=False):
+        from fairseq import models
+
+        with open_dict(cfg) if OmegaConf.is_config(cfg) else contextlib.ExitStack():
+            cfg.max_positions = self.cfg.max_positions
+        model = models.build_model(cfg, self, from_checkpoint)
+        if not hasattr(model, "register_classification_head"):
+            raise MultiTaskError(f"--task glue_multitask needs a model with classification heads "
+                                 f"(roberta_*, ca_mtl_roberta_*), not {type(model).__name__}")
+        for name, k in zip(self.head_names, self.num_classes):
+            model.register_classification_head(name, num_classes=k)
+        self.freeze(model)
+        return model
+
+    def freeze(self, model):
+        enc = model.encoder.sentence_encoder
+        frozen = []
+        if self.cfg.freeze_encoder_layers:
+            for i in parse_layer_range(self.cfg.freeze_encoder_layers, len(enc.layers)):
+                frozen.append(f"encoder.sentence_encoder.layers.{i}")
+                enc.layers[i].requires_grad_(False)
+        if self.cfg.freeze_embeddings:
+            for attr in ("embed_tokens", "embed_positions", "layernorm_embedding", "emb_layer_norm"):
+                mod = getattr(enc, attr, None)
+                if isinstance(mod, torch.nn.Module):
+                    frozen.append(f"encoder.sentence_encoder.{attr}")
+                    mod.requires_grad_(False)
+        if frozen:
+            n = sum(p.numel() for p in model.parameters() if not p.requires_grad)
+            logger.info(f"glue_multitask: frozen (not given to the optimizer) {', '.join(frozen)}: {n:,} elements")
+
+    def build_criterion(self, cfg, from_checkpoint=False):
+        from fairseq.criterions import CRITERION_REGISTRY
+
+        name = getattr(cfg, "_name", None) or getattr(cfg, "criterion", None)
+        if not getattr(CRITERION_REGISTRY.get(name), "handles_multitask", False):
+            raise MultiTaskError(f"--task glue_multitask needs --criterion glue_multitask "
+                                 f"(got {name}: it would use one head for every task)")
+        return super().build_criterion(cfg, from_checkpoint)
+
+    # ----------------------------------------------------------------- batches
+    def get_batch_iterator(self, dataset, max_tokens=None, max_sentences=None, max_positions=None,
+                           ignore_invalid_inputs=False, required_batch_size_multiple=1, seed=1, num_shards=1,
+                           shard_id=0, num_workers=0, epoch=1, data_buffer_size=0, disable_iterator_cache=False,
+                           skip_remainder_batch=False, grouped_shuffling=False, update_epoch_batch_itr=False):
+        if getattr(dataset, "split", None) != self.cfg.train_subset:  # dev sets: fairseq's batching
+            return super().get_batch_iterator(
+                dataset, max_tokens=max_tokens, max_sentences=max_sentences, max_positions=max_positions,
+                ignore_invalid_inputs=ignore_invalid_inputs, required_batch_size_multiple=required_batch_size_multiple,
+                seed=seed, num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
+                data_buffer_size=data_buffer_size, disable_iterator_cache=disable_iterator_cache,
+                skip_remainder_batch=skip_remainder_batch, grouped_shuffling=grouped_shuffling,
+                update_epoch_batch_itr=update_epoch_batch_itr)
+        if dataset in self.dataset_to_epoch_iter and not update_epoch_batch_itr and not disable_iterator_cache:
+            return self.dataset_to_epoch_iter[dataset]
+        if not max_sentences:
+            raise MultiTaskError("--task glue_multitask samples batches of a fixed number of examples: "
+                                 "give --batch-size")
+        self.batch_size = int(max_sentences)
+        kept = self._kept_indices(dataset, max_positions, ignore_invalid_inputs)
+        mode, temperature = str(self.cfg.mt_sampling), float(self.cfg.mt_temperature)
+        logger.info(f"glue_multitask: {mode} sampling, {sampling.steps_per_epoch([len(k) for k in kept], self.batch_size)}"
+                    f" batches of {self.batch_size} per epoch over {num_shards} rank(s)")
+
+        def make_batches(ds, ep):  # the same (seed, epoch) on every rank: each takes its own shard
+            picks = sampling.epoch_batches(mode, [len(k) for k in kept], self.batch_size, seed, ep, temperature)
+            return [kept_all[b] for b in picks]
+
+        kept_all = np.concatenate(kept)
+        dataset.set_epoch(epoch)
+        itr = iterators.EpochBatchIterator(
+            dataset=dataset, collate_fn=dataset.collater, batch_sampler=make_batches, seed=seed,
+            num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
+            buffer_size=data_buffer_size, disable_shuffling=True,  # the order is the sampler's
+            skip_remainder_batch=skip_remainder_batch)
+        self.dataset_to_epoch_iter[dataset] = itr
+        return itr
+
+    def _kept_indices(self, dataset, max_positions, ignore_invalid_inputs):
+        """Per task, the global indices of the examples that fit the model."""
+        kept = []
+        for t in range(len(self.mt_task_names)):
+            idx = np.arange(dataset.offsets[t], dataset.offsets[t] + dataset.lengths[t])
+            if max_positions is not None and len(idx):
+                limit = max_positions if isinstance(max_positions, (int, np.integer)) else min(
+                    x for x in np.ravel(max_positions) if x is not None)
+                ok = dataset.sizes[idx] <= limit
+                if not ok.all():
+                    if not ignore_invalid_inputs:
+                        raise MultiTaskError(
+                            f"{self.mt_task_names[t]}: {int((~ok).sum())} training examples are longer than "
+                            f"{limit} tokens (first: example {int(idx[~ok][0] - dataset.offsets[t])}); "
+                            "use --skip-invalid-size-inputs-valid-test to skip them")
+                    logger.warning(f"{self.mt_task_names[t]}: skipping {int((~ok).sum())} examples longer than {limit}")
+                    idx = idx[ok]
+            if len(idx) == 0:
+                raise MultiTaskError(f"{self.mt_task_names[t]}: no training example")
+            kept.append(idx)
+        return kept
+
+    # ----------------------------------------------------------------- steps
+    def forward_features(self, model, sample):
+        """Encoder features [B, T, C] of a (possibly mixed-task) sample."""
+        net_input = dict(sample["net_input"])
+        if getattr(model, "is_task_conditioned", False):
+            net_input["task_ids"] = sample["task_ids"]
+        features, _ = model(**net_input, features_only=True)
+        return features
+
+    def head_logits(self, model, features, task_ids):
+        """[(task id, positions in the batch, logits)] for every task present."""
+        out = []
+        for t in torch.unique(task_ids).tolist():
+            pos = torch.nonzero(task_ids == t).flatten()
+            out.append((t, pos, model.classification_heads[self.head_names[t]](features[pos])))
+        return out
+
+    def train_step(self, sample, model, criterion, optimizer, update_num, ignore_grad=False):
+        if (str(self.cfg.mt_sampling) == "uncertainty" and sample and self.batch_size
+                and len(sample["task_ids"]) > self.batch_size):
+            sample = self.select_uncertain(model, sample)
+        return super().train_step(sample, model, criterion, optimizer, update_num, ignore_grad)
+
+    def select_uncertain(self, model, sample):
+        """MT-Uncertainty: score the candidates with one extra forward pass, keep the top --batch-size.
+
+        Scored in eval mode (no dropout) without gradients; each rank selects from its own
+        candidates (no communication).
+        """
+        was_training = model.training
+        model.eval()
+        with torch.no_grad():
+            feats = self.forward_features(model, sample)
+            h = torch.empty(len(sample["task_ids"]), device=feats.device)
+            for t, pos, logits in self.head_logits(model, feats, sample["task_ids"]):
+                h[pos] = sampling.normalized_entropy(logits).to(h)
+        model.train(was_training)
+        scores = sampling.uncertainty_scores(h, sample["task_ids"], len(self.mt_task_names))
+        keep = sampling.select_uncertain(scores, self.batch_size)
+        return subsample(sample, keep, self.dictionary.pad(), scored=len(sample["task_ids"]))
+
+    def max_positions(self):
+        return self.cfg.max_positions
+
+    @property
+    def source_dictionary(self):
+        return self.dictionary
+
+    @property
+    def target_dictionary(self):
+        return self.dictionary
+
+    def label_dictionary_of(self, t: int):
+        return None if self.regression[t] else self.subtasks[t].label_dictionary
+
+
+def subsample(sample, keep, pad_idx, scored=None):
+    """The rows ``keep`` of a collated multi-task sample (padding trimmed to the longest kept row)."""
+    keep = keep.to(sample["task_ids"].device)
+    tokens = sample["net_input"]["src_tokens"].index_select(0, keep)
+    lengths = sample["net_input"]["src_lengths"].index_select(0, keep)
+    tokens = tokens[:, : int(lengths.max())] if len(lengths) else tokens
+    out = dict(sample)
+    out["net_input"] = {**sample["net_input"], "src_tokens": tokens, "src_lengths": lengths}
+    for k in ("id", "target", "task_ids", "task_index"):
+        out[k] = sample[k].index_select(0, keep)
+    out["nsentences"] = len(keep)
+    out["ntokens"] = int(lengths.sum())
+    if scored is not None:
+        out["mt_scored"] = scored
+    return out
+
+
+def parse_task_names(spec: str) -> List[str]:
+    names = [s.strip() for s in str(spec or "").split(",") if s.strip()]
+    if not names:
+        raise MultiTaskError(f"--mt-tasks is empty: name the GLUE tasks to train on, e.g. --mt-tasks CoLA,SST-2,STS-B "
+                             f"(known: {','.join(GLUE_TASKS)})")
+    canon = {n.lower(): n for n in GLUE_TASKS}
+    out = []
+    for n in names:
+        if n.lower() not in canon:
+            raise MultiTaskError(f"--mt-tasks: unknown GLUE task {n!r}; known: {', '.join(GLUE_TASKS)}")
+        if canon[n.lower()] in out:
+            raise MultiTaskError(f"--mt-tasks: {canon[n.lower()]} given twice")
+        out.append(canon[n.lower()])
+    return out
+
+
+def check_same_dictionary(dirs: List[str]):
+    """Every input of every task must use one dictionary: one model embeds them all."""
+    ref = os.path.join(dirs[0], "input0", "dict.txt")
+    with open(ref, "rb") as f:
+        want = f.read()
+    for d in dirs:
+        for sub in ("input0", "input1"):
+            path = os.path.join(d, sub, "dict.txt")
+            if os.path.exists(path):
+                with open(path, "rb") as f:
+                    if f.read() != want:
+                        raise MultiTaskError(f"{path} differs from {ref}: the task directories were built with "
+                                             "different dictionaries (run data-prep/prepare_glue.py with one --bpe-dir)")
+
+
+def read_labels_json(name: str, task_dir: str) -> dict:
+    path = os.path.join(task_dir, "labels.json")
+    if not os.path.isfile(path):
+        raise MultiTaskError(f"{path}: missing (written by data-prep/prepare_glue.py; it says the task's classes)")
+    with open(path, encoding="utf-8") as f:
+        meta = json.load(f)
+    if meta.get("task", name) != name:
+        raise MultiTaskError(f"{path}: describes task {meta.get('task')!r}, expected {name!r}")
+    meta["name"] = name
+    meta["regression"] = bool(meta.get("regression", name == "STS-B"))
+    meta["num_classes"] = 1 if meta["regression"] else int(meta["num_classes"])
+    return meta
