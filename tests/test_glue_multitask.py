@@ -420,17 +420,26 @@ def test_predictions_in_glue_format(mt, run, tmp_path):
                 assert [r[1] for r in rows] == list(want)
 
 
-def test_recadam_with_uncertainty_anchors_exactly_the_pretrained_tensors(mt, tmp_path):
-    """--optimizer recadam on multi-task RoBERTa, MT-Uncertainty batches, --update-freq 2."""
+@pytest.mark.parametrize("arch", ["roberta", "ca_mtl_roberta_tiny"])
+def test_recadam_with_uncertainty_anchors_exactly_the_pretrained_tensors(mt, tmp_path, arch):
+    """--optimizer recadam on multi-task RoBERTa, plain and CA-MTL-conditioned, MT-Uncertainty batches,
+    --update-freq 2: θ* is exactly the pretrained tensors; heads and conditional modules get plain Adam."""
     _, log = train(mt, tmp_path, "--mt-sampling", "uncertainty", "--update-freq", "2", "--disable-validation",
-                   "--freeze-encoder-layers", "0", updates=4, optimizer="recadam")
+                   "--freeze-encoder-layers", "0", "--arch", arch, updates=4, optimizer="recadam")
     pre = load_ckpt(mt.pretrained)["model"]
     ck = load_ckpt(tmp_path / "checkpoint_last.pt")
     heads = [k for k in ck["model"] if k.startswith("classification_heads.")]
     assert len(heads) == 4 * 4
-    # the free (plain Adam) tensors are exactly the heads; layer 0 (frozen) is not in the optimizer
+    new = [k for k in ck["model"] if k not in pre and not k.startswith(("classification_heads.",
+                                                                          "encoder.sentence_encoder.layers.0."))]
+    if arch == "roberta":
+        assert new == []
+    else:  # the task embedding, alignment, attention biases, FiLM generators and the adapter
+        assert any("task_embedding" in k for k in new) and any("adapter" in k for k in new), new
+    # the free (plain Adam) tensors are exactly the heads and CA-MTL's new tensors; layer 0 (frozen,
+    # conditional parts included) is not in the optimizer
     line = next(x for x in log.splitlines() if "not anchored, plain Adam:" in x)
-    assert sorted(line.split("plain Adam: ")[1].split(": ", 1)[1].split(", ")) == sorted(heads)
+    assert sorted(line.split("plain Adam: ")[1].split(": ", 1)[1].split(", ")) == sorted(heads + new)
     trainable = [k for k in ck["model"] if not k.startswith("encoder.sentence_encoder.layers.0.")
                  and k != "encoder.lm_head.weight" and not k.endswith(".version")]  # lm_head: tied to embed_tokens
     anchors = [st["anchor"] for st in ck["last_optimizer_state"]["state"].values() if "anchor" in st]
