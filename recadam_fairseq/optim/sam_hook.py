@@ -37,6 +37,10 @@ def unwrap(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
+def _acc(t: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(t.dtype, torch.float32)
+
+
 def _subset(x, idx: torch.Tensor, n: int):
     """The examples ``idx`` of a fairseq sample (tensors / lists whose first dimension is the batch)."""
     if torch.is_tensor(x):
@@ -150,9 +154,10 @@ class SAMController:
         logits, _ = self.model(**sample["net_input"], features_only=True,
                                classification_head_name=criterion.classification_head_name)
         targets = self.model.get_targets(sample, [logits]).view(-1)
+        dt = torch.promote_types(logits.dtype, torch.float32)  # fp32 as fairseq's criterion, fp64 in tests
         if criterion.regression_target:
-            return F.mse_loss(logits.view(-1).float(), targets.float(), reduction="none")
-        return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=torch.float32), targets, reduction="none")
+            return F.mse_loss(logits.view(-1).to(dt), targets.to(dt), reduction="none")
+        return F.nll_loss(F.log_softmax(logits, dim=-1, dtype=dt), targets, reduction="none")
 
     def _pass1(self, criterion, args):
         model, sample = args[0], args[1]
@@ -174,7 +179,7 @@ class SAMController:
                     grads = torch.autograd.grad(loss * self.scale, sub, allow_unused=True) if sub else []
                 it = iter(grads)
                 u = [next(it) if k else None for k in keep]
-                u = [None if g is None else (g.float() / self.scale if self.scale != 1.0 else g) for g in u]
+                u = [None if g is None else (g.to(_acc(g)) / self.scale if self.scale != 1.0 else g) for g in u]
                 gnorm = global_norm(u)
                 if not torch.isfinite(gnorm):  # skip the update: fairseq's overflow check fires (all_reduce_grads)
                     self._poison = True
@@ -184,7 +189,7 @@ class SAMController:
                 if self.masked:
                     mask = self.mask
                     if mask is None:  # first update: a local mask until the update's reduced one is committed
-                        mask = fisher_mask([None if not e else torch.zeros_like(p, dtype=torch.float32) if g is None
+                        mask = fisher_mask([None if not e else torch.zeros_like(p, dtype=_acc(p)) if g is None
                                             else g * g for g, e, p in zip(u, self.eligible, self.params)],
                                            self.h["keep_ratio"])
                     masks = mask
@@ -238,7 +243,7 @@ class SAMController:
             st["sharp"] += float(pend["l2"] - pend["l1"])
             st["n"] += pend["n"]
         if pend["g"] is not None:
-            g = [torch.zeros_like(p, dtype=torch.float32) if x is None else x.float() for x, p in zip(pend["g"], self.params)]
+            g = [torch.zeros_like(p, dtype=_acc(p)) if x is None else x.to(_acc(p)) for x, p in zip(pend["g"], self.params)]
             if self._g1 is None:
                 self._g1 = g
             else:
