@@ -154,7 +154,7 @@ def test_two_ranks_equal_one_process_with_update_freq_two(tiny, tmp_path):
     diff = sum(int((a != b).sum()) for a, b in zip(m0, mref) if a is not None)
     assert diff <= 2  # the same top-k (ties in the last float bits aside)
     pre = load_ckpt(tiny.pretrained)["model"]
-    assert max((ref["model"][k] - pre[k]).abs().max().item() for k in pre if k in ref["model"]) > 1e-3
+    assert max((ref["model"][k] - pre[k]).abs().max().item() for k in pre if k in ref["model"]) > 50 * 1e-5
 
 
 def test_resume_is_bit_exact(tiny, tmp_path):

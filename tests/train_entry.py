@@ -1,7 +1,8 @@
 """`fairseq-train` for the tests, runnable on a CPU-only torch with --fp16.
 
 fairseq's flat fp16 path asks torch.cuda.current_device() for a device key; CPU tensors report
-device.index None, so on a CPU-only torch we answer None and the real flat path runs.
+device.index None, so on a CPU-only torch we answer None and the real flat path runs; its overflow
+handler's ``torch.tensor(0.0).cuda()`` stays on the CPU.
 
 With RECADAM_FUSED_MIN_SEGMENT set, segments of that many elements take the fused kernel (the tiny
 test model's tensors are all below the default).
@@ -21,6 +22,8 @@ import torch
 
 if not torch.cuda.is_available():
     torch.cuda.current_device = lambda: None
+    # fairseq's fp16 overflow handler builds torch.tensor(0.0).cuda(): on a CPU-only torch, stay on the CPU
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
 from fairseq_cli.train import cli_main  # noqa: E402  (first: it sets up fairseq's log format)
 from fairseq.trainer import Trainer  # noqa: E402

@@ -188,7 +188,7 @@ class SAMController:
                 masks = None
                 if self.masked:
                     mask = self.mask
-                    if mask is None:  # first update: a local mask until the update's reduced one is committed
+                    if mask is None:  # first update: each micro-batch its own mask, until the reduced one is committed
                         mask = fisher_mask([None if not e else torch.zeros_like(p, dtype=_acc(p)) if g is None
                                             else g * g for g, e, p in zip(u, self.eligible, self.params)],
                                            self.h["keep_ratio"])
@@ -271,8 +271,10 @@ class SAMController:
         g1 = self._g1
         if torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1:
-            for g in g1:
+            world = torch.distributed.get_world_size()
+            for g in g1:  # DDP (legacy and pytorch) averages .grad over ranks: so does G1
                 torch.distributed.all_reduce(g)
+                g.div_(world)
         if self.base == "gsam":  # both in the units of .grad (pass 2): scale by fairseq's loss scale
             gsam_decompose([p.grad for p in self.params], [g.mul(self.scale) for g in g1], self.h["gsam_alpha"])
         if self._build_mask:
