@@ -1,4 +1,4 @@
-"""The RecAdam hyperparameters as one fairseq dataclass (flags ``--recadam-*``)."""
+"""Shared fairseq dataclasses: the RecAdam hyperparameters (``--recadam-*``) and the SAM family's (``--sam-type`` ...)."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -7,6 +7,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from .anneal import ANNEAL_FUNS
+from .sam import SAM_TYPES
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -49,3 +50,37 @@ class RecAdamHyperparams(FairseqDataclass):
     restore_file: str = II("checkpoint.restore_file")
     finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
     save_dir: str = II("checkpoint.save_dir")
+
+
+@dataclass
+class SAMHyperparams(FairseqDataclass):
+    """The sharpness-aware flags, shared by ``--optimizer samsgd`` and ``--optimizer recadam`` (one definition)."""
+
+    sam_type: ChoiceEnum(list(SAM_TYPES)) = field(
+        default="none",
+        metadata={"help": "sharpness-aware perturbation: none, sam (Foret et al. 2021), esam (Du et al. 2022), gsam "
+                          "(Zhuang et al. 2022), or fisher-{sam,esam,gsam} with FSAM's Fisher mask (Zhong et al. 2022)"},
+    )
+    rho: float = field(default=0.05, metadata={"help": "ρ, radius of the perturbation ε (GSAM: ρ_max, at the peak lr)"})
+    beta: float = field(
+        default=0.5, metadata={"help": "ESAM: probability that a parameter tensor is perturbed (ε scaled by 1/β)"}
+    )
+    gamma: float = field(
+        default=0.5, metadata={"help": "ESAM: fraction of each batch's examples (largest loss rise under ε) used "
+                                       "for the second pass"}
+    )
+    keep_ratio: float = field(
+        default=0.1, metadata={"help": "Fisher mask: fraction of the eligible (non-bias, non-embedding) elements "
+                                       "perturbed, the top ones by squared gradient"}
+    )
+    num_samples: int = field(
+        default=32, metadata={"help": "Fisher mask: accepted for the authors' configs; the Fisher information is "
+                                      "the squared gradient of the whole update's batch (all micro-batches, all ranks)"}
+    )
+    mask_iter_e: int = field(default=100, metadata={"help": "Fisher mask: recomputed every this many updates"})
+    gsam_alpha: float = field(
+        default=0.4, metadata={"help": "GSAM: α, weight of the surrogate-gap term removed from the update direction"}
+    )
+    rho_min: float = field(
+        default=0.0, metadata={"help": "GSAM: ρ_t runs from --rho at the peak lr to this at lr 0 (proportional to lr)"}
+    )

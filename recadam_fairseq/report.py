@@ -12,3 +12,13 @@ def log_recadam_metrics(recadam_lambda: float, recadam_dist: float, recadam_pena
     """
     for priority, (key, value) in enumerate(zip(RECADAM_METRICS, (recadam_lambda, recadam_dist, recadam_penalty))):
         metrics.log_scalar(key, value, weight=0, priority=300 + priority)
+
+
+SAM_METRICS = ("sam_rho", "sam_eps_norm", "sam_mask_frac", "sam_sharpness")
+
+
+def log_sam_metrics(rho: float, eps_norm: float, mask_frac: float, sharpness: float) -> None:
+    """ρ_t, ‖ε‖ (mean over micro-batches), the fraction of parameter elements ε touches, and the sharpness
+    L(θ+ε) − L(θ) per example (nats), averaged over the log interval like the loss."""
+    for priority, (key, value) in enumerate(zip(SAM_METRICS, (rho, eps_norm, mask_frac, sharpness))):
+        metrics.log_scalar(key, value, priority=320 + priority, round=6)

@@ -34,7 +34,7 @@ CONFIGS = os.path.join(GLUE, "configs")
 # The env vars the scripts read: the tests start from none of them set.
 SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR", "BATCH", "SEED", "FP16",
               "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
-              "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS"]
+              "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS", "RHO", "KEEP_RATIO", "MASK_ITER_E"]
 
 # fairseq's RoBERTa GLUE recipe: lr, batch, updates, warmup, classes, best-checkpoint metric
 RECIPE = {
@@ -479,6 +479,49 @@ def test_method_flags(fake):
     assert diff(adam, coupled) == {"--recadam-objective": [["coupled"]], **recadam_flags}
     assert last(flags(adam)[0], "--optimizer") == last(flags(coupled)[0], "--optimizer") == "adam"
     assert last(flags(coupled)[0], "--criterion") == "sentence_prediction_recadam"
+
+
+def test_sam_method_flags(fake):
+    """sam / fsam: adam's command + samsgd and the SAM flags; recadam-fsam: recadam's + the SAM flags."""
+    _, _, adam = fake("RTE", "adam")
+    _, _, rec = fake("RTE", "recadam")
+    _, d_sam, sam = fake("RTE", "sam")
+    _, d_fsam, fsam = fake("RTE", "fsam", RHO="0.1", MASK_ITER_E="20")
+    _, d_rf, rf = fake("RTE", "recadam-fsam")
+    assert d_sam.endswith(os.path.join("RTE", "sam-rho0.05", "seed1"))
+    assert d_fsam.endswith(os.path.join("RTE", "fsam-rho0.1", "seed1"))
+    assert d_rf.endswith(os.path.join("RTE", "recadam-fsam-k0.1-t1000-rho0.05", "seed1"))
+
+    def diff(a, b):
+        fa, fb = flags(a)[0], flags(b)[0]
+        return {k: fb[k] for k in fb if k != "--save-dir" and fb[k] != fa.get(k)}
+
+    assert diff(adam, sam) == {"--optimizer": [["samsgd"]], "--sam-type": [["sam"]], "--rho": [["0.05"]]}
+    assert diff(adam, fsam) == {"--optimizer": [["samsgd"]], "--sam-type": [["fisher-sam"]], "--rho": [["0.1"]],
+                                "--keep-ratio": [["0.1"]], "--mask-iter-e": [["20"]]}
+    assert diff(rec, rf) == {"--sam-type": [["fisher-sam"]], "--rho": [["0.05"]], "--keep-ratio": [["0.1"]],
+                             "--mask-iter-e": [["100"]]}
+    summarize = _summarize_module()
+    assert summarize.split_name("recadam-fsam-k0.1-t1000-rho0.05") == ("recadam-fsam", "k0.1-t1000-rho0.05")
+    assert summarize.split_name("fsam-rho0.1") == ("fsam", "rho0.1")
+    assert summarize.split_name("sam-rho0.05") == ("sam", "rho0.05")
+    # grid.sh: sam and fsam once per seed, recadam-fsam once per (k, t0)
+    env = dict(fake.env, KS="0.1 0.5", T0S="100", SEEDS="1", METHODS="sam fsam recadam-fsam",
+               SAVE_DIR=os.path.join(fake.tmp, "grid-sam"))
+    p = run([GRID, "RTE"], env, check=0)
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    assert sorted(os.path.relpath(os.path.dirname(d), runs) for d in glob_done(runs)) == sorted(
+        os.path.join(n, "seed1") for n in ("sam-rho0.05", "fsam-rho0.05", "recadam-fsam-k0.1-t100-rho0.05",
+                                           "recadam-fsam-k0.5-t100-rho0.05"))
+
+
+def _summarize_module():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("glue_summarize", SUMMARIZE)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def test_env_overrides(fake):

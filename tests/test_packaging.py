@@ -17,6 +17,7 @@ def test_core_import_leaves_fairseq_and_logging_alone():
             "before = (logging.getLogger().level, list(logging.getLogger().handlers))\n"
             "import recadam_fairseq\n"
             "from recadam_fairseq import RecAdam, anneal_lambda\n"
+            "import recadam_fairseq.sam  # the SAM family's core is pure torch too\n"
             "assert 'fairseq' not in sys.modules, sorted(m for m in sys.modules if m.startswith('fairseq'))\n"
             "assert (logging.getLogger().level, list(logging.getLogger().handlers)) == before\n"
             "print('ok')\n")
@@ -32,7 +33,7 @@ def test_user_dir_registers_every_component():
             "from fairseq.optim import OPTIMIZER_REGISTRY\n"
             "from fairseq.criterions import CRITERION_REGISTRY\n"
             "import torch\n"
-            "assert 'recadam' in OPTIMIZER_REGISTRY\n"
+            "assert 'recadam' in OPTIMIZER_REGISTRY and 'samsgd' in OPTIMIZER_REGISTRY\n"
             "assert 'sentence_prediction_recadam' in CRITERION_REGISTRY\n"
             "from fairseq import checkpoint_utils\n"  # the allow-list came with it
             "import argparse\n"
@@ -48,7 +49,7 @@ def test_explicit_register_after_a_core_import():
             "from fairseq.optim import OPTIMIZER_REGISTRY\n"
             "assert 'recadam' not in OPTIMIZER_REGISTRY\n"
             "recadam_fairseq.register(); recadam_fairseq.register()\n"
-            "assert 'recadam' in OPTIMIZER_REGISTRY\n"
+            "assert 'recadam' in OPTIMIZER_REGISTRY and 'samsgd' in OPTIMIZER_REGISTRY\n"
             "print('ok')\n")
     out = _python(code)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]

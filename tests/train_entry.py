@@ -1,13 +1,18 @@
 """`fairseq-train` for the tests, runnable on a CPU-only torch with --fp16.
 
 fairseq's flat fp16 path asks torch.cuda.current_device() for a device key; CPU tensors report
-device.index None, so on a CPU-only torch we answer None and the real flat path runs.
+device.index None, so on a CPU-only torch we answer None and the real flat path runs; its overflow
+handler's ``torch.tensor(0.0).cuda()`` stays on the CPU.
 
 With RECADAM_FUSED_MIN_SEGMENT set, segments of that many elements take the fused kernel (the tiny
 test model's tensors are all below the default).
 
 With RECADAM_DUMP_DIR set, every rank writes what it ended with (model weights, optimizer state)
 to RECADAM_DUMP_DIR/rank<R>.pt: fairseq itself saves checkpoints from rank 0 only.
+
+With RECADAM_SAM_CHECK_RESTORE set, the SAM controller's θ is compared with the values it had before
+every perturbation, bit for bit, at the next micro-batch and before the gradient reduction; the count
+is printed at exit. RECADAM_SAM_POISON=3,7 makes pass 1 of those micro-batches (1-based) non-finite.
 """
 
 import atexit
@@ -17,6 +22,8 @@ import torch
 
 if not torch.cuda.is_available():
     torch.cuda.current_device = lambda: None
+    # fairseq's fp16 overflow handler builds torch.tensor(0.0).cuda(): on a CPU-only torch, stay on the CPU
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
 
 from fairseq_cli.train import cli_main  # noqa: E402  (first: it sets up fairseq's log format)
 from fairseq.trainer import Trainer  # noqa: E402
@@ -41,7 +48,51 @@ def _dump_every_rank(dump_dir):
                        os.path.join(dump_dir, f"rank{trainer.data_parallel_rank}.pt"))
 
 
+def _sam_test_hooks(check_restore, poison):
+    """Wrap OUR controller (recadam_fairseq.optim.sam_hook), not fairseq."""
+    from recadam_fairseq.optim.sam_hook import SAMController
+
+    calls, checks = [0], [0]
+    pass1, before_reduce = SAMController._pass1, SAMController.before_reduce
+
+    def check(self, where):
+        snap = getattr(self, "_test_snapshot", None)
+        if snap is not None:
+            for p, v in zip(self.params, snap):
+                if not torch.equal(p, v):
+                    raise AssertionError(f"sam: θ not restored bit for bit ({where})")
+            checks[0] += 1
+
+    def _pass1(self, criterion, args):
+        calls[0] += 1
+        check(self, "next micro-batch")
+        self._test_snapshot = [p.detach().clone() for p in self.params] if check_restore else None
+        if calls[0] in poison:
+            scale, self.scale = self.scale, float("inf")
+            try:
+                return pass1(self, criterion, args)
+            finally:
+                self.scale = scale
+        return pass1(self, criterion, args)
+
+    def _before_reduce(self, module):
+        ours = before_reduce(self, module)
+        if ours:
+            check(self, "all_reduce_grads")
+            self._test_snapshot = None  # the step moves θ next
+        return ours
+
+    SAMController._pass1, SAMController.before_reduce = _pass1, _before_reduce
+    if check_restore:
+        atexit.register(lambda: print(f"sam-restore-checks {checks[0]} pass1-calls {calls[0]}", flush=True))
+
+
 if __name__ == "__main__":
+    if os.environ.get("RECADAM_SAM_CHECK_RESTORE") or os.environ.get("RECADAM_SAM_POISON"):
+        import recadam_fairseq.optim.sam_hook  # noqa: F401  (the module --user-dir registers)
+
+        _sam_test_hooks(bool(os.environ.get("RECADAM_SAM_CHECK_RESTORE")),
+                        {int(x) for x in os.environ.get("RECADAM_SAM_POISON", "").split(",") if x})
     if os.environ.get("RECADAM_FUSED_MIN_SEGMENT"):
         import recadam_fairseq.fused  # the module --user-dir registers: fairseq finds it in sys.modules
 

@@ -19,9 +19,10 @@ from omegaconf import II, OmegaConf
 
 from ..anchor import build_anchors, pretrained_model_state
 from ..anneal import anneal_lambda
-from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams
+from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams, SAMHyperparams
 from ..recadam import RecAdam, validate_hparams
 from ..report import log_recadam_metrics
+from .sam_mixin import SAMOptimizerMixin
 
 logger = logging.getLogger(__name__)
 
@@ -30,7 +31,7 @@ FUSED = {"auto": None, "on": True, "off": False}
 
 
 @dataclass
-class FairseqRecAdamConfig(RecAdamHyperparams):
+class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams):
     adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for Adam optimizer"})
     adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for Adam optimizer"})
     weight_decay: float = field(
@@ -45,6 +46,7 @@ class FairseqRecAdamConfig(RecAdamHyperparams):
     log_interval: int = II("common.log_interval")
     zero_sharding: str = II("distributed_training.zero_sharding")
     ddp_backend: str = II("distributed_training.ddp_backend")
+    seed: int = II("common.seed")
 
 
 def check_pull_stability(cfg, h) -> None:
@@ -78,10 +80,11 @@ def check_sharding(cfg) -> None:
 
 
 @register_optimizer("recadam", dataclass=FairseqRecAdamConfig)
-class FairseqRecAdam(FairseqOptimizer):
+class FairseqRecAdam(SAMOptimizerMixin, FairseqOptimizer):
     """RecAdam for fairseq: Adam with λ(t) and a decoupled pull toward the pretrained weights.
 
-    Like fairseq's ``adam`` this is the AdamW variant (decoupled weight decay).
+    Like fairseq's ``adam`` this is the AdamW variant (decoupled weight decay). ``--sam-type`` adds a
+    sharpness-aware gradient (:mod:`.sam_hook`); the RecAdam step is unchanged.
     """
 
     def __init__(self, cfg: FairseqRecAdamConfig, params):
@@ -95,6 +98,7 @@ class FairseqRecAdam(FairseqOptimizer):
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
             self._pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
         self._optimizer = RecAdam(params, **h, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
+        self.init_sam(cfg, seed=cfg.seed)
 
     @property
     def optimizer_config(self):
@@ -115,6 +119,8 @@ class FairseqRecAdam(FairseqOptimizer):
 
     # ------------------------------------------------------------- binding the anchor
     def all_reduce_grads(self, module):
+        if getattr(self, "_sam", None) is not None:
+            self._sam.pert.restore()  # bind may read the model's weights: θ, not θ + ε
         if not self._bound:
             self.bind(module)
         super().all_reduce_grads(module)

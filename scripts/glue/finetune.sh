@@ -8,6 +8,9 @@
 #         recadam          --optimizer recadam + the RecAdam flags
 #         recadam-coupled  --optimizer adam + --recadam-objective coupled (the penalty in the loss)
 #                          + the RecAdam flags
+#         sam              --optimizer samsgd --sam-type sam (Adam + SAM) + the SAM flags
+#         fsam             --optimizer samsgd --sam-type fisher-sam (FSAM) + the SAM flags
+#         recadam-fsam     --optimizer recadam --sam-type fisher-sam + the RecAdam and SAM flags
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Environment (defaults in brackets):
@@ -17,6 +20,7 @@
 #   MAX_UPDATE    total updates [the recipe's]; warmup is scaled in proportion (at least 1)
 #   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
 #                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
+#   RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100]   SAM methods: --rho, --keep-ratio, --mask-iter-e
 #   CRITERION     [sentence_prediction_recadam]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
@@ -51,9 +55,11 @@ case "$(printf %s "$TASK_ARG" | tr "[:lower:]" "[:upper:]")" in
   *) die "unknown TASK '$TASK_ARG'; choose one of MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B" ;;
 esac
 case "$METHOD" in
-  adam|recadam|recadam-coupled) ;;
-  *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled" ;;
+  adam|recadam|recadam-coupled|sam|fsam|recadam-fsam) ;;
+  *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled sam fsam recadam-fsam" ;;
 esac
+RECADAM=1  # whether the method takes the RecAdam flags (k, t0, γ)
+case "$METHOD" in adam|sam|fsam) RECADAM=0 ;; esac
 
 LR=${LR:-${R[0]}}
 BATCH=${BATCH:-${R[1]}}
@@ -69,6 +75,9 @@ K=${K:-0.1}
 T0=${T0:-1000}
 GAMMA=${GAMMA:-5000}
 ANNEAL_FUN=${ANNEAL_FUN:-sigmoid}
+RHO=${RHO:-0.05}
+KEEP_RATIO=${KEEP_RATIO:-0.1}
+MASK_ITER_E=${MASK_ITER_E:-100}
 CRITERION=${CRITERION:-sentence_prediction_recadam}
 DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
@@ -89,11 +98,12 @@ if [ -n "${MAX_UPDATE:-}" ]; then
 fi
 
 NAME=$METHOD
-if [ "$METHOD" != adam ]; then
+if [ "$RECADAM" = 1 ]; then
   NAME="$METHOD-k$K-t$T0"
   [ "$GAMMA" = 5000 ] || NAME="$NAME-g$GAMMA"
   [ "$ANNEAL_FUN" = sigmoid ] || NAME="$NAME-$ANNEAL_FUN"
 fi
+case "$METHOD" in sam|fsam|recadam-fsam) NAME="$NAME-rho$RHO" ;; esac
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
 
@@ -134,9 +144,14 @@ case "$METHOD" in
   adam) CMD+=(--optimizer adam) ;;
   recadam) CMD+=(--optimizer recadam) ;;
   recadam-coupled) CMD+=(--optimizer adam --recadam-objective coupled) ;;
+  sam) CMD+=(--optimizer samsgd --sam-type sam --rho "$RHO") ;;
+  fsam) CMD+=(--optimizer samsgd --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
+              --mask-iter-e "$MASK_ITER_E") ;;
+  recadam-fsam) CMD+=(--optimizer recadam --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
+                      --mask-iter-e "$MASK_ITER_E") ;;
 esac
 CMD+=(--adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
-if [ "$METHOD" != adam ]; then
+if [ "$RECADAM" = 1 ]; then
   CMD+=(--recadam-anneal-fun "$ANNEAL_FUN" --recadam-anneal-k "$K" --recadam-anneal-t0 "$T0"
         --recadam-pretrain-cof "$GAMMA")
 fi
@@ -160,7 +175,7 @@ mkdir -p "$RUN"
   echo "#!/usr/bin/env bash"
   echo "# $TASK $METHOD seed $SEED, written by scripts/glue/finetune.sh on $(date '+%Y-%m-%d %H:%M:%S')"
   echo "# settings: LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS ARCH=$ARCH$(
-    [ "$METHOD" = adam ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
+    [ "$RECADAM" = 0 ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
   printf 'cd '; q "$PWD"; echo
   n=${#TRAIN[@]}
   line=""
@@ -187,7 +202,7 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
   printf '{"task": %s, "method": %s, "seed": %s' "$(json_str "$TASK")" "$(json_str "$METHOD")" "$SEED"
   printf ', "metric": %s, "lr": %s, "batch": %s' "$(json_str "$METRIC")" "$(json_str "$LR")" "$BATCH"
   printf ', "total_updates": %s, "warmup_updates": %s' "$TOTAL" "$WARMUP"
-  if [ "$METHOD" != adam ]; then
+  if [ "$RECADAM" = 1 ]; then
     printf ', "k": %s, "t0": %s, "gamma": %s, "anneal_fun": %s' "$(json_str "$K")" "$(json_str "$T0")" \
       "$(json_str "$GAMMA")" "$(json_str "$ANNEAL_FUN")"
   fi

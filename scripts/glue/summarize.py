@@ -39,7 +39,7 @@ TASKS = ["MNLI", "QNLI", "QQP", "RTE", "SST-2", "MRPC", "CoLA", "STS-B"]
 PRIMARY = {"CoLA": "mcc", "MRPC": "f1", "QQP": "f1", "STS-B": "pearson"}  # the others: accuracy
 OTHER = {"MRPC": ["accuracy", "acc_and_f1"], "QQP": ["accuracy", "acc_and_f1"], "STS-B": ["spearman"],
          "CoLA": ["accuracy"]}
-METHODS = ["adam", "recadam", "recadam-coupled"]
+METHODS = ["adam", "recadam", "recadam-coupled", "sam", "fsam", "recadam-fsam"]
 MM = "MNLI-mm"
 MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
 

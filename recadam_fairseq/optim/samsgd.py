@@ -1,0 +1,34 @@
+"""``--optimizer samsgd``: the FSAM authors' optimizer name (Zhong et al., Findings of EMNLP 2022).
+
+The base optimizer is fairseq's own ``adam`` (the authors' samsgd wraps Adam too: torch.optim.Adam,
+whose weight decay is L2; fairseq's is decoupled, AdamW): with ``--sam-type none`` or ``--rho 0``
+this is ``--optimizer adam`` bit for bit. The perturbation comes from :mod:`.sam_hook`.
+"""
+
+import logging
+from dataclasses import dataclass
+
+from fairseq.optim import register_optimizer
+from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
+from omegaconf import II
+
+from ..config import SAMHyperparams
+from .sam_mixin import SAMOptimizerMixin
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class SAMSGDConfig(SAMHyperparams, FairseqAdamConfig):
+    seed: int = II("common.seed")
+
+
+@register_optimizer("samsgd", dataclass=SAMSGDConfig)
+class SAMSGD(SAMOptimizerMixin, FairseqAdam):
+    """fairseq's Adam with a sharpness-aware gradient (SAM, ESAM, GSAM, and their Fisher-masked forms)."""
+
+    def __init__(self, cfg: SAMSGDConfig, params):
+        super().__init__(cfg, params)
+        self.init_sam(cfg, seed=cfg.seed)
+        if self._sam is None:
+            logger.warning("samsgd with --sam-type none: plain Adam (set --sam-type sam, esam, gsam, fisher-sam, ...)")
