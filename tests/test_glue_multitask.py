@@ -424,8 +424,9 @@ def test_predictions_in_glue_format(mt, run, tmp_path):
 def test_recadam_with_uncertainty_anchors_exactly_the_pretrained_tensors(mt, tmp_path, arch):
     """--optimizer recadam on multi-task RoBERTa, plain and CA-MTL-conditioned, MT-Uncertainty batches,
     --update-freq 2: θ* is exactly the pretrained tensors; heads and conditional modules get plain Adam."""
+    sam = ["--sam-type", "fisher-sam", "--rho", "0.05", "--mask-iter-e", "2"] if arch != "roberta" else []
     _, log = train(mt, tmp_path, "--mt-sampling", "uncertainty", "--update-freq", "2", "--disable-validation",
-                   "--freeze-encoder-layers", "0", "--arch", arch, updates=4, optimizer="recadam")
+                   "--freeze-encoder-layers", "0", "--arch", arch, *sam, updates=4, optimizer="recadam")
     pre = load_ckpt(mt.pretrained)["model"]
     ck = load_ckpt(tmp_path / "checkpoint_last.pt")
     heads = [k for k in ck["model"] if k.startswith("classification_heads.")]
@@ -451,6 +452,15 @@ def test_recadam_with_uncertainty_anchors_exactly_the_pretrained_tensors(mt, tmp
     assert [float(r["mt_extra_fwd"]) for r in inner] == [2.0] * 4
     assert [float(r["mt_scored"]) for r in inner] == [32.0] * 4
     assert [float(r["bsz"]) for r in inner] == [8.0] * 4  # 2 micro-batches of the top 4
+    if sam:  # CA-MTL + RecAdam + FSAM in one run: every method's metrics are logged
+        assert all(float(r["sam_eps_norm"]) > 0 and "recadam_lambda" in r for r in inner[1:]), inner
+
+
+def test_esam_stops_on_mixed_task_batches(mt, tmp_path):
+    """ESAM's example selection needs one head per batch: multi-task batches stop with a message."""
+    rc, log = train(mt, tmp_path, "--sam-type", "esam", "--rho", "0.05", "--disable-validation", updates=1,
+                    optimizer="recadam", check=False)
+    assert rc != 0 and "--sam-type esam" in log and "single-task" in log, log[-2000:]
 
 
 def test_two_cpu_ranks(mt, tmp_path):

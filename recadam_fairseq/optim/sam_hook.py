@@ -94,11 +94,13 @@ class SAMController:
                 and args[0].training)
 
     def _attach(self, criterion, model) -> None:
-        if self.base == "esam" and not (hasattr(criterion, "classification_head_name")
-                                        and hasattr(criterion, "regression_target")):
+        if self.base == "esam" and (getattr(criterion, "handles_multitask", False)
+                                    or not (hasattr(criterion, "classification_head_name")
+                                            and hasattr(criterion, "regression_target"))):
             raise ValueError(
                 f"--sam-type {self.sam_type}: ESAM's data selection needs per-example losses, computed here for the "
-                f"sentence_prediction criteria (fairseq's sentence_prediction, sentence_prediction_recadam); "
+                f"single-task sentence_prediction criteria (fairseq's sentence_prediction, sentence_prediction_recadam, "
+                f"sentence_prediction_r3f); "
                 f"--criterion {type(criterion).__name__} is not one of them. Use --sam-type sam/gsam/fisher-sam/fisher-gsam"
             )
         self.wrapped, self.model = model, unwrap(model)
