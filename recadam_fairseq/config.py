@@ -1,4 +1,4 @@
-"""The RecAdam hyperparameters as one fairseq dataclass (flags ``--recadam-*``)."""
+"""Shared flags as fairseq dataclasses: RecAdam's (``--recadam-*``) and R3F's (``--eps``, ``--r3f-lambda``, ``--noise-type``)."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -7,6 +7,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from .anneal import ANNEAL_FUNS
+from .r3f import NOISE_TYPES
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -49,3 +50,20 @@ class RecAdamHyperparams(FairseqDataclass):
     restore_file: str = II("checkpoint.restore_file")
     finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
     save_dir: str = II("checkpoint.save_dir")
+
+
+@dataclass
+class R3FHyperparams(FairseqDataclass):
+    """R3F's flags (fairseq's examples/rxf names). Criteria that differ only in defaults subclass this."""
+
+    eps: float = field(
+        default=1e-5, metadata={"help": "R3F noise on the token embeddings: the range (uniform) or std (normal)"}
+    )
+    r3f_lambda: float = field(
+        default=0.0,
+        metadata={"help": "R3F: weight λ of the consistency term (symmetric KL of clean and noised outputs; "
+                          "for --regression-target the squared difference); 0 turns R3F off"},
+    )
+    noise_type: ChoiceEnum(list(NOISE_TYPES)) = field(
+        default="uniform", metadata={"help": "R3F: noise distribution, U(-eps, eps) or N(0, eps^2)"}
+    )
