@@ -140,7 +140,7 @@ def main(argv=None):
     print("|---|---|---|---|---|")
     for r in rows:
         layers, dim, _, _, _, b, t = SIZES[r["size"]]
-        print(f"| {r['size']} ({layers}x{dim}, batch {b}x{t}) | {r['method']} | {r['ms']:.1f} | {r['ups']:.1f} | "
+        print(f"| {r['size']} ({layers}x{dim}, batch {b}x{t}) | {r['method']} | {r['ms']:.1f} | {r['ups']:.3g} | "
               f"{r['ratio']:.2f}x |")
     return 0
 
