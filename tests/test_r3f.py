@@ -15,12 +15,10 @@ import sys
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 
-from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt, tiny_roberta
+from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
 from recadam_fairseq import r3f
 
 import fairseq
