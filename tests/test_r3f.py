@@ -4,6 +4,11 @@ against fairseq's own examples/rxf (the oracle), the combinations with RecAdam, 
 fairseq's rxf registers ``sentence_prediction_r3f`` too, so the oracle runs in its own fairseq-train
 process with ``--user-dir`` its rxf_src (and TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: it cannot load
 --restore-file on torch >= 2.6 otherwise).
+
+fairseq 0.12's RobertaEncoder.forward drops ``token_embeddings``: on a stock ``roberta`` fairseq's rxf
+runs the clean input twice (no noise). The oracle for the drop-in test therefore runs on the test-only
+arch of r3f_tokemb_arch.py (a RoBERTa whose encoder passes them on), where fairseq's noise reaches
+the encoder; ours must give the same bits there and on the stock ``roberta``.
 """
 
 import json
@@ -25,7 +30,10 @@ import fairseq
 
 RXF = os.path.join(os.path.dirname(fairseq.__file__), "examples", "rxf", "rxf_src")
 ORACLE_ENV = {"TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD": "1"}
+TESTS = os.path.dirname(os.path.abspath(__file__))
 R3F = ["--criterion", "sentence_prediction_r3f", "--log-format", "json"]
+# no dropout: the clean and noised passes differ by the noise only; eps 0.05: symm_kl shows in ours' 3 decimals
+NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0", "--pooler-dropout", "0", "--eps", "0.05"]
 SEED_FLAGS = ["--noise-type", "uniform", "--r3f-lambda", "0.7", "--eps", "1e-3"]  # eps > 1e-5: the noise shows in the bits
 SEQ_ARCH = ["--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "32", "--decoder-embed-dim", "32",
             "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
@@ -155,6 +163,60 @@ def test_fp16_noise_survives_in_the_noised_input():
     assert noised.dtype == torch.half and not torch.equal(clean, noised)
 
 
+def stock_roberta(classes=3):
+    """fairseq's own RobertaModel (roberta arch), tiny, no dropout: the clean and noised passes differ
+    by the noise only."""
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models.roberta import RobertaModel
+
+    d = Dictionary()
+    for i in range(20):
+        d.add_symbol(f"w{i}")
+    args = Namespace(encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=2,
+                     max_positions=32, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
+                     pooler_dropout=0.0)
+    torch.manual_seed(0)
+    model = RobertaModel.build_model(args, type("Task", (), {"source_dictionary": d})())
+    model.register_classification_head("sentence_classification_head", num_classes=classes)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(d.nspecial, len(d), (5, 9), generator=g)
+    src[:, 0] = d.bos()
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((5,), 9)},
+              "target": torch.randint(0, classes, (5,), generator=g), "ntokens": 45}
+    return model.train(), sample
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.half])
+def test_noise_reaches_a_stock_roberta_encoder(dtype):
+    """fairseq 0.12's RobertaEncoder.forward drops token_embeddings (fairseq's rxf adds no noise there);
+    ours feeds the noised embeddings to the encoder: noised logits != clean, symm_kl > 0 without dropout.
+    fp16 with a 1e-5 noise: what the stochastic rounding keeps reaches the model's output."""
+    model, sample = stock_roberta()
+    model = model.to(dtype)
+    eps = 1e-3 if dtype == torch.float32 else 1e-5
+    crit = criterion(eps=eps, noise_type="uniform")
+    head, src = "sentence_classification_head", sample["net_input"]["src_tokens"]
+    emb = model.encoder.sentence_encoder.embed_tokens(src)
+    noised = r3f.add_noise(emb, r3f.sample_noise(emb.shape, eps, "uniform"))
+    assert not torch.equal(noised, emb)
+    # the upstream drop: through the model, the noised embeddings give the clean output bit for bit
+    via_model = [model(**sample["net_input"], classification_head_name=head, token_embeddings=x)[0]
+                 for x in (emb, noised)]
+    assert torch.equal(via_model[0], via_model[1]), "fairseq passes token_embeddings on now: revisit"
+    clean = crit._logits_from_embeddings(model, sample["net_input"], emb)
+    assert torch.equal(clean, via_model[0])  # the clean pass is RobertaModel.forward's, bit for bit
+    diff = (crit._logits_from_embeddings(model, sample["net_input"], noised) - clean).abs().max().item()
+    print(f"{dtype}: max |noised - clean| logits {diff:.3g}")
+    assert diff > 0
+    if dtype == torch.float32:  # fp16, 1e-5: symm_kl ~ diff² is below fp32 cancellation; the logits show it
+        torch.manual_seed(1)
+        _, _, log = crit(model, sample)
+        print(f"symm_kl {log['symm_kl'].item():.3g}")
+        assert log["symm_kl"].item() > 1e-6
+
+
 def test_symm_kl_is_one_value_per_update():
     """Micro-batches (--update-freq) and ranks each log Σ-over-sentences; reduce divides by all sentences."""
     from fairseq.logging import metrics
@@ -197,10 +259,26 @@ def _run(save, args, env=None):
     return {"rc": p.returncode, "log": p.stdout, "save": str(save), "s": time.time() - t}
 
 
-def _user_dir(args, user_dir):
+def _user_dir(args, user_dir, arch=None):
     args = list(args)
     args[args.index("--user-dir") + 1] = user_dir
+    if arch:
+        args[args.index("--arch") + 1] = arch
     return args
+
+
+def _tokemb_user_dirs(root):
+    """Two --user-dir packages that add the test arch of r3f_tokemb_arch.py: to fairseq's rxf, to ours."""
+    from r3f_tokemb_arch import NAME
+
+    dirs = {}
+    for name, body in (("rxf_tokemb", "from fairseq.examples.rxf import rxf_src  # noqa: F401\n"),
+                       ("ours_tokemb", "import recadam_fairseq\nrecadam_fairseq.register()\n")):
+        (root / name).mkdir()
+        (root / name / "__init__.py").write_text(
+            f"import sys\n{body}sys.path.insert(0, {TESTS!r})\nimport r3f_tokemb_arch  # noqa: E402, F401\n")
+        dirs[name] = str(root / name)
+    return dirs, NAME
 
 
 def _seq2seq_data(root):
@@ -264,8 +342,15 @@ def runs(tiny, tmp_path_factory):
         "seq_ours": (root / "s_ours", _seq2seq_args(seq, root / "s_ours", "bart_base"), None),
         "seq_transformer": (root / "s_tr", _seq2seq_args(seq, root / "s_tr", "transformer"), None),
     }
-    jobs["oracle"] = (root / "oracle", _user_dir(glue("oracle", *R3F, *SEED_FLAGS, optimizer="adam")[1], RXF),
-                      ORACLE_ENV)
+    tokemb, arch = _tokemb_user_dirs(root)
+    jobs["oracle"] = (root / "oracle", _user_dir(glue("oracle", *R3F, *SEED_FLAGS, optimizer="adam")[1],
+                                                 tokemb["rxf_tokemb"], arch), ORACLE_ENV)
+    jobs["ours_tokemb"] = (root / "ours_tokemb", _user_dir(glue("ours_tokemb", *R3F, *SEED_FLAGS, optimizer="adam")[1],
+                                                           tokemb["ours_tokemb"], arch), None)
+    # no dropout: the clean and the noised pass differ by the noise only (stock roberta)
+    jobs["ours_nodrop"] = (*glue("nodrop", *R3F, *SEED_FLAGS, *NO_DROPOUT, optimizer="adam", updates=3), None)
+    jobs["oracle_nodrop"] = (root / "oracle_nodrop", _user_dir(glue("oracle_nodrop", *R3F, *SEED_FLAGS, *NO_DROPOUT,
+                                                                    optimizer="adam", updates=3)[1], RXF), ORACLE_ENV)
     jobs["seq_oracle"] = (root / "s_oracle", _seq2seq_args(seq, root / "s_oracle", "bart_base", RXF), ORACLE_ENV)
     with ThreadPoolExecutor(max_workers=2) as pool:
         futures = {k: pool.submit(_run, *job) for k, job in jobs.items()}
@@ -300,15 +385,30 @@ def _same_logs(ours, oracle):
 
 
 def test_drop_in_for_fairseq_rxf_bit_for_bit(runs):
-    """Same seed, data and flags (fp32, CPU): fairseq's own sentence_prediction_r3f and ours give the same
-    loss and symm_kl at every update and the same weights after 12 updates of Adam, bit for bit."""
+    """Same seed, data and flags (fp32, CPU, dropout on): fairseq's own sentence_prediction_r3f, on a RoBERTa
+    that lets its noise reach the encoder (r3f_tokemb_arch), and ours, on fairseq's stock roberta and on that
+    same arch, give the same loss and symm_kl at every update and the same weights after 12 updates of Adam,
+    bit for bit."""
     ours, oracle = runs["ours"], runs["oracle"]
-    _same_logs(_inner(ours, "num_updates", "loss", "symm_kl"), _inner(oracle, "num_updates", "loss", "symm_kl"))
-    assert len(_inner(ours, "loss")) == 12
-    _assert_same_weights(_weights(ours), _weights(oracle))
+    for run in (ours, runs["ours_tokemb"]):
+        _same_logs(_inner(run, "num_updates", "loss", "symm_kl"), _inner(oracle, "num_updates", "loss", "symm_kl"))
+        assert len(_inner(run, "loss")) == 12
+        _assert_same_weights(_weights(run), _weights(oracle))
     # and the noise matters to those bits: plain sentence_prediction ends elsewhere
     sp = _weights(runs["sentence_prediction"])
     assert any(not torch.equal(sp[k], v) for k, v in _weights(ours).items())
+
+
+def test_noise_reaches_the_encoder_unlike_fairseq_rxf_on_stock_roberta(runs):
+    """No dropout, stock roberta, --eps 0.05: symm_kl measures the noise alone. Ours > 0; fairseq's rxf logs
+    0 up to rounding (KL(p‖p) with log_softmax vs log(softmax): ~1e-8): its noised pass gets the clean input,
+    RobertaEncoder.forward drops token_embeddings."""
+    ours = [s for (s,) in _inner(runs["ours_nodrop"], "symm_kl")]
+    upstream = [s for (s,) in _inner(runs["oracle_nodrop"], "symm_kl")]
+    print("symm_kl, no dropout: ours", ours, "fairseq's rxf", upstream)
+    assert len(ours) == len(upstream) == 3
+    assert all(s >= 1e-3 for s in ours)
+    assert all(abs(s) < 1e-6 for s in upstream)
 
 
 def test_lambda_zero_is_sentence_prediction_bit_for_bit(runs):

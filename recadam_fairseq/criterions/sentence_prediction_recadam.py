@@ -10,7 +10,8 @@
   λ(t) come from the same code as the optimizer's (anchor.py, anneal.py).
 - R3F (``--r3f-lambda`` > 0, ``--eps``, ``--noise-type``; off by default here): a second forward on
   noised token embeddings and λ·symm_kl added to the target loss (r3f.py). ``sentence_prediction_r3f``
-  is this criterion with fairseq's R3F defaults (λ 1.0): a drop-in for fairseq's examples/rxf.
+  is this criterion with fairseq's R3F defaults (λ 1.0): a drop-in for fairseq's examples/rxf, except that
+  the noise reaches a stock RoBERTa encoder here (fairseq 0.12's RobertaEncoder drops token_embeddings).
 """
 
 import logging
@@ -26,6 +27,7 @@ from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from fairseq.logging.meters import AverageMeter, safe_round
+from fairseq.models.roberta.model import RobertaEncoder
 
 from .. import glue_metrics, r3f
 from ..anchor import build_anchors
@@ -129,6 +131,21 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
     def _embed_tokens(model):
         return getattr(getattr(getattr(model, "encoder", None), "sentence_encoder", None), "embed_tokens", None)
 
+    def _logits_from_embeddings(self, model, net_input, embeddings):
+        """The head's output on ``embeddings`` as the encoder's token embeddings. fairseq 0.12's
+        RobertaEncoder.forward drops a ``token_embeddings`` kwarg (it calls extract_features without it),
+        so model(..., token_embeddings=x) on a stock roberta_* runs the clean tokens: call what
+        RobertaModel.forward would, with the embeddings given. Encoders with their own forward
+        (which may pass them through, as ca_mtl_roberta's does) are called through the model."""
+        head = self.classification_head_name
+        encoder = getattr(model, "encoder", None)
+        if isinstance(encoder, RobertaEncoder) and type(encoder).forward is RobertaEncoder.forward:
+            features, _ = encoder.extract_features(net_input["src_tokens"], token_embeddings=embeddings)
+            return model.classification_heads[head](features)
+        logits, _ = model(**net_input, features_only=True, classification_head_name=head,
+                          token_embeddings=embeddings)
+        return logits
+
     def forward(self, model, sample, reduce=True):
         if not self._model_checked:
             self._check_model(model)
@@ -138,11 +155,10 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
             # fairseq's order: clean forward (dropout draws), noise, noised forward, then the consistency
             # term before the task loss (the order autograd sums the clean logits' gradients in)
             embeddings = self._embed_tokens(model)(sample["net_input"]["src_tokens"])
-            logits, _ = model(**sample["net_input"], features_only=True, classification_head_name=head,
-                              token_embeddings=embeddings)
+            logits = self._logits_from_embeddings(model, sample["net_input"], embeddings)
             noise = r3f.sample_noise(embeddings.shape, self.cfg.eps, str(self.cfg.noise_type))
-            noised_logits, _ = model(**sample["net_input"], features_only=True, classification_head_name=head,
-                                     token_embeddings=r3f.add_noise(embeddings, noise))
+            noised_logits = self._logits_from_embeddings(model, sample["net_input"],
+                                                         r3f.add_noise(embeddings, noise))
             consistency = r3f.regression_consistency if self.regression_target else r3f.symm_kl
             term = consistency(noised_logits, logits)
         else:
