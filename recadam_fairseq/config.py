@@ -1,4 +1,6 @@
-"""Shared fairseq dataclasses: the RecAdam hyperparameters (``--recadam-*``) and the SAM family's (``--sam-type`` ...)."""
+"""Shared flags as fairseq dataclasses: RecAdam's (``--recadam-*``), R3F's (``--eps``, ``--r3f-lambda``,
+``--noise-type``) and the SAM family's (``--sam-type`` ...). A flag exists once: every component that reads it
+includes the one dataclass that defines it."""
 
 from dataclasses import dataclass, field
 from typing import Optional
@@ -8,6 +10,7 @@ from omegaconf import II
 
 from .anneal import ANNEAL_FUNS
 from .sam import SAM_TYPES
+from .r3f import NOISE_TYPES
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -83,4 +86,21 @@ class SAMHyperparams(FairseqDataclass):
     )
     rho_min: float = field(
         default=0.0, metadata={"help": "GSAM: ρ_t runs from --rho at the peak lr to this at lr 0 (proportional to lr)"}
+    )
+
+
+@dataclass
+class R3FHyperparams(FairseqDataclass):
+    """R3F's flags (fairseq's examples/rxf names). Criteria that differ only in defaults subclass this."""
+
+    eps: float = field(
+        default=1e-5, metadata={"help": "R3F noise on the token embeddings: the range (uniform) or std (normal)"}
+    )
+    r3f_lambda: float = field(
+        default=0.0,
+        metadata={"help": "R3F: weight λ of the consistency term (symmetric KL of clean and noised outputs; "
+                          "for --regression-target the squared difference); 0 turns R3F off"},
+    )
+    noise_type: ChoiceEnum(list(NOISE_TYPES)) = field(
+        default="uniform", metadata={"help": "R3F: noise distribution, U(-eps, eps) or N(0, eps^2)"}
     )

@@ -10,3 +10,4 @@ from .tasks import glue_multitask  # noqa: F401  (--task glue_multitask)
 from .criterions import glue_multitask as glue_multitask_criterion  # noqa: F401  (--criterion glue_multitask)
 from .models import ca_mtl_roberta  # noqa: F401
 from .optim import samsgd  # noqa: F401
+from .criterions import label_smoothed_cross_entropy_r3f  # noqa: F401

@@ -524,6 +524,51 @@ def _summarize_module():
     return mod
 
 
+R3F_FLAGS = {"--criterion": [["sentence_prediction_r3f"]], "--noise-type": [["uniform"]], "--r3f-lambda": [["0.7"]]}
+
+
+def test_r3f_method_flags(fake):
+    """r3f / r4f / recadam-r3f: the seed's R3F flags on fairseq's recipe; R3F's own RTE recipe."""
+    _, _, adam = fake("MRPC", "adam")
+    got = {m: fake("MRPC", m)[1:] for m in ("r3f", "r4f", "recadam-r3f")}
+    assert {m: os.path.relpath(d, fake.env["SAVE_DIR"]) for m, (d, _) in got.items()} == {
+        "r3f": "MRPC/r3f/seed1", "r4f": "MRPC/r4f/seed1", "recadam-r3f": "MRPC/recadam-r3f-k0.1-t1000/seed1"}
+
+    def diff(a, b):
+        fa, fb = flags(a)[0], flags(b)[0]
+        return {k: fb[k] for k in fb if k != "--save-dir" and fb[k] != fa.get(k)}
+
+    assert diff(adam, got["r3f"][1]) == R3F_FLAGS
+    assert diff(adam, got["r4f"][1]) == {**R3F_FLAGS, "--spectral-norm-classification-head": [[]]}
+    assert diff(adam, got["recadam-r3f"][1]) == {**R3F_FLAGS, "--optimizer": [["recadam"]],
+                                                 **{k: [[v]] for k, v in RECADAM_DEFAULTS.items()}}
+    meta = json.load(open(os.path.join(got["recadam-r3f"][0], "run.json")))
+    assert meta["r3f_lambda"] == "0.7" and meta["noise_type"] == "uniform" and meta["k"] == "0.1"
+    assert "k" not in json.load(open(os.path.join(got["r3f"][0], "run.json")))
+    # RTE: the R3F example's recipe (lr 1e-5, batch 8, 3120 updates, 187 warmup); adam keeps RoBERTa's
+    _, _, rte = fake("RTE", "r4f")
+    fl = flags(rte)[0]
+    assert {k: last(fl, k) for k in ("--lr", "--batch-size", "--total-num-update", "--warmup-updates")} == {
+        "--lr": "1e-5", "--batch-size": "8", "--total-num-update": "3120", "--warmup-updates": "187"}
+    p, _, _ = fake("RTE", "r3f", check=2, CRITERION="sentence_prediction")
+    assert "METHOD r3f uses CRITERION=sentence_prediction_r3f" in p.stdout
+
+
+def test_grid_and_summarize_carry_r3f_methods(fake):
+    env = dict(fake.env, KS="0.1", T0S="100", METHODS="r3f r4f recadam-r3f")
+    p = run([GRID, "RTE"], env, check=0)
+    assert "ran 3, skipped 0, failed 0" in p.stdout
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    assert sorted(os.listdir(runs)) == ["r3f", "r4f", "recadam-r3f-k0.1-t100"]
+    p = run([sys.executable, SUMMARIZE, env["SAVE_DIR"]], base_env(), check=0)
+    rows = {r["method"]: r for r in read_csv(os.path.join(env["SAVE_DIR"], "runs.csv"))}
+    assert set(rows) == {"r3f", "r4f", "recadam-r3f"}
+    assert (rows["recadam-r3f"]["k"], rows["recadam-r3f"]["t0"]) == ("0.1", "100") and rows["r3f"]["k"] == ""
+    assert all(float(r["best"]) == 50 for r in rows.values())  # the fake run's valid_accuracy
+    summary = {r["task"]: r for r in read_csv(os.path.join(env["SAVE_DIR"], "summary.csv"))}
+    assert [c[: -len("_mean")] for c in summary["RTE"] if c.endswith("_mean")] == ["r3f", "r4f", "recadam-r3f"]
+
+
 def test_env_overrides(fake):
     _, run_dir, argv = fake("MNLI", "recadam", "--max-tokens", "1000", "--lr", "7e-6", LR="3e-5", BATCH=8, SEED=3,
                             FP16=0, NUM_GPUS=4, ARCH="roberta_base", K=0.5, T0=250, GAMMA=1000, ANNEAL_FUN="linear",

@@ -8,6 +8,10 @@
   ``--optimizer recadam``. ``coupled``: the loss is λ(t)·Loss_T + (w−λ(t))·γ/2·Σ(θ−θ*)², for any
   optimizer (the paper's baseline: RecAdam's decoupling is what it improves on). The anchor and
   λ(t) come from the same code as the optimizer's (anchor.py, anneal.py).
+- R3F (``--r3f-lambda`` > 0, ``--eps``, ``--noise-type``; off by default here): a second forward on
+  noised token embeddings and λ·symm_kl added to the target loss (r3f.py). ``sentence_prediction_r3f``
+  is this criterion with fairseq's R3F defaults (λ 1.0): a drop-in for fairseq's examples/rxf, except that
+  the noise reaches a stock RoBERTa encoder here (fairseq 0.12's RobertaEncoder drops token_embeddings).
 """
 
 import logging
@@ -23,11 +27,12 @@ from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 from fairseq.logging.meters import AverageMeter, safe_round
+from fairseq.models.roberta.model import RobertaEncoder
 
-from .. import glue_metrics
+from .. import glue_metrics, r3f
 from ..anchor import build_anchors
 from ..anneal import anneal_lambda
-from ..config import RecAdamHyperparams
+from ..config import R3FHyperparams, RecAdamHyperparams
 from ..report import RECADAM_METRICS, log_recadam_metrics
 
 logger = logging.getLogger(__name__)
@@ -36,7 +41,7 @@ OBJECTIVES = ChoiceEnum(["decoupled", "coupled"])
 
 
 @dataclass
-class SentencePredictionRecAdamConfig(RecAdamHyperparams):
+class SentencePredictionRecAdamConfig(RecAdamHyperparams, R3FHyperparams):
     classification_head_name: str = field(
         default="sentence_classification_head", metadata={"help": "name of the classification head to use"}
     )
@@ -81,12 +86,17 @@ def _log_total(key, value):
 
 @register_criterion("sentence_prediction_recadam", dataclass=SentencePredictionRecAdamConfig)
 class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
+    NAME = "sentence_prediction_recadam"
+
     def __init__(self, cfg: SentencePredictionRecAdamConfig, task):
         FairseqCriterion.__init__(self, task)  # the parent's __init__ differs between fairseq releases
         self.cfg = cfg
         self.classification_head_name = cfg.classification_head_name
         self.regression_target = cfg.regression_target
         self.coupled = str(cfg.recadam_objective) == "coupled"
+        r3f.check_hyperparams(cfg.eps, cfg.r3f_lambda, str(cfg.noise_type))
+        self.r3f = cfg.r3f_lambda > 0 and cfg.eps > 0  # off: no noise draw, no second forward
+        self._model_checked = False
         self.num_updates = 0
         self._anchors = None
         self._label_dict = getattr(task, "label_dictionary", None)
@@ -104,12 +114,55 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         task.train_step = _train_step
 
     # ----------------------------------------------------------------- forward
+    def _check_model(self, model):
+        """Once, at the first forward (criteria are built before they see the model)."""
+        heads = getattr(model, "classification_heads", None)
+        if heads is None or self.classification_head_name not in heads:
+            raise ValueError(
+                f"--classification-head-name {self.classification_head_name}: the model has no such head "
+                f"(it has: {', '.join(heads) if heads else 'no classification heads'}); "
+                f"--criterion {self.NAME} needs a RoBERTa-style model with that head")
+        if self.r3f and self._embed_tokens(model) is None:
+            raise ValueError(f"--r3f-lambda {self.cfg.r3f_lambda}: R3F noises the token embeddings, and this model "
+                             f"({type(model).__name__}) has no encoder.sentence_encoder.embed_tokens")
+        self._model_checked = True
+
+    @staticmethod
+    def _embed_tokens(model):
+        return getattr(getattr(getattr(model, "encoder", None), "sentence_encoder", None), "embed_tokens", None)
+
+    def _logits_from_embeddings(self, model, net_input, embeddings):
+        """The head's output on ``embeddings`` as the encoder's token embeddings. fairseq 0.12's
+        RobertaEncoder.forward drops a ``token_embeddings`` kwarg (it calls extract_features without it),
+        so model(..., token_embeddings=x) on a stock roberta_* runs the clean tokens: call what
+        RobertaModel.forward would, with the embeddings given. Encoders with their own forward
+        (which may pass them through, as ca_mtl_roberta's does) are called through the model."""
+        head = self.classification_head_name
+        encoder = getattr(model, "encoder", None)
+        if isinstance(encoder, RobertaEncoder) and type(encoder).forward is RobertaEncoder.forward:
+            features, _ = encoder.extract_features(net_input["src_tokens"], token_embeddings=embeddings)
+            return model.classification_heads[head](features)
+        logits, _ = model(**net_input, features_only=True, classification_head_name=head,
+                          token_embeddings=embeddings)
+        return logits
+
     def forward(self, model, sample, reduce=True):
-        assert hasattr(model, "classification_heads") and self.classification_head_name in model.classification_heads, (
-            "model must provide sentence classification head for --criterion=sentence_prediction_recadam"
-        )
-        logits, _ = model(**sample["net_input"], features_only=True,
-                          classification_head_name=self.classification_head_name)
+        if not self._model_checked:
+            self._check_model(model)
+        head = self.classification_head_name
+        term = None
+        if self.r3f and model.training:
+            # fairseq's order: clean forward (dropout draws), noise, noised forward, then the consistency
+            # term before the task loss (the order autograd sums the clean logits' gradients in)
+            embeddings = self._embed_tokens(model)(sample["net_input"]["src_tokens"])
+            logits = self._logits_from_embeddings(model, sample["net_input"], embeddings)
+            noise = r3f.sample_noise(embeddings.shape, self.cfg.eps, str(self.cfg.noise_type))
+            noised_logits = self._logits_from_embeddings(model, sample["net_input"],
+                                                         r3f.add_noise(embeddings, noise))
+            consistency = r3f.regression_consistency if self.regression_target else r3f.symm_kl
+            term = consistency(noised_logits, logits)
+        else:
+            logits, _ = model(**sample["net_input"], features_only=True, classification_head_name=head)
         targets = model.get_targets(sample, [logits]).view(-1)
         sample_size = targets.numel()
         if self.regression_target:
@@ -124,11 +177,15 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
             "target_loss": task_loss.data, "ntokens": sample["ntokens"],
             "nsentences": sample_size, "sample_size": sample_size,
         }
+        if term is not None:  # summed over the batch (sum/batch·size): one value per update in reduce
+            term = term * sample_size
+            loss = loss + self.cfg.r3f_lambda * term
+            logging_output["symm_kl"] = term.data
         if not self.regression_target:
             preds = logits.argmax(dim=1)
             logging_output["ncorrect"] = (preds == targets).sum()
         if self.coupled and model.training:
-            loss = self._coupled_loss(model, task_loss, sample_size, logging_output)
+            loss = self._coupled_loss(model, loss, sample_size, logging_output)  # Loss_T: with the R3F term
         if not model.training:  # the GLUE metrics need the whole valid set
             if self.regression_target:  # Spearman needs every prediction (not summable: lists)
                 logging_output["recadam_pred"] = logits.detach().view(-1).cpu().tolist()
@@ -144,7 +201,7 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         logging_output["loss"] = loss.data
         return loss, sample_size, logging_output
 
-    def _coupled_loss(self, model, task_loss, sample_size, logging_output):
+    def _coupled_loss(self, model, target_loss, sample_size, logging_output):
         cfg = self.cfg
         if self._anchors is None:  # first training forward: fairseq has loaded --restore-file
             params = [p for _, p in model.named_parameters() if p.requires_grad]
@@ -159,7 +216,7 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         logging_output.update(recadam_lambda=lam, recadam_dist=dist.item(), recadam_penalty=penalty.item(),
                               recadam_count=1)
         # fairseq divides gradients by the summed sample size: scale the penalty to survive that
-        return lam * task_loss + (w - lam) * penalty * sample_size
+        return lam * target_loss + (w - lam) * penalty * sample_size
 
     # ----------------------------------------------------------------- metrics
     @staticmethod
@@ -168,6 +225,9 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
         target = sum(log.get("target_loss", 0) for log in logging_outputs)
         metrics.log_scalar("target_loss", target / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        if any("symm_kl" in log for log in logging_outputs):  # R3F: per sentence, in nats (as fairseq's)
+            symm = sum(log.get("symm_kl", 0) for log in logging_outputs)
+            metrics.log_scalar("symm_kl", symm / max(sample_size, 1), sample_size, round=3)
         count = sum(log.get("recadam_count", 0) for log in logging_outputs)
         if count:  # coupled objective: the same value on every worker and micro-batch: average it
             values = {k: sum(log.get(k, 0) for log in logging_outputs) / count for k in RECADAM_METRICS}
@@ -220,3 +280,20 @@ def _label_values(label_dict, k: int):
     except ValueError:
         return None
     return torch.tensor(values) if sorted(values) == list(range(len(values))) else None
+
+
+@dataclass
+class SentencePredictionR3FConfig(SentencePredictionRecAdamConfig):
+    r3f_lambda: float = field(
+        default=1.0,
+        metadata={"help": "R3F: weight λ of the consistency term (symmetric KL of clean and noised outputs; "
+                          "for --regression-target the squared difference); 0 turns R3F off"},
+    )
+
+
+@register_criterion("sentence_prediction_r3f", dataclass=SentencePredictionR3FConfig)
+class SentencePredictionR3FCriterion(SentencePredictionRecAdamCriterion):
+    """fairseq's examples/rxf ``sentence_prediction_r3f`` (R3F; R4F with --spectral-norm-classification-head):
+    the criterion above with R3F on by default (--r3f-lambda 1.0)."""
+
+    NAME = "sentence_prediction_r3f"

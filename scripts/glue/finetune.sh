@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fine-tune RoBERTa on one GLUE task with fairseq's recipe, with Adam or RecAdam.
+# Fine-tune RoBERTa on one GLUE task with fairseq's recipe, with Adam, RecAdam, R3F/R4F or RecAdam + R3F.
 #
 #   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
 #
@@ -11,6 +11,10 @@
 #         sam              --optimizer samsgd --sam-type sam (Adam + SAM) + the SAM flags
 #         fsam             --optimizer samsgd --sam-type fisher-sam (FSAM) + the SAM flags
 #         recadam-fsam     --optimizer recadam --sam-type fisher-sam + the RecAdam and SAM flags
+#         r3f              --optimizer adam, --criterion sentence_prediction_r3f --noise-type uniform
+#                          --r3f-lambda 0.7 (R3F paper / fairseq examples/rxf; RTE: its recipe)
+#         r4f              r3f + --spectral-norm-classification-head
+#         recadam-r3f      --optimizer recadam + the RecAdam flags, with r3f's criterion and flags
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Environment (defaults in brackets):
@@ -21,7 +25,8 @@
 #   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
 #                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
 #   RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100]   SAM methods: --rho, --keep-ratio, --mask-iter-e
-#   CRITERION     [sentence_prediction_recadam]; with sentence_prediction the task's metric flag
+#   CRITERION     [sentence_prediction_recadam; sentence_prediction_r3f for the R3F methods, which
+#                 take no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
 #   DRY_RUN=1     write $RUN/command.sh and print it; train nothing
@@ -32,7 +37,7 @@
 set -euo pipefail
 
 die() { echo "finetune.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,11p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
+usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 
 if [ $# -lt 2 ]; then usage; die "expected TASK METHOD"; fi
 TASK_ARG=$1 METHOD=$2
@@ -55,11 +60,14 @@ case "$(printf %s "$TASK_ARG" | tr "[:lower:]" "[:upper:]")" in
   *) die "unknown TASK '$TASK_ARG'; choose one of MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B" ;;
 esac
 case "$METHOD" in
-  adam|recadam|recadam-coupled|sam|fsam|recadam-fsam) ;;
-  *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled sam fsam recadam-fsam" ;;
+  adam|recadam|recadam-coupled|r3f|r4f|recadam-r3f|sam|fsam|recadam-fsam) ;;
+  *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam" ;;
 esac
-RECADAM=1  # whether the method takes the RecAdam flags (k, t0, γ)
-case "$METHOD" in adam|sam|fsam) RECADAM=0 ;; esac
+IS_R3F=0 IS_RECADAM=0  # whether the method takes the R3F criterion / the RecAdam flags (k, t0, γ)
+case "$METHOD" in r3f|r4f|recadam-r3f) IS_R3F=1 ;; esac
+case "$METHOD" in recadam*) IS_RECADAM=1 ;; esac
+# R3F's RTE command (fairseq examples/rxf): lr 1e-5, batch 8, 3120 updates, 187 warmup
+[ "$IS_R3F" = 0 ] || [ "$TASK" != RTE ] || R=(1e-5 8 3120 187 2 accuracy)
 
 LR=${LR:-${R[0]}}
 BATCH=${BATCH:-${R[1]}}
@@ -78,6 +86,11 @@ ANNEAL_FUN=${ANNEAL_FUN:-sigmoid}
 RHO=${RHO:-0.05}
 KEEP_RATIO=${KEEP_RATIO:-0.1}
 MASK_ITER_E=${MASK_ITER_E:-100}
+if [ "$IS_R3F" = 1 ]; then
+  [ -z "${CRITERION:-}" ] || [ "$CRITERION" = sentence_prediction_r3f ] ||
+    die "METHOD $METHOD uses CRITERION=sentence_prediction_r3f, got CRITERION=$CRITERION"
+  CRITERION=sentence_prediction_r3f
+fi
 CRITERION=${CRITERION:-sentence_prediction_recadam}
 DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
@@ -98,7 +111,7 @@ if [ -n "${MAX_UPDATE:-}" ]; then
 fi
 
 NAME=$METHOD
-if [ "$RECADAM" = 1 ]; then
+if [ "$IS_RECADAM" = 1 ]; then
   NAME="$METHOD-k$K-t$T0"
   [ "$GAMMA" = 5000 ] || NAME="$NAME-g$GAMMA"
   [ "$ANNEAL_FUN" = sigmoid ] || NAME="$NAME-$ANNEAL_FUN"
@@ -144,14 +157,18 @@ case "$METHOD" in
   adam) CMD+=(--optimizer adam) ;;
   recadam) CMD+=(--optimizer recadam) ;;
   recadam-coupled) CMD+=(--optimizer adam --recadam-objective coupled) ;;
+  r3f) CMD+=(--optimizer adam) ;;
+  r4f) CMD+=(--optimizer adam --spectral-norm-classification-head) ;;
+  recadam-r3f) CMD+=(--optimizer recadam) ;;
   sam) CMD+=(--optimizer samsgd --sam-type sam --rho "$RHO") ;;
   fsam) CMD+=(--optimizer samsgd --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
               --mask-iter-e "$MASK_ITER_E") ;;
   recadam-fsam) CMD+=(--optimizer recadam --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
                       --mask-iter-e "$MASK_ITER_E") ;;
 esac
+[ "$IS_R3F" = 0 ] || CMD+=(--noise-type uniform --r3f-lambda 0.7)
 CMD+=(--adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
-if [ "$RECADAM" = 1 ]; then
+if [ "$IS_RECADAM" = 1 ]; then
   CMD+=(--recadam-anneal-fun "$ANNEAL_FUN" --recadam-anneal-k "$K" --recadam-anneal-t0 "$T0"
         --recadam-pretrain-cof "$GAMMA")
 fi
@@ -175,7 +192,7 @@ mkdir -p "$RUN"
   echo "#!/usr/bin/env bash"
   echo "# $TASK $METHOD seed $SEED, written by scripts/glue/finetune.sh on $(date '+%Y-%m-%d %H:%M:%S')"
   echo "# settings: LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS ARCH=$ARCH$(
-    [ "$RECADAM" = 0 ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
+    [ "$IS_RECADAM" = 0 ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
   printf 'cd '; q "$PWD"; echo
   n=${#TRAIN[@]}
   line=""
@@ -202,7 +219,8 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
   printf '{"task": %s, "method": %s, "seed": %s' "$(json_str "$TASK")" "$(json_str "$METHOD")" "$SEED"
   printf ', "metric": %s, "lr": %s, "batch": %s' "$(json_str "$METRIC")" "$(json_str "$LR")" "$BATCH"
   printf ', "total_updates": %s, "warmup_updates": %s' "$TOTAL" "$WARMUP"
-  if [ "$RECADAM" = 1 ]; then
+  [ "$IS_R3F" = 0 ] || printf ', "noise_type": "uniform", "r3f_lambda": "0.7"'
+  if [ "$IS_RECADAM" = 1 ]; then
     printf ', "k": %s, "t0": %s, "gamma": %s, "anneal_fun": %s' "$(json_str "$K")" "$(json_str "$T0")" \
       "$(json_str "$GAMMA")" "$(json_str "$ANNEAL_FUN")"
   fi

@@ -4,12 +4,12 @@
 #   scripts/glue/grid.sh TASK [extra fairseq-train args...]
 #
 # Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
-# RecAdam methods once per (k, t0) in KS x T0S, adam (and sam, fsam) once per seed. A run whose `done` marker
+# RecAdam methods once per (k, t0) in KS x T0S, adam, r3f, r4f, sam and fsam once per seed. A run whose `done` marker
 # exists is skipped ("skip"); an unfinished one is started again from the pretrained model.
 # A failed run does not stop the grid: the failures are listed at the end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
-#              METHODS ["recadam"]; any of adam recadam recadam-coupled sam fsam recadam-fsam
+#              METHODS ["recadam"]; any of adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam
 #              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
 set -euo pipefail
 
@@ -24,7 +24,7 @@ T0S=${T0S:-"100 250 500 1000"}
 SEEDS=${SEEDS:-1}
 METHODS=${METHODS:-recadam}
 for m in $METHODS; do
-  case "$m" in adam|recadam|recadam-coupled|sam|fsam|recadam-fsam) ;; *) die "unknown method '$m' in METHODS" ;; esac
+  case "$m" in adam|recadam|recadam-coupled|r3f|r4f|recadam-r3f|sam|fsam|recadam-fsam) ;; *) die "unknown method '$m' in METHODS" ;; esac
 done
 [ -n "${KS// }" ] && [ -n "${T0S// }" ] && [ -n "${SEEDS// }" ] || die "KS, T0S and SEEDS must not be empty"
 
@@ -51,7 +51,7 @@ one() {  # one() SEED METHOD [K T0]; the extra fairseq-train args are in EXTRA
 EXTRA=("$@")
 for seed in $SEEDS; do
   for method in $METHODS; do
-    if [ "$method" = adam ] || [ "$method" = sam ] || [ "$method" = fsam ]; then  # no (k, t0) grid
+    if [ "${method#recadam}" = "$method" ]; then  # adam, r3f, r4f, sam, fsam: no (k, t0) grid
       one "$seed" "$method"
     else
       for k in $KS; do

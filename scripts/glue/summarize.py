@@ -39,7 +39,7 @@ TASKS = ["MNLI", "QNLI", "QQP", "RTE", "SST-2", "MRPC", "CoLA", "STS-B"]
 PRIMARY = {"CoLA": "mcc", "MRPC": "f1", "QQP": "f1", "STS-B": "pearson"}  # the others: accuracy
 OTHER = {"MRPC": ["accuracy", "acc_and_f1"], "QQP": ["accuracy", "acc_and_f1"], "STS-B": ["spearman"],
          "CoLA": ["accuracy"]}
-METHODS = ["adam", "recadam", "recadam-coupled", "sam", "fsam", "recadam-fsam"]
+METHODS = ["adam", "recadam", "recadam-coupled", "r3f", "r4f", "recadam-r3f", "sam", "fsam", "recadam-fsam"]
 MM = "MNLI-mm"
 MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
 
@@ -126,7 +126,7 @@ def read_run(run_dir, root):
         task, seed = meta.get("task", "?"), meta.get("seed", parts[-1])
         method, variant = split_name(parts[-2] if len(parts) >= 2 else meta.get("method", "?"))
     k, t0 = meta.get("k"), meta.get("t0")
-    if k is None and method != "adam":
+    if k is None and method not in ("adam", "r3f", "r4f"):
         m = re.match(r"k(.+?)-t([^-]+)", variant)
         if m:
             k, t0 = m.group(1), m.group(2)
@@ -358,12 +358,13 @@ def main(argv=None):
     else:
         md += ["No finished run with a score yet.", ""]
 
-    tuned = [v for v in variants if v["method"] != "adam"]
+    untuned = ("adam", "r3f", "r4f")  # no (k, t0)
+    tuned = [v for v in variants if v["method"] not in untuned]
     if tuned:
         md += ["## RecAdam: best (k, t0) per task", "", "Chosen by the mean over seeds.", "",
                "| task | method | k | t0 | config | mean ± std | configs tried |", "|---|---|---|---|---|---|---|"]
         for (task, method), c in sorted(cells.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
-            if method == "adam" or task in (MM, "GLUE avg"):
+            if method in untuned or task in (MM, "GLUE avg"):
                 continue
             tried = sum(v["task"] == task and v["method"] == method for v in variants)
             md.append(f"| {task} | {method} | {c['k']} | {c['t0']} | {c['config']} | {cell_text(c)} | {tried} |")
