@@ -102,6 +102,12 @@ def test_regression_metrics_in_real_logs(tiny, tmp_path):
     valid = json_records(log, "valid")
     assert valid and all({"valid_pearson", "valid_spearman"} <= v.keys() for v in valid)
     assert "valid_mcc" not in valid[-1]
+    # resuming a run that validated, meters included (no --reset-meters): the whole-set totals are
+    # not saved in the checkpoint (fairseq could not rebuild a meter class of ours)
+    rc, log = tiny.train(tmp_path / "s", "--regression-target", *CRIT, "--log-format", "json",
+                         "--recadam-pretrain-cof", "500", "--num-classes", "1", validate=True, data=str(data),
+                         restore=False, updates=14)
+    assert "Loaded checkpoint" in log and [int(v["valid_num_updates"]) for v in json_records(log, "valid")] == [14]
 
 
 def test_coupled_objective_trains_with_fairseq_adam(tiny, tmp_path):

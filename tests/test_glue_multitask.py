@@ -555,6 +555,9 @@ def test_bad_sampling_mode_and_freeze_range(mt, capsys):
     cfg = parse(*base, "--criterion", "sentence_prediction")
     with pytest.raises(MultiTaskError, match=r"needs --criterion glue_multitask"):
         tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
+    cfg = parse(*base, "--r3f-lambda", "0.7")
+    with pytest.raises(ValueError, match=r"--r3f-lambda 0.7: R3F is not available with --criterion glue_multitask"):
+        tasks.setup_task(cfg.task).build_criterion(cfg.criterion)
 
 
 # ----------------------------------------------------------------------------- scripts

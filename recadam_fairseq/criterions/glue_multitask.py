@@ -22,37 +22,15 @@ import torch
 import torch.nn.functional as F
 from fairseq.criterions import register_criterion
 from fairseq.logging import metrics
-from fairseq.logging.meters import MetersDict, safe_round
+from fairseq.logging.meters import safe_round
 
 from .. import glue_metrics
 from ..report import RECADAM_METRICS, log_recadam_metrics
 from ..tasks.glue_multitask import GLUE_TASKS, head_name, primary_metric
 from .sentence_prediction_recadam import (SentencePredictionRecAdamConfig, SentencePredictionRecAdamCriterion,
-                                          _label_values)
+                                          _label_values, _log_total)
 
 HEAD_TO_TASK = {head_name(n): n for n in GLUE_TASKS}
-
-
-class _SumMeter(MetersDict._DerivedMeter):
-    """The sum of what one validation pass logs (confusion matrices, dev-set vectors).
-
-    A _DerivedMeter to fairseq, so checkpoints do not save it (fairseq could not rebuild a meter
-    class of ours on resume); keys starting with "_" are never printed.
-    """
-
-    def __init__(self):
-        super().__init__(lambda meters: None)
-        self.total = None
-
-    def update(self, value):
-        self.total = value if self.total is None else self.total + value
-
-
-def _log_total(key, value):
-    for agg in metrics.get_active_aggregators():
-        if key not in agg:
-            agg.add_meter(key, _SumMeter(), 1000)
-        agg[key].update(value)
 
 
 @register_criterion("glue_multitask", dataclass=SentencePredictionRecAdamConfig)
@@ -66,6 +44,9 @@ class GlueMultitaskCriterion(SentencePredictionRecAdamCriterion):
         if cfg.regression_target:
             raise ValueError("--regression-target does not apply to --criterion glue_multitask: "
                              "each task's labels.json says whether it is a regression (STS-B)")
+        if self.r3f:  # the inherited R3F term would use one head; a batch here mixes tasks
+            raise ValueError(f"--r3f-lambda {cfg.r3f_lambda}: R3F is not available with --criterion glue_multitask "
+                             f"(its consistency term is per head and a batch mixes tasks); use --r3f-lambda 0")
         self.heads = task.head_names
         self.label_orders = [None if task.regression[t] else _label_values(task.label_dictionary_of(t), k)
                              for t, k in enumerate(task.num_classes)]

@@ -26,7 +26,7 @@ from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
 from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
-from fairseq.logging.meters import AverageMeter, safe_round
+from fairseq.logging.meters import MetersDict, safe_round
 from fairseq.models.roberta.model import RobertaEncoder
 
 from .. import glue_metrics, r3f
@@ -53,34 +53,26 @@ class SentencePredictionRecAdamConfig(RecAdamHyperparams, R3FHyperparams):
     )
 
 
-class _TotalMeter(AverageMeter):
-    """Sums (tensors) or concatenates (lists) what one validation pass logs: the GLUE metrics need
-    the whole set, not a per-batch average.
+class _SumMeter(MetersDict._DerivedMeter):
+    """The sum (tensors) or concatenation (lists) of what one validation pass logs: the GLUE metrics
+    need the whole set, not a per-batch average.
 
-    Checkpoints save meters by class name and fairseq rebuilds them from its own module, so this
-    one is saved as an empty AverageMeter: the total only matters during one validation pass.
+    A _DerivedMeter to fairseq, so checkpoints do not save it (fairseq could not rebuild a meter
+    class of ours on resume); keys starting with "_" are never printed.
     """
 
     def __init__(self):
-        super().__init__()
+        super().__init__(lambda meters: None)
         self.total = None
 
-    def update(self, value, n=1):
+    def update(self, value):
         self.total = value if self.total is None else self.total + value
-
-    def reset(self):
-        super().reset()
-        self.total = None
-
-    @property
-    def smoothed_value(self):
-        return None
 
 
 def _log_total(key, value):
     for agg in metrics.get_active_aggregators():
         if key not in agg:
-            agg.add_meter(key, _TotalMeter(), 1000)
+            agg.add_meter(key, _SumMeter(), 1000)
         agg[key].update(value)
 
 
