@@ -11,7 +11,6 @@ for v in 3.12 3.11; do
     root=$(pyenv root 2>/dev/null)
     [ -n "$root" ] && cands="$cands $(ls -d "$root"/versions/"$v".*/bin/python"$v" 2>/dev/null | sort -V -r)"
   fi
-  cands="$cands /usr/bin/python$v /usr/local/bin/python$v"
   for p in $cands; do
     # It must run, be that version and be able to make a venv (Debian splits venv into python3.x-venv).
     if "$p" -c "import sys, venv, ensurepip; sys.exit(sys.version_info[:2] != tuple(map(int, '$v'.split('.'))))" \
