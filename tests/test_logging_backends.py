@@ -15,11 +15,9 @@ import struct
 import sys
 
 import pytest
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # [test] extra
 
 from conftest import ROOT, json_records
-
-pytest.importorskip("tensorboard", reason="the [tensorboard] extra (make installs it)")
-from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # noqa: E402
 
 RECADAM = ("recadam_lambda", "recadam_dist", "recadam_penalty", "target_loss")
 GLUE_DEV = ("accuracy", "f1", "mcc", "acc_and_f1")
