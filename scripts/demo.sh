@@ -30,7 +30,8 @@ finetune() {  # NAME, then optimizer flags
     --lr 1e-4 --lr-scheduler fixed --max-update 300 \
     --batch-size 16 --cpu --num-workers 0 --seed 1 \
     --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --no-epoch-checkpoints \
-    --save-dir "$OUT/$name" --log-format json --log-interval 10 > "$OUT/$name/train.log" 2>&1 \
+    --save-dir "$OUT/$name" --log-format json --log-interval 10 --tensorboard-logdir "$OUT/$name/tb" \
+    > "$OUT/$name/train.log" 2>&1 \
     || { tail -30 "$OUT/$name/train.log"; exit 1; }
   grep -E "recadam: pretrained|done training" "$OUT/$name/train.log" | cut -d'|' -f4- | cut -c1-200
   grep "| valid |" "$OUT/$name/train.log" | tail -1 | cut -d'|' -f4- | cut -c1-200
@@ -47,4 +48,10 @@ echo
 echo "== done"
 echo "checkpoints: $OUT/recadam/checkpoint_best.pt, $OUT/recadam/checkpoint_last.pt (and $OUT/adam/)"
 echo "logs:        $OUT/recadam/train.log, $OUT/adam/train.log (fairseq json)"
+if compgen -G "$OUT/recadam/tb/train_inner/events.out.tfevents.*" > /dev/null; then
+  echo "tensorboard: $OUT/recadam/tb, $OUT/adam/tb; view both with"
+  echo "             tensorboard --logdir $OUT --port 6006   (then open http://localhost:6006)"
+else
+  echo "tensorboard: none written (pip install tensorboard, or recadam-fairseq[tensorboard])"
+fi
 echo "plot:        $OUT/runs.png"

@@ -4,11 +4,14 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT, USER_DIR
+import torch
+
+from conftest import ROOT, USER_DIR, load_ckpt
 
 
-def _python(code, **kw):
-    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+def _python(code, env=None, **kw):
+    env = env if env is not None else os.environ
+    env = {**env, "PYTHONPATH": ROOT + os.pathsep + env.get("PYTHONPATH", "")}
     return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT, **kw)
 
 
@@ -60,3 +63,25 @@ def test_module_prints_the_user_dir():
                          cwd=ROOT)
     assert out.returncode == 0, out.stderr
     assert os.path.samefile(out.stdout.strip(), USER_DIR)
+
+
+def test_from_pretrained_with_user_dir_loads_a_recadam_checkpoint(tiny, tmp_path):
+    """fairseq's hub loader imports the user-dir itself (user_dir=...), which registers the components and
+    the checkpoint allow-list: no TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD needed for a recadam checkpoint."""
+    save = tmp_path / "run"
+    tiny.train(save, "--criterion", "sentence_prediction_recadam", updates=2)
+    head = load_ckpt(save / "checkpoint_last.pt")["model"]["classification_heads.sentence_classification_head.out_proj.weight"]
+    code = ("import sys, torch\n"
+            "from fairseq.models.roberta import RobertaModel\n"
+            f"m = RobertaModel.from_pretrained({str(save)!r}, 'checkpoint_last.pt', data_name_or_path={tiny.cls_bin!r},"
+            f" bpe='characters', user_dir={USER_DIR!r})\n"
+            "from fairseq.optim import OPTIMIZER_REGISTRY\n"
+            "assert 'recadam_fairseq' in sys.modules and 'recadam' in OPTIMIZER_REGISTRY\n"
+            "w = m.model.classification_heads['sentence_classification_head'].out_proj.weight\n"
+            f"torch.save(w.detach(), {str(tmp_path / 'head.pt')!r})\n"
+            "print('ok', tuple(m.predict('sentence_classification_head', m.encode('w1 w2 good3')).shape))\n")
+    env = {k: v for k, v in os.environ.items() if k != "TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD"}
+    out = _python(code, env=env)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.strip().splitlines()[-1] == "ok (1, 2)"
+    assert torch.equal(torch.load(tmp_path / "head.pt"), head)
