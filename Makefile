@@ -30,8 +30,10 @@ $(STAMP): setup.py Makefile | $(PY)
 	$(PY) -m pip install --upgrade --target $(VENV)/wandb-offline wandb
 	touch $(STAMP)
 
+# Two workers on CI's 2 cores; a whole test file stays on one worker (its module fixtures are built once).
+PYTEST_ARGS ?= -n 2 --dist loadfile
 test: $(STAMP)
-	$(PY) -m pytest
+	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then the cost of
 # R3F (README "R3F / R4F") and of the SAM family (docs/bench_sam.md) against their base, on CPU.

@@ -330,6 +330,7 @@ def runs(tiny, tmp_path_factory):
         "lambda0": (*glue("l0", *R3F, "--r3f-lambda", "0", optimizer="adam"), None),
         "ours": (*glue("ours", *R3F, *SEED_FLAGS, optimizer="adam"), None),
         "recadam_r4f": (*glue("r4f", *R3F, "--spectral-norm-classification-head", "--r3f-lambda", "0.7",
+                              "--sam-type", "fisher-sam", "--rho", "0.05", "--mask-iter-e", "3",
                               "--best-checkpoint-metric", "mcc", "--maximize-best-checkpoint-metric",
                               "--validate-interval-updates", "6", validate=True), None),
         "coupled_fp16": (*glue("cfp16", *R3F, "--recadam-objective", "coupled", "--recadam-pretrain-cof", "50",
@@ -416,12 +417,15 @@ def test_lambda_zero_is_sentence_prediction_bit_for_bit(runs):
     assert "symm_kl" not in runs["lambda0"]["log"]
 
 
-def test_recadam_with_r4f(runs):
-    """--optimizer recadam + R3F + --spectral-norm-classification-head: RecAdam's metrics, symm_kl and
-    the GLUE metrics in the log; the head's weight has largest singular value 1."""
+def test_recadam_with_r4f_and_fisher_sam(runs):
+    """--optimizer recadam + R3F + --spectral-norm-classification-head + --sam-type fisher-sam, three
+    methods in three fairseq components: RecAdam's, SAM's, symm_kl and the GLUE metrics in the log; the
+    head's weight has largest singular value 1."""
     log = runs["recadam_r4f"]["log"]
     inner = json_records(log, "train_inner")
-    assert all({"recadam_lambda", "recadam_dist", "symm_kl", "target_loss"} <= x.keys() for x in inner)
+    assert all({"recadam_lambda", "recadam_dist", "symm_kl", "target_loss", "sam_eps_norm", "sam_mask_frac",
+                "sam_sharpness"} <= x.keys() for x in inner)
+    assert all(float(x["sam_eps_norm"]) > 0 for x in inner)
     assert all(float(x["symm_kl"]) > 0 for x in inner)
     valid = json_records(log, "valid")
     assert valid and all({"valid_accuracy", "valid_mcc", "valid_f1"} <= v.keys() for v in valid)

@@ -13,7 +13,17 @@ from torch.func import functional_call
 from recadam_fairseq.optim.sam_hook import SAMController
 from recadam_fairseq.sam import SAM_TYPES, Perturbed, gsam_rho, validate_sam_hparams
 
-torch.set_default_dtype(torch.float64)
+
+
+@pytest.fixture(autouse=True)
+def _float64():
+    """This module's tensors are float64; restored after each test (the others expect float32)."""
+    old = torch.get_default_dtype()
+    torch.set_default_dtype(torch.float64)
+    yield
+    torch.set_default_dtype(old)
+
+
 H = dict(sam_type="sam", rho=0.3, beta=0.5, gamma=0.5, keep_ratio=0.2, num_samples=32, mask_iter_e=1,
          gsam_alpha=0.4, rho_min=0.05)
 N_EX = 10
