@@ -56,6 +56,11 @@ def accuracy_from_confusion(cm) -> float:
     return float(np.trace(cm) / cm.sum()) if cm.sum() else 0.0
 
 
+def acc_and_f1_from_confusion(cm) -> float:
+    """MRPC/QQP's combined metric: the mean of accuracy and F1."""
+    return (accuracy_from_confusion(cm) + f1_from_confusion(cm)) / 2
+
+
 def pearson(x, y) -> float:
     x, y = np.asarray(x, dtype=np.float64), np.asarray(y, dtype=np.float64)
     x, y = x - x.mean(), y - y.mean()

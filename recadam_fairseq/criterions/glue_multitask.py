@@ -173,7 +173,7 @@ def dev_metric(meters, h, name):
     cm = meters[f"_{h}_cm"].total.numpy()
     fns = {"accuracy": glue_metrics.accuracy_from_confusion, "mcc": glue_metrics.mcc_from_confusion,
            "f1": glue_metrics.f1_from_confusion,
-           "acc_and_f1": lambda c: (glue_metrics.accuracy_from_confusion(c) + glue_metrics.f1_from_confusion(c)) / 2}
+           "acc_and_f1": glue_metrics.acc_and_f1_from_confusion}
     return 100.0 * fns[name](cm)
 
 

@@ -230,8 +230,7 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
             derived = {"mcc": glue_metrics.mcc_from_confusion}
             if cms[0].shape[0] == 2:
                 derived["f1"] = glue_metrics.f1_from_confusion
-                derived["acc_and_f1"] = lambda cm: (glue_metrics.accuracy_from_confusion(cm)
-                                                    + glue_metrics.f1_from_confusion(cm)) / 2
+                derived["acc_and_f1"] = glue_metrics.acc_and_f1_from_confusion
             for name, fn in derived.items():
                 metrics.log_derived(name, _from_meter(fn, "_recadam_confusion"))
         pred = [x for log in logging_outputs for x in log.get("recadam_pred", [])]
