@@ -12,6 +12,9 @@ all 7 hidden states, real sentences): the only modelling difference is the Layer
 import importlib.util
 import json
 import os
+import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -76,14 +79,76 @@ def test_conversion_errors_name_the_input(tmp_path):
         conv.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"])
 
 
-def test_settings_grid():
-    grid = forgetting.make_grid([forgetting.parse_setting(x) for x in ("0.1:40", "0.1:40:0", "0.2:10:500")], 5000.0)
-    assert [forgetting.setting_name(g) for g in grid] == [
-        "adam", "recadam-k0.1-t40-g5000", "recadam-k0.1-t40-g0", "recadam-k0.2-t10-g500"]
-    with pytest.raises(ValueError, match="given twice"):
-        forgetting.make_grid([forgetting.parse_setting("0.1:40"), forgetting.parse_setting("0.1:40:5000")], 5000.0)
-    with pytest.raises(Exception, match="K:T0 or K:T0:GAMMA"):
-        forgetting.parse_setting("0.1")
+methods = forgetting.methods
+
+
+def test_method_specs():
+    p = methods.parse
+    assert p("adam") == {"method": "adam"}
+    assert p("recadam:0.1:40") == {"method": "recadam", "k": 0.1, "t0": 40.0, "gamma": 5000.0}
+    assert p("recadam:0.1:40", gamma=7.0)["gamma"] == 7.0
+    assert p("recadam:0.1:40:0")["gamma"] == 0.0
+    assert p("recadam+fsam:k=0.2,rho=0.1") == {"method": "recadam+fsam", "k": 0.2, "t0": 40.0, "gamma": 5000.0,
+                                              "rho": 0.1}
+    assert p("freeze:3") == {"method": "freeze", "layers": 3}
+    assert [methods.setting_name(p(x)) for x in ("adam", "recadam:0.1:40:0", "r4f:5", "fsam", "ca-mtl:3")] == [
+        "adam", "recadam-k0.1-t40-g0", "r4f-lambda5", "fsam-rho0.05", "ca-mtl-freeze3"]
+    assert methods.label(p("recadam:0.1:40:0")).endswith("(λ(t) only, no pull)")
+    bad = {
+        "adamw": "unknown method 'adamw'; known: adam, recadam",
+        "adam:1": "adam takes at most 0 value",
+        "r3f:1:2": "r3f takes at most 1 value",
+        "sam:rho=x": "rho = 'x' is not a number",
+        "sam:lambda=1": "'lambda=1' is not KEY=VALUE with KEY one of rho",
+        "r3f:-1": "lambda must be >= 0",
+    }
+    for spec, message in bad.items():
+        with pytest.raises(methods.MethodError, match=re.escape(f"--methods {spec!r}: {message}")):
+            p(spec)
+    with pytest.raises(methods.MethodError, match=re.escape("a setting is given twice (recadam-k0.1-t40-g5000)")):
+        forgetting.make_grid(["recadam:0.1:40", "recadam:k=0.1,t0=40,gamma=5000"], 5000.0)
+
+
+def test_method_flags():
+    """What each method changes on the shared command: the plug-in's own flags, nothing else."""
+    f = {name: methods.flags(methods.parse(name), num_layers=6) for name in methods.METHODS}
+    assert f["adam"] == {"optimizer": ["--optimizer", "adam"], "criterion": ["--criterion", "sentence_prediction"],
+                         "task": None, "arch": None, "restore": True, "extra": []}
+    assert f["recadam"]["optimizer"][:2] == ["--optimizer", "recadam"] and f["recadam"]["restore"]
+    assert f["recadam-random-init"]["restore"] is False
+    assert f["recadam-coupled"]["optimizer"] == ["--optimizer", "adam"]
+    assert "coupled" in f["recadam-coupled"]["criterion"]
+    assert f["r4f"]["extra"] == ["--spectral-norm-classification-head"]
+    assert f["recadam+r3f"]["optimizer"][1] == "recadam" and "--r3f-lambda" in f["recadam+r3f"]["criterion"]
+    assert f["recadam+fsam"]["optimizer"][:2] == ["--optimizer", "recadam"]
+    assert f["recadam+fsam"]["optimizer"][-4:] == ["--sam-type", "fisher-sam", "--rho", "0.05"]
+    assert f["sam"]["optimizer"] == ["--optimizer", "samsgd", "--sam-type", "sam", "--rho", "0.05"]
+    assert f["freeze"]["extra"] == ["--freeze-encoder-layers", "0-2", "--freeze-embeddings"]
+    assert f["ca-mtl"]["arch"] == "ca_mtl_roberta" and f["ca-mtl"]["extra"] == []
+    assert methods.flags(methods.parse("ca-mtl:6"), 6)["extra"] == ["--freeze-encoder-layers", "0-5"]
+    with pytest.raises(methods.MethodError, match="freeze-freeze7: 7 frozen layers, the encoder has 6"):
+        methods.flags(methods.parse("freeze:7"), 6)
+
+
+def _fake_checkpoint(path, updates):
+    torch.save({"optimizer_history": [{"num_updates": updates}]}, str(path))
+
+
+def test_collect_fails_loudly_on_a_missing_point(tmp_path):
+    """Every requested intermediate point is found by the update count inside the file, whatever fairseq
+    named it (checkpoint_E_U.pt mid-epoch, checkpointE.pt at an epoch's end); one that is missing stops."""
+    _fake_checkpoint(tmp_path / "checkpoint_1_2.pt", 2)
+    _fake_checkpoint(tmp_path / "checkpoint1.pt", 4)  # an interval point at an epoch's end
+    _fake_checkpoint(tmp_path / "checkpoint_best.pt", 4)
+    _fake_checkpoint(tmp_path / "checkpoint_last.pt", 6)
+    got = forgetting.collect(str(tmp_path), 6, [2, 4])
+    assert {u: os.path.basename(p) for u, p in got.items()} == {
+        2: "checkpoint_1_2.pt", 4: "checkpoint1.pt", 6: "checkpoint_last.pt"}
+    os.remove(tmp_path / "checkpoint1.pt")  # what --no-epoch-checkpoints did: the point was overwritten
+    with pytest.raises(forgetting.RunError, match=r"no checkpoint at update\(s\) \[4\] \(found \[2, 6\]\)"):
+        forgetting.collect(str(tmp_path), 6, [2, 4])
+    with pytest.raises(forgetting.RunError, match="checkpoint_last.pt is missing or not at update 8"):
+        forgetting.collect(str(tmp_path), 8, [2])
 
 
 def test_data_split_is_disjoint_and_drops_neutral():
@@ -113,20 +178,31 @@ def sdists(tmp_path_factory):
     return where
 
 
+# every method name of --methods, each must give a row; fast knob values so that 4 updates move the weights
+ALL_METHODS = ["adam", "recadam:0.5:1", "recadam-coupled:0.5:1", "recadam-random-init:0.5:1", "r3f:1", "r4f:1",
+               "sam:0.05", "fsam:0.05", "recadam+r3f:k=0.5,t0=1", "recadam+fsam:k=0.5,t0=1", "freeze:3", "ca-mtl:3"]
+UPDATES = 4
+
+
 @pytest.fixture(scope="module")
 def pipeline(tmp_path_factory, converted):
-    """run.py on 48 training snippets, 3 updates per run (the first one has lr 0: fairseq's warmup),
-    one seed: adam (measured after 2 updates too) and one recadam setting."""
+    """run.py with every method on 48 training snippets, one seed, 4 updates of batch 16: 3 updates an
+    epoch, so adam's and freeze's intermediate points after 1, 2 and 3 updates include one at an
+    epoch's end (update 3), where fairseq writes checkpoint1.pt and no interval checkpoint."""
     work = tmp_path_factory.mktemp("forgetting")
     res = forgetting.main([
         "--work", str(work), "--results", str(work / "results"), "--sdist-dir", sdists(tmp_path_factory),
         "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24",
-        "--batch-size", "16", "--updates", "3", "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
-        "--recadam", "0.5:1", "--early-every", "2", "--keep-checkpoints"])
+        "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
+        "--methods", *ALL_METHODS, "--early-every", "1", "--early-methods", "adam", "freeze", "--keep-checkpoints"])
     return work, res
 
 
-def test_pipeline_tables_and_numbers(pipeline):
+def _names():
+    return [methods.setting_name(methods.parse(m)) for m in ALL_METHODS]
+
+
+def test_every_method_gives_a_row(pipeline):
     work, res = pipeline
     info = json.loads((work / "data" / "data.json").read_text())
     assert (info["snippets"]["train"], info["snippets"]["valid"]) == (48, 40)
@@ -134,51 +210,111 @@ def test_pipeline_tables_and_numbers(pipeline):
     base = res["pretrained"]
     assert 0.6 < base["snli_auc"] <= 1  # all-MiniLM separates entailment from contradiction zero-shot
     assert abs(base["snli_auc"] - base["snli_auc_bert_reference"]) < 0.01  # converted = original
-    assert [r["name"] for r in res["rows"]] == ["adam", "adam@2", "recadam-k0.5-t1-g5000"]
+    expected = []
+    for name in _names():
+        expected.append(name)
+        if name.startswith(("adam", "freeze")):
+            expected += [f"{name}@{u}" for u in (1, 2, 3)]
+    assert [r["name"] for r in res["rows"]] == expected
+    assert res["complete"] and len(res["runs"]) == len(ALL_METHODS)
     md = (work / "results.md").read_text()
     for r in res["rows"]:
         assert r["seeds"] == [3]
-        assert 0 <= r["target_accuracy"] <= 1 and 0 <= r["snli_auc"] <= 1 and r["dist"] > 0
+        assert 0 <= r["target_accuracy"] <= 1 and 0 <= r["snli_auc"] <= 1
         assert r["forgetting"] == pytest.approx(r["snli_auc"] - base["snli_auc"])
-        assert f"{r['target_accuracy']:.4f} ± 0.0000" in md
-    assert md.count("\n| adam |") == 1 and md.count("\n| recadam | 0.5 | 1 | 5000 |") == 1
-    assert md.count("\n| adam, stopped at 2 updates |") == 1
+        method = r["method"] + (f", stopped at {r['stopped_at']} updates" if r.get("stopped_at") else "")
+        assert md.count(f"\n| {method} | {methods.knob_text(r)}") == 1, method
+        if not r.get("stopped_at"):
+            assert isinstance(r["frontier"], bool) and r["train_seconds"] > 0
+    assert any(r["frontier"] for r in res["rows"] if not r.get("stopped_at"))
     assert (work / "results.png").stat().st_size > 10_000
+
+
+def test_intermediate_point_at_an_epoch_end(pipeline, converted):
+    """The point after 3 updates ends epoch 1: fairseq names it checkpoint1.pt (no checkpoint_1_3.pt);
+    it is measured, from that file."""
+    work, res = pipeline
+    pretrained = load_ckpt(os.path.join(converted, "model.pt"))["model"]
+    for name in ("adam", "freeze-freeze3"):
+        run_dir = work / "runs" / name / "seed3"
+        files = sorted(f for f in os.listdir(run_dir) if f.endswith(".pt"))
+        assert files == ["checkpoint1.pt", "checkpoint_1_1.pt", "checkpoint_1_2.pt", "checkpoint_last.pt"], files
+        (run,) = [r for r in res["runs"] if r["name"] == name]
+        assert [e["updates"] for e in run["early"]] == [1, 2, 3]
+        state, p = _params(run_dir / "checkpoint1.pt")
+        assert state["optimizer_history"][-1]["num_updates"] == 3
+        assert forgetting.measure.distance(p, pretrained)["dist"] == pytest.approx(run["early"][2]["dist"], rel=1e-6)
+        assert run["early"][1]["dist"] != run["early"][2]["dist"]
+
+
+def _params(path):
+    state = load_ckpt(str(path))
+    # named_parameters() lists the tied LM decoder once, under embed_tokens
+    return state, {k: v for k, v in state["model"].items() if k != "encoder.lm_head.weight" and "version" not in k}
 
 
 def test_pipeline_consistent_with_checkpoints(pipeline, converted):
     work, res = pipeline
     measure = forgetting.measure
-    pretrained = load_ckpt(os.path.join(converted, "model.pt"))["model"]
-    def params(path):
-        state = load_ckpt(str(path))
-        # named_parameters() lists the tied LM decoder once, under embed_tokens
-        return state, {k: v for k, v in state["model"].items() if k != "encoder.lm_head.weight" and "version" not in k}
-
+    pretrained_path = os.path.join(converted, "model.pt")
+    pretrained = load_ckpt(pretrained_path)["model"]
     for r in res["runs"]:
         run_dir = work / "runs" / r["name"] / "seed3"
-        state, p = params(run_dir / "checkpoint_last.pt")
-        assert state["optimizer_history"][-1]["num_updates"] == 3
+        state, p = _params(run_dir / "checkpoint_last.pt")
+        assert state["optimizer_history"][-1]["num_updates"] == UPDATES
         cmd = json.loads((run_dir / "result.json").read_text())["command"]
-        assert cmd[cmd.index("--restore-file") + 1] == os.path.join(converted, "model.pt")
-        assert cmd[cmd.index("--optimizer") + 1] == r["optimizer"]
-        assert measure.distance(p, pretrained)["dist"] == pytest.approx(r["dist"], rel=1e-6)
-        if r["optimizer"] == "adam":  # the intermediate checkpoint, measured too
-            (early,) = r["early"]
-            state, p = params(run_dir / "checkpoint_1_2.pt")
-            assert early["updates"] == state["optimizer_history"][-1]["num_updates"] == 2
-            assert measure.distance(p, pretrained)["dist"] == pytest.approx(early["dist"], rel=1e-6)
-            assert 0 < early["dist"] != r["dist"]
+        assert cmd == r["command"] and cmd[0] == "fairseq-train"
+        f = methods.flags(r, 6)
+        assert cmd[cmd.index("--optimizer") + 1] == f["optimizer"][1]
+        assert cmd[cmd.index("--criterion") + 1] == f["criterion"][1]
+        if r["method"] == "recadam-random-init":
+            assert "--restore-file" not in cmd and cmd[cmd.index("--recadam-pretrained-path") + 1] == pretrained_path
         else:
-            assert r["early"] == []
+            assert cmd[cmd.index("--restore-file") + 1] == pretrained_path
+        assert measure.distance(p, pretrained)["dist"] == pytest.approx(r["dist"], rel=1e-6)
         # the held-out accuracy we compute = what fairseq's validation printed (3 significant digits)
-        assert abs(r["fairseq_valid_accuracy"] - r["target_accuracy"]) <= 0.0011
-        if r["optimizer"] == "recadam":
+        assert abs(r["fairseq_valid_accuracy"] - r["target_accuracy"]) <= 0.0011, r["name"]
+        if f["optimizer"][1] == "recadam":
             # the optimizer's own Σ(θ−θ*)² after the last update (printed with 6 significant digits)
             assert r["logged_recadam_dist"] == pytest.approx(r["dist_sq"], rel=1e-4)
             assert 0 < r["logged_recadam_lambda"] < 1
+        elif r["method"] == "recadam-coupled":  # the criterion's, taken in the forward of the last update
+            assert 0 < r["logged_recadam_dist"] and 0 < r["logged_recadam_lambda"] < 1
         else:
             assert r["logged_recadam_dist"] is None
+        if r["method"] == "freeze":  # embeddings and layers 0-2 did not move, layer 3 did
+            for k, v in p.items():
+                if k in pretrained and (".layers.0." in k or ".layers.2." in k or "embed_tokens" in k):
+                    assert torch.equal(v, pretrained[k]), k
+            assert not torch.equal(p["encoder.sentence_encoder.layers.3.fc1.weight"],
+                                   pretrained["encoder.sentence_encoder.layers.3.fc1.weight"])
+        if r["method"] == "ca-mtl":
+            assert cmd[cmd.index("--arch") + 1] == "ca_mtl_roberta"
+            assert any("film" in k or "adapter" in k or "task_emb" in k for k in p), sorted(p)[:5]
+        if r["method"] in ("r4f",):
+            assert any(k.endswith("out_proj.weight_orig") for k in p)
     # the classification head is new: not part of the distance
     assert not any("classification_heads" in k for k in pretrained)
 
+
+@pytest.mark.parametrize("name", ["recadam+fsam-k0.5-t1-g5000-rho0.05", "ca-mtl-freeze3"])
+def test_json_commands_reproduce_a_row(pipeline, tmp_path, name):
+    """The fairseq-train and measure commands the JSON records, re-run by hand into another directory,
+    give the row's numbers again, exactly (one thread, the same seed)."""
+    work, res = pipeline
+    (run,) = [r for r in res["runs"] if r["name"] == name]
+    cmd = list(run["command"])
+    old_dir = cmd[cmd.index("--save-dir") + 1]
+    cmd[cmd.index("--save-dir") + 1] = str(tmp_path)
+    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    proc = subprocess.run(forgetting.fairseq_train() + cmd[1:], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    mcmd = [str(tmp_path / "checkpoint_last.pt") if os.path.dirname(c) == old_dir else c
+            for c in run["measure_command"]]
+    mcmd[mcmd.index("--out") + 1] = str(tmp_path / "measured.json")
+    assert str(tmp_path / "checkpoint_last.pt") in mcmd
+    subprocess.run([sys.executable, *mcmd], cwd=ROOT, env=env, check=True, capture_output=True)
+    (again,) = json.loads((tmp_path / "measured.json").read_text())
+    assert again["updates"] == UPDATES
+    for key in ("target_accuracy", "snli_auc", "dist"):
+        assert again[key] == run[key], key

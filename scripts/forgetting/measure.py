@@ -10,8 +10,11 @@
   anchor), squared = what recadam logs as ``recadam_dist``.
 """
 
+import argparse
+import json
 import os
-from typing import Dict, Optional
+import sys
+from typing import Dict, List, Optional
 
 import numpy as np
 import torch
@@ -22,13 +25,30 @@ HEAD = "sentence_classification_head"
 
 def load(checkpoint: str, data_dir: str):
     """(model in eval mode, its task) of a fairseq checkpoint; ``data_dir``: where its dictionaries are."""
+    import recadam_fairseq
     import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
-    from fairseq import checkpoint_utils
+    from fairseq import checkpoint_utils, tasks
 
+    recadam_fairseq.register()  # the run's task, model and criterion may be the plug-in's
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"{checkpoint}: no such checkpoint")
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_dir})
-    return models[0].eval(), task
+    state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides={"data": data_dir})
+    sn_heads = sorted({k.split(".")[1] for k in state["model"]
+                       if k.startswith("classification_heads.") and k.endswith(".out_proj.weight_orig")})
+    if not sn_heads:
+        models, _, task = checkpoint_utils.load_model_ensemble_and_task([checkpoint], arg_overrides={"data": data_dir})
+        return models[0].eval(), task
+    # R4F (--spectral-norm-classification-head): fairseq 0.12's RobertaModel.upgrade_state_dict_named
+    # reads the head's out_proj.weight, which spectral norm stores as weight_orig/_u/_v (a KeyError in
+    # load_model_ensemble_and_task); build the model and load the tensors without that upgrade.
+    task = tasks.setup_task(state["cfg"].task)
+    model = task.build_model(state["cfg"].model)
+    for name in sn_heads:
+        if name not in model.classification_heads:
+            model.register_classification_head(
+                name, num_classes=state["model"][f"classification_heads.{name}.out_proj.weight_orig"].shape[0])
+    torch.nn.Module.load_state_dict(model, state["model"], strict=True)
+    return model.eval(), task
 
 
 def sentences(prefix: str):
@@ -83,15 +103,24 @@ def snli_auc(model, snli_dir: str, embeddings: Optional[torch.Tensor] = None) ->
 @torch.inference_mode()
 def target_accuracy(model, sentiment_dir: str, split: str = "valid", batch_size: int = 128) -> Dict[str, float]:
     """Accuracy of the classification head on ``split`` (targets: label ids − fairseq's 4 specials)."""
-    if HEAD not in getattr(model, "classification_heads", {}):
-        raise ValueError(f"the model has no {HEAD!r}: not a fine-tuned sentence_prediction checkpoint")
+    head = head_of(model)
     items = sentences(os.path.join(sentiment_dir, "input0", split))
     target = torch.stack([x[0] for x in sentences(os.path.join(sentiment_dir, "label", split))]) - 4
     pred = torch.empty_like(target)
     for rows, tokens in batches(items, batch_size, pad=1, bos=0):
-        logits, _ = model(tokens, features_only=True, classification_head_name=HEAD)
+        logits, _ = model(tokens, features_only=True, classification_head_name=head)
         pred[torch.as_tensor(rows)] = logits.argmax(-1)
     return {"accuracy": float((pred == target).double().mean()), "n": len(items)}
+
+
+def head_of(model) -> str:
+    """The head to read: sentence_prediction's, or the one head of a single-task glue_multitask run."""
+    heads = list(getattr(model, "classification_heads", {}))
+    if HEAD in heads:
+        return HEAD
+    if len(heads) == 1:
+        return heads[0]
+    raise ValueError(f"the model has classification heads {heads}: expected {HEAD!r} or exactly one")
 
 
 def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor]) -> Dict[str, float]:
@@ -108,10 +137,55 @@ def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor
 
 
 def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
-                snli_dir: str) -> Dict[str, float]:
-    """All three measures of one fine-tuned checkpoint."""
-    model, _ = load(checkpoint, sentiment_dir)
+                snli_dir: str, data_dir: Optional[str] = None) -> Dict[str, float]:
+    """All three measures of one fine-tuned checkpoint; ``data_dir``: the run's data path (where its
+    task finds the dictionaries; default ``sentiment_dir``)."""
+    model, _ = load(checkpoint, data_dir or sentiment_dir)
     out = {"target_accuracy": target_accuracy(model, sentiment_dir)["accuracy"]}
     out.update({f"snli_{k}": v for k, v in snli_auc(model, snli_dir).items()})
     out.update(distance(dict(model.named_parameters()), pretrained_state))
     return out
+
+
+def num_updates(checkpoint: str) -> int:
+    """The update count fairseq saved in a checkpoint."""
+    import recadam_fairseq.safe_globals  # noqa: F401
+
+    state = torch.load(checkpoint, map_location="cpu", weights_only=True, mmap=True)
+    return int(state["optimizer_history"][-1]["num_updates"])
+
+
+def main(argv: Optional[List[str]] = None):
+    ap = argparse.ArgumentParser(description="Measure fine-tuned checkpoints (target accuracy, SNLI AUC, "
+                                             "distance to the pretrained weights); prints a JSON list.")
+    ap.add_argument("checkpoints", nargs="+")
+    ap.add_argument("--data", required=True, help="the run's data path (its task's dictionaries)")
+    ap.add_argument("--sentiment", required=True, help="the target task's binarized data (valid split)")
+    ap.add_argument("--snli", required=True, help="the SNLI probe (sentences, pairs.npz)")
+    ap.add_argument("--pretrained", required=True, help="the pretrained checkpoint (θ*)")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--out", help="write the JSON here (default: stdout)")
+    args = ap.parse_args(argv)
+    import logging
+
+    import recadam_fairseq.safe_globals  # noqa: F401
+
+    logging.getLogger("fairseq").setLevel(logging.WARNING)
+    torch.set_num_threads(args.threads)
+    pretrained = torch.load(args.pretrained, map_location="cpu", weights_only=True)["model"]
+    out = []
+    for ckpt in args.checkpoints:
+        res = {"checkpoint": os.path.basename(ckpt), "updates": num_updates(ckpt)}
+        res.update(measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data))
+        out.append(res)
+    text = json.dumps(out, indent=2) + "\n"
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as f:
+            f.write(text)
+    else:
+        sys.stdout.write(text)
+    return out
+
+
+if __name__ == "__main__":
+    main()

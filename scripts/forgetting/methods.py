@@ -1,0 +1,148 @@
+"""The methods the comparison runs: a ``--methods`` spec -> the fairseq-train flags that turn it on.
+
+A spec is ``NAME`` or ``NAME:VALUES``; VALUES are the method's knobs, either positional in the
+order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the defaults below)::
+
+    adam
+    recadam:0.1:40            k, t0 (γ = --gamma)        recadam:0.1:40:0   γ = 0: λ(t) alone, no pull
+    recadam-coupled:0.1:40    the coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² (criterion), fairseq's adam
+    recadam-random-init:0.1:40   no --restore-file: random weights, the pull recalls θ* (the paper's choice)
+    r3f:1   r4f:1             λ of the consistency term (R4F: + spectral norm on the head)
+    sam:0.05   fsam:0.05      ρ (fsam: SAM with FSAM's Fisher mask, keep ratio 0.1)
+    recadam+r3f:k=0.1,t0=40,lambda=1      recadam+fsam:k=0.1,t0=40,rho=0.05
+    freeze:3                  the embeddings and encoder layers 0..N-1 frozen (glue_multitask's freezing)
+    ca-mtl:0   ca-mtl:3       CA-MTL's task-conditioned encoder (ca_mtl_roberta) on the target task,
+                              encoder layers 0..N-1 frozen (the paper freezes the lower half)
+
+Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed);
+nothing here runs anything.
+"""
+
+from typing import Dict, List, Tuple
+
+# knob: (default, its prefix in run names)
+KNOBS = {
+    "k": (0.1, "k"), "t0": (40.0, "t"), "gamma": (None, "g"),  # gamma None: --gamma
+    "lambda": (1.0, "lambda"), "rho": (0.05, "rho"), "layers": (3, "freeze"), "freeze": (0, "freeze"),
+}
+RECADAM = ("k", "t0", "gamma")
+METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
+    "adam": (),
+    "recadam": RECADAM,
+    "recadam-coupled": RECADAM,
+    "recadam-random-init": RECADAM,
+    "r3f": ("lambda",),
+    "r4f": ("lambda",),
+    "sam": ("rho",),
+    "fsam": ("rho",),
+    "recadam+r3f": RECADAM + ("lambda",),
+    "recadam+fsam": RECADAM + ("rho",),
+    "freeze": ("layers",),
+    "ca-mtl": ("freeze",),
+}
+INT_KNOBS = ("layers", "freeze")
+# the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
+MT_TASK = "SST-2"
+
+
+class MethodError(ValueError):
+    """A bad --methods spec; the message names it."""
+
+
+def fmt(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def parse(spec: str, gamma: float = 5000.0) -> dict:
+    """``NAME[:VALUES]`` -> {"method": NAME, knob: value, ...}; errors name the spec."""
+    name, _, rest = spec.strip().partition(":")
+    if name not in METHODS:
+        raise MethodError(f"--methods {spec!r}: unknown method {name!r}; known: {', '.join(METHODS)}")
+    knobs = METHODS[name]
+    given = {}
+    if rest:
+        if "=" in rest:
+            for part in rest.split(","):
+                key, eq, value = part.partition("=")
+                if not eq or key.strip() not in knobs:
+                    raise MethodError(f"--methods {spec!r}: {part!r} is not KEY=VALUE with KEY one of "
+                                      f"{', '.join(knobs) or '(none: ' + name + ' has no knobs)'}")
+                given[key.strip()] = value.strip()
+        else:
+            values = rest.split(":")
+            if len(values) > len(knobs):
+                raise MethodError(f"--methods {spec!r}: {name} takes at most {len(knobs)} value(s) "
+                                  f"({':'.join(k.upper() for k in knobs) or 'none'})")
+            given = dict(zip(knobs, values))
+    out = {"method": name}
+    for key in knobs:
+        default = KNOBS[key][0] if key != "gamma" else gamma
+        try:
+            value = (int if key in INT_KNOBS else float)(given[key]) if key in given else default
+        except ValueError:
+            raise MethodError(f"--methods {spec!r}: {key} = {given[key]!r} is not a number") from None
+        if value < 0:
+            raise MethodError(f"--methods {spec!r}: {key} must be >= 0, got {given[key]}")
+        out[key] = value
+    return out
+
+
+def setting_name(s: dict) -> str:
+    """A run's directory name: the method and its knobs (``recadam-k0.1-t40-g5000``, ``sam-rho0.05``)."""
+    return "-".join([s["method"]] + [f"{KNOBS[k][1]}{fmt(s[k])}" for k in METHODS[s["method"]]])
+
+
+def label(s: dict) -> str:
+    """A setting in words, for tables and legends."""
+    parts = []
+    for k in METHODS[s["method"]]:
+        word = {"gamma": "γ", "lambda": "λ", "rho": "ρ", "layers": "frozen layers", "freeze": "frozen layers"}.get(k, k)
+        parts.append(f"{word}={fmt(s[k])}")
+    text = s["method"] + (" " + " ".join(parts) if parts else "")
+    return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
+
+
+def knob_text(s: dict) -> str:
+    return ", ".join(f"{k}={fmt(s[k])}" for k in METHODS[s["method"]])
+
+
+def uses_multitask(s: dict) -> bool:
+    return s["method"] in ("freeze", "ca-mtl")
+
+
+def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
+    """What the method changes on the shared command: ``optimizer``, ``criterion``, ``task`` flags,
+    ``arch`` (None: the pretrained arch), ``restore`` (False: no --restore-file) and ``extra``."""
+    m = s["method"]
+    out = {"optimizer": ["--optimizer", "adam"], "criterion": ["--criterion", "sentence_prediction"],
+           "task": None, "arch": None, "restore": True, "extra": []}
+    recadam = ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(s.get("k", 0.0)),
+               "--recadam-anneal-t0", fmt(s.get("t0", 0.0)), "--recadam-pretrain-cof", fmt(s.get("gamma", 0.0))]
+    if m in ("recadam", "recadam-random-init", "recadam+r3f", "recadam+fsam"):
+        out["optimizer"] = ["--optimizer", "recadam", *recadam]
+    if m == "recadam-random-init":
+        out["restore"] = False
+    if m == "recadam-coupled":
+        out["criterion"] = ["--criterion", "sentence_prediction_recadam", "--recadam-objective", "coupled", *recadam]
+    if m in ("r3f", "r4f", "recadam+r3f"):
+        out["criterion"] = ["--criterion", "sentence_prediction_r3f", "--r3f-lambda", fmt(s["lambda"]),
+                            "--eps", "1e-05", "--noise-type", "uniform"]
+    if m == "r4f":
+        out["extra"] += ["--spectral-norm-classification-head"]
+    if m in ("sam", "fsam"):
+        out["optimizer"] = ["--optimizer", "samsgd"]
+    if m in ("sam", "fsam", "recadam+fsam"):
+        out["optimizer"] += ["--sam-type", "sam" if m == "sam" else "fisher-sam", "--rho", fmt(s["rho"])]
+    if uses_multitask(s):
+        n = s["layers"] if m == "freeze" else s["freeze"]
+        if n > num_layers:
+            raise MethodError(f"--methods {setting_name(s)}: {n} frozen layers, the encoder has {num_layers}")
+        out["task"] = ["--task", "glue_multitask", "--mt-tasks", MT_TASK]
+        out["criterion"] = ["--criterion", "glue_multitask"]
+        if n:
+            out["extra"] += ["--freeze-encoder-layers", f"0-{n - 1}"]
+        if m == "freeze" and n:
+            out["extra"] += ["--freeze-embeddings"]
+        if m == "ca-mtl":
+            out["arch"] = "ca_mtl_roberta"
+    return out
