@@ -46,7 +46,7 @@ bench: $(STAMP)
 # sdists; CPU, about 2 h on 2 cores):
 # docs/forgetting.md, .json, .png; work files in forgetting-out/
 forgetting: $(STAMP)
-	$(PY) scripts/forgetting/run.py
+	$(PY) scripts/forgetting/run.py --readme README.md
 
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh

@@ -439,14 +439,7 @@ def summary_table(info: dict, rows: List[dict], e2e: List[dict]) -> str:
 
 def update_readme(path: str, text: str) -> None:
     """Replace what lies between the benchmark markers of the README."""
-    with open(path, encoding="utf-8") as f:
-        doc = f.read()
-    if README_START not in doc or README_END not in doc:
-        raise SystemExit(f"--readme {path}: no {README_START} ... {README_END} markers")
-    head, rest = doc.split(README_START, 1)
-    tail = rest.split(README_END, 1)[1]
-    with open(path, "w", encoding="utf-8") as f:
-        f.write(f"{head}{README_START}\n{text}\n{README_END}{tail}")
+    _script("readme_block").replace_block(path, README_START, README_END, text)
 
 
 # ----------------------------------------------------------------------------- end to end

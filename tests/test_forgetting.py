@@ -182,6 +182,7 @@ def sdists(tmp_path_factory):
 ALL_METHODS = ["adam", "recadam:0.5:1", "recadam-coupled:0.5:1", "recadam-random-init:0.5:1", "r3f:1", "r4f:1",
                "sam:0.05", "fsam:0.05", "recadam+r3f:k=0.5,t0=1", "recadam+fsam:k=0.5,t0=1", "freeze:3", "ca-mtl:3"]
 UPDATES = 4
+README_BEFORE = "# Doc\n\ntext before\n<!-- forgetting:start -->\nold table\n<!-- forgetting:end -->\ntext after\n"
 
 
 @pytest.fixture(scope="module")
@@ -190,11 +191,13 @@ def pipeline(tmp_path_factory, converted):
     epoch, so adam's and freeze's intermediate points after 1, 2 and 3 updates include one at an
     epoch's end (update 3), where fairseq writes checkpoint1.pt and no interval checkpoint."""
     work = tmp_path_factory.mktemp("forgetting")
+    (work / "README.md").write_text(README_BEFORE)
     res = forgetting.main([
         "--work", str(work), "--results", str(work / "results"), "--sdist-dir", sdists(tmp_path_factory),
         "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24",
         "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
-        "--methods", *ALL_METHODS, "--early-every", "1", "--early-methods", "adam", "freeze", "--keep-checkpoints"])
+        "--methods", *ALL_METHODS, "--early-every", "1", "--early-methods", "adam", "freeze", "--keep-checkpoints",
+        "--readme", str(work / "README.md")])
     return work, res
 
 
@@ -228,6 +231,23 @@ def test_every_method_gives_a_row(pipeline):
             assert isinstance(r["frontier"], bool) and r["train_seconds"] > 0
     assert any(r["frontier"] for r in res["rows"] if not r.get("stopped_at"))
     assert (work / "results.png").stat().st_size > 10_000
+
+
+def test_readme_block_is_the_table(pipeline):
+    work, res = pipeline
+    readme = (work / "README.md").read_text()
+    md = (work / "results.md").read_text()
+    assert readme == README_BEFORE.replace("old table", md.rstrip("\n"))
+    assert "| adam |" in md and "old table" not in readme
+
+
+def test_readme_without_markers_stops_before_running(tmp_path, capsys):
+    (tmp_path / "README.md").write_text("# no markers\n")
+    with pytest.raises(SystemExit) as e:
+        forgetting.main(["--work", str(tmp_path / "w"), "--readme", str(tmp_path / "README.md")])
+    assert e.value.code == 2
+    assert "no <!-- forgetting:start --> ... <!-- forgetting:end --> markers" in capsys.readouterr().err
+    assert not (tmp_path / "w").exists()
 
 
 def test_intermediate_point_at_an_epoch_end(pipeline, converted):

@@ -102,6 +102,11 @@ def label(s: dict) -> str:
     return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
 
 
+def group(s: dict) -> str:
+    """The curve a setting belongs to (frontiers, plot): its method; RecAdam's γ = 0 control apart."""
+    return s["method"] + " γ=0 (λ(t) only)" if s.get("gamma") == 0 else s["method"]
+
+
 def knob_text(s: dict) -> str:
     return ", ".join(f"{k}={fmt(s[k])}" for k in METHODS[s["method"]])
 

