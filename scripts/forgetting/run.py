@@ -74,6 +74,7 @@ DEFAULT_METHODS = (
     "freeze:2", "freeze:4", "freeze:6",
     "ca-mtl:0", "ca-mtl:3",
 )
+CHART_MIN_ACCURACY = 0.6  # the plot's main panel leaves out settings below this (near chance: 0.5)
 # relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
 COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2}
 
@@ -412,13 +413,13 @@ def plot(rows, base, out, updates):
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(14, 6), gridspec_kw={"width_ratios": [2.2, 1]})
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(16, 7), gridspec_kw={"width_ratios": [2.4, 1]})
     final = [r for r in rows if not r.get("stopped_at")]
     cmap = plt.get_cmap("tab20")
     markers = "osD^v<>pPX*h"
     for i, m in enumerate(dict.fromkeys(methods.group(r) for r in final)):
         rs = [r for r in final if methods.group(r) == m]
-        color = "black" if m == "adam" else cmap(i % 20)
+        color = "black" if m == "adam" else cmap((2 * i) % 20 + (2 * i) // 20 % 2)  # the darker of each pair first
         for r in rs:
             ax1.errorbar(-r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"], yerr=r["target_accuracy_std"],
                          fmt=markers[i % len(markers)], color=color, ms=6, capsize=2, alpha=0.9,
@@ -438,11 +439,26 @@ def plot(rows, base, out, updates):
     front = sorted((r for r in final if r["frontier"]), key=lambda r: -r["forgetting"])
     ax1.step([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], where="post", color="red",
              ls="--", lw=1, alpha=0.6, label="frontier over all methods")
+    # settings that ended near chance (a diverged run) would squeeze the rest into a corner: listed instead
+    off = [r for r in final if r["target_accuracy"] < CHART_MIN_ACCURACY]
+    shown = [r for r in rows if r["target_accuracy"] >= CHART_MIN_ACCURACY]
+    if off and shown:
+        xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
+        pad_x, pad_y = 0.05 * (max(xs) - min(xs) or 0.01), 0.05 * (max(ys) - min(ys) or 0.01)
+        ax1.set_xlim(min(xs) - pad_x, max(xs) + 2 * pad_x)
+        ax1.set_ylim(min(ys) - pad_y, max(ys) + pad_y)
+        ax1.text(0.99, 0.01, "off the chart (accuracy < " + f"{CHART_MIN_ACCURACY:g}):\n" + "\n".join(
+            f"{r['label']}: {r['target_accuracy']:.3f}, ΔAUC {r['forgetting']:+.3f}" for r in off),
+            transform=ax1.transAxes, ha="right", va="bottom", fontsize=7,
+            bbox=dict(boxstyle="round", fc="white", ec="grey", alpha=0.9))
     ax1.set_xlabel(f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)")
     ax1.set_ylabel("target accuracy (held-out snippets)")
     ax1.set_title("target accuracy vs forgetting: each method's settings, its frontier joined")
     ax1.grid(alpha=0.3)
-    ax1.legend(fontsize=7, ncol=2)
+    if off and shown:  # the lower right is empty on a chart whose worst runs are listed apart
+        ax1.legend(fontsize=7, ncol=2, loc="lower right", bbox_to_anchor=(1.0, 0.1))
+    else:
+        ax1.legend(fontsize=7, ncol=2)
     if len(adam) > 1:
         pts = sorted(adam, key=lambda r: r.get("stopped_at") or 1e9)
         ups = [r.get("stopped_at") or updates for r in pts]
