@@ -250,6 +250,19 @@ def test_readme_without_markers_stops_before_running(tmp_path, capsys):
     assert not (tmp_path / "w").exists()
 
 
+def test_report_only_starts_no_run(pipeline, converted):
+    """--report-only: the table of what is finished; a setting not run yet is counted, not started."""
+    work, _ = pipeline
+    res = forgetting.main([
+        "--work", str(work), "--results", str(work / "partial"), "--pretrained-dir", converted,
+        "--train-size", "48", "--test-size", "40", "--snli-pairs", "24", "--batch-size", "16",
+        "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
+        "--methods", "adam", "sam:0.3", "--early-every", "1", "--early-methods", "adam", "freeze", "--report-only"])
+    assert [r["name"] for r in res["runs"]] == ["adam"] and not res["complete"]
+    assert not (work / "runs" / "sam-rho0.3").exists()
+    assert (work / "partial.md").read_text().startswith("**Partial: 1 of 2 runs finished.**")
+
+
 def test_intermediate_point_at_an_epoch_end(pipeline, converted):
     """The point after 3 updates ends epoch 1: fairseq names it checkpoint1.pt (no checkpoint_1_3.pt);
     it is measured, from that file."""

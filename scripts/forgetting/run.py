@@ -183,6 +183,9 @@ def run_one(args, ctx, setting, seed, say):
         if old and old.get("command") == ["fairseq-train"] + cmd and old.get("data") == args.data_key:
             say(f"== {name} seed {seed}: done before ({where})")
             return old
+    if args.report_only:
+        say(f"== {name} seed {seed}: not run yet (--report-only)")
+        return None
     os.makedirs(run_dir, exist_ok=True)
     for f in os.listdir(run_dir):
         if f.startswith("checkpoint") or f in ("result.json", "measured.json"):
@@ -509,6 +512,8 @@ def main(argv=None):
                     help="also measure the checkpoints every N updates of --early-methods' runs (0: off)")
     ap.add_argument("--early-methods", nargs="*", default=["adam"], help="methods measured along their runs")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep the measured checkpoints")
+    ap.add_argument("--report-only", action="store_true",
+                    help="start no run: write the table and plot from the runs finished so far (a partial table says so)")
     ap.add_argument("--fresh", action="store_true",
                     help="do not reuse the runs recorded in RESULTS.json (runs in WORK are still reused)")
     args = ap.parse_args(argv)
@@ -604,7 +609,8 @@ def main(argv=None):
         runs = run_all(args, ctx, grid, on_done=write)
     except (methods.MethodError, RunError) as e:
         sys.exit(f"run.py: error: {e}")
-    result, md = write(runs, len(runs), final=True)
+    total, runs = len(runs), [r for r in runs if r is not None]
+    result, md = write(runs, total, final=True)
     print("\n" + md)
     print(f"wrote {args.results}.md, .json, .png ({time.time() - t_start:.0f} s)")
     return result
