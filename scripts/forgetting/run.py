@@ -34,6 +34,7 @@ import os
 import shlex
 import subprocess
 import sys
+import threading
 import time
 
 import numpy as np
@@ -251,7 +252,6 @@ def _read(path):
 
 def run_all(args, ctx, grid, on_done=None):
     """Every (setting, seed), --jobs at a time, seed by seed and the costliest first; results in grid order."""
-    import threading
     from concurrent.futures import ThreadPoolExecutor
 
     lock = threading.Lock()
@@ -597,7 +597,7 @@ def main(argv=None):
            "sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"), "glue": glue}
     command = "python scripts/forgetting/run.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                         else sys.argv[1:]))
-    lock = __import__("threading").Lock()
+    lock = threading.Lock()
 
     def write(runs, total, final=False):
         with lock:
