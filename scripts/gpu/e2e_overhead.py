@@ -1,0 +1,318 @@
+#!/usr/bin/env python
+"""What each method costs inside real fairseq-train: ms per update and peak memory, against its base.
+
+Generates a RoBERTa-sized setup (random "pretrained" weights after one masked-LM update, a
+50,265-symbol dictionary, GLUE-length sentences of 64 to 126 tokens, two classes), then runs
+``fairseq-train`` (through ``train_peak.py``, which adds the peak CUDA memory) once per method
+and round, the order rotating by round. Each method's flags come from the forgetting harness
+(scripts/forgetting/methods.py), so the commands are the ones the comparison ran.
+
+    python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
+    python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
+
+Time per update: the mean of 1/ups over fairseq's log intervals, the first (start-up) left out;
+the median over rounds. Peak memory: ``torch.cuda.max_memory_allocated`` of the whole run.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SCRIPTS = os.path.dirname(HERE)
+ROOT = os.path.dirname(SCRIPTS)
+USER_DIR = os.path.join(ROOT, "recadam_fairseq")
+README_START, README_END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
+
+
+def _script(path: str, name: str):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+methods = _script(os.path.join(SCRIPTS, "forgetting", "methods.py"), "forgetting_methods")
+plot_run = _script(os.path.join(SCRIPTS, "plot_run.py"), "plot_run")
+tiny_roberta = _script(os.path.join(SCRIPTS, "make_tiny_roberta.py"), "make_tiny_roberta")
+readme_block = _script(os.path.join(SCRIPTS, "readme_block.py"), "readme_block")
+
+ARCH = {
+    # roberta_base's shapes, spelled out: methods.flags swaps --arch (ca_mtl_roberta) and keeps them
+    "base": ["--arch", "roberta", "--encoder-layers", "12", "--encoder-embed-dim", "768",
+             "--encoder-ffn-embed-dim", "3072", "--encoder-attention-heads", "12", "--max-positions", "512"],
+    "tiny": tiny_roberta.TINY_ARCH,
+}
+DICT_SIZE = {"base": 50260, "tiny": 96}  # dict.txt lines; fairseq adds 4 specials, the task <mask>: 50265
+LENGTHS = {"base": (64, 126), "tiny": (10, 60)}  # tokens per sentence (+ <s> </s> within max positions)
+PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficient-fp16": ["--memory-efficient-fp16"],
+             "amp": ["--amp"]}
+# name -> (methods spec, extra flags, base name): each method is timed against its base
+DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam+fsam", "mt-roberta",
+                   "ca-mtl"]
+CATALOGUE = {
+    "adam": ("adam", [], "adam"),
+    "recadam": ("recadam:0.1:250", [], "adam"),
+    "recadam-bf16-anchor": ("recadam:0.1:250", ["--recadam-anchor-dtype", "bf16"], "adam"),
+    "r3f": ("r3f:1", [], "adam"),
+    "r4f": ("r4f:1", [], "adam"),
+    "sam": ("sam:0.05", [], "adam"),
+    "fsam": ("fsam:0.05", [], "adam"),
+    "recadam+r3f": ("recadam+r3f:k=0.1,t0=250,lambda=1", [], "recadam"),
+    "recadam+fsam": ("recadam+fsam:k=0.1,t0=250,rho=0.05", [], "recadam"),
+    "mt-roberta": ("freeze:0", [], "mt-roberta"),  # plain RoBERTa through --task glue_multitask: CA-MTL's base
+    "ca-mtl": ("ca-mtl:0", [], "mt-roberta"),
+}
+
+
+def preprocess(args: List[str]) -> None:
+    import logging
+
+    logging.getLogger("fairseq_cli.preprocess").setLevel(logging.WARNING)  # it logs its whole namespace
+    tiny_roberta.preprocess(args)
+
+
+def make_setup(work: str, size: str, n_train: int, seed: int, device_flags: List[str], precision: List[str]) -> Dict:
+    """dict.txt, sentiment-bin/{input0,label} (the layout glue_layout links for glue_multitask) and
+    pretrained.pt (one masked-LM update from random weights)."""
+    rng = random.Random(seed)
+    raw = os.path.join(work, "raw")
+    os.makedirs(raw, exist_ok=True)
+    words = [f"w{i}" for i in range(DICT_SIZE[size])]
+    with open(os.path.join(raw, "dict.txt"), "w") as f:
+        f.writelines(f"{w} {DICT_SIZE[size] - i}\n" for i, w in enumerate(words))
+    lo, hi = LENGTHS[size]
+    for split, n in (("train", n_train), ("valid", 64)):
+        with open(os.path.join(raw, f"{split}.input0"), "w") as f:
+            f.writelines(" ".join(rng.choices(words, k=rng.randint(lo, hi))) + "\n" for _ in range(n))
+        with open(os.path.join(raw, f"{split}.label"), "w") as f:
+            f.writelines(f"{rng.randint(0, 1)}\n" for _ in range(n))
+    data = os.path.join(work, "data")
+    cls = os.path.join(data, "sentiment-bin")
+    pre = ["--only-source", "--workers", str(min(8, os.cpu_count() or 1))]
+    preprocess(pre + ["--trainpref", f"{raw}/train.input0", "--validpref", f"{raw}/valid.input0",
+                      "--destdir", f"{cls}/input0", "--srcdict", f"{raw}/dict.txt"])
+    preprocess(pre + ["--trainpref", f"{raw}/train.label", "--validpref", f"{raw}/valid.label",
+                      "--destdir", f"{cls}/label"])
+    save = os.path.join(work, "pretrain")
+    cmd = [sys.executable, "-m", "fairseq_cli.train", f"{cls}/input0", "--task", "masked_lm", "--criterion", "masked_lm",
+           *ARCH[size], "--tokens-per-sample", str(hi + 2), "--batch-size", "8", "--optimizer", "adam",
+           "--lr", "1e-4", "--lr-scheduler", "fixed", "--max-update", "1", "--seed", str(seed), *device_flags,
+           *precision, "--num-workers", "0", "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation",
+           "--log-format", "simple"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"e2e_overhead: the masked-LM start failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
+    pretrained = os.path.join(work, "pretrained.pt")
+    os.replace(os.path.join(save, "checkpoint_last.pt"), pretrained)
+    glue = _script(os.path.join(SCRIPTS, "forgetting", "prepare.py"), "forgetting_prepare").glue_layout(data)
+    return {"sentiment": cls, "glue": glue, "pretrained": pretrained}
+
+
+def train_command(args, setup: Dict, name: str, save_dir: str) -> List[str]:
+    spec, extra, _ = CATALOGUE[name]
+    s = methods.parse(spec)
+    num_layers = int(ARCH[args.size][ARCH[args.size].index("--encoder-layers") + 1])
+    f = methods.flags(s, num_layers)
+    arch = list(ARCH[args.size])
+    if f["arch"]:
+        arch[arch.index("--arch") + 1] = f["arch"]
+    task = f["task"] or ["--task", "sentence_prediction", "--num-classes", "2"]
+    data = setup["glue"] if f["task"] else setup["sentiment"]
+    return [data, "--user-dir", USER_DIR, "--restore-file", setup["pretrained"],
+            "--reset-optimizer", "--reset-dataloader", "--reset-meters", *task, *f["criterion"],
+            "--init-token", "0", "--separator-token", "2", *arch, "--dropout", "0.1", "--attention-dropout", "0.1",
+            "--batch-size", str(args.batch_size), "--required-batch-size-multiple", "1",
+            *f["optimizer"], *extra, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06", "--weight-decay", "0.1",
+            "--clip-norm", "0.0", "--lr", "1e-05", "--lr-scheduler", "fixed", "--max-update", str(args.updates),
+            "--seed", "1", *f["extra"], *args.device_flags, *PRECISION[args.precision],
+            "--num-workers", "1", "--disable-validation", "--no-save", "--save-dir", save_dir,
+            "--log-format", "json", "--log-interval", str(args.log_interval)]
+
+
+def run_one(args, setup: Dict, name: str, rnd: int) -> Dict:
+    run_dir = os.path.join(args.work, "runs", f"{name}-r{rnd}")
+    os.makedirs(run_dir, exist_ok=True)
+    peak_json = os.path.join(run_dir, "peak.json")
+    cmd = train_command(args, setup, name, run_dir)
+    t = time.time()
+    proc = subprocess.run([sys.executable, os.path.join(HERE, "train_peak.py"), peak_json, *cmd],
+                          capture_output=True, text=True)
+    log = proc.stdout + proc.stderr
+    with open(os.path.join(run_dir, "train.log"), "w") as f:
+        f.write(log)
+    if proc.returncode != 0:
+        raise SystemExit(f"e2e_overhead: fairseq-train failed for {name}:\n{log[-3000:]}")
+    records = plot_run.parse_log_lines(log.splitlines())["train_inner"]
+    ups = [float(r["ups"]) for r in records[1:]]  # the first interval holds start-up work
+    if not ups or min(ups) <= 0:
+        raise SystemExit(f"e2e_overhead: {name}: fewer than 2 log intervals to time (--updates / --log-interval)")
+    m = re.search(r"num\. shared model params: ([\d,]+) \(num\. trained: ([\d,]+)\)", log)
+    with open(peak_json) as f:
+        peak = json.load(f)
+    return {"s_per_update": statistics.mean(1.0 / u for u in ups), "intervals": len(ups),
+            "params": int(m.group(1).replace(",", "")) if m else None,
+            "trained": int(m.group(2).replace(",", "")) if m else None,
+            "peak_bytes": peak["max_allocated"], "wall_s": round(time.time() - t, 1),
+            "command": ["fairseq-train", *cmd]}
+
+
+def anchor_bytes(name: str, trained: Optional[int]) -> Optional[int]:
+    """What RecAdam's θ* should add: one copy of the trained parameters, in the anchor's dtype."""
+    if trained is None or not CATALOGUE[name][0].startswith("recadam"):
+        return None
+    base = CATALOGUE[CATALOGUE[name][2]][0]
+    if base.startswith("recadam"):
+        return 0  # against RecAdam itself: no second anchor
+    extra = CATALOGUE[name][1]
+    half = "--recadam-anchor-dtype" in extra and extra[extra.index("--recadam-anchor-dtype") + 1] in ("bf16", "fp16")
+    return trained * (2 if half else 4)  # --recadam-anchor-dtype's default: fp32
+
+
+def summarize(args, runs: Dict[str, List[Dict]]) -> List[Dict]:
+    med = {n: statistics.median(r["s_per_update"] for r in rs) for n, rs in runs.items()}
+    peak = {n: max((r["peak_bytes"] or 0) for r in rs) or None for n, rs in runs.items()}
+    rows = []
+    for n, rs in runs.items():
+        base = CATALOGUE[n][2]
+        row = {"method": n, "spec": CATALOGUE[n][0], "extra": CATALOGUE[n][1], "base": base,
+               "ms_per_update": 1e3 * med[n], "per_round_ms": [1e3 * r["s_per_update"] for r in rs],
+               "ratio_vs_base": med[n] / med[base] if base in med else None,
+               "peak_mib": peak[n] / 2**20 if peak[n] else None,
+               "extra_mib": (peak[n] - peak[base]) / 2**20 if peak[n] and base in peak and peak[base] else None,
+               "trained_params": rs[0]["trained"], "rounds": len(rs), "updates": args.updates,
+               "command": rs[0]["command"]}
+        a = anchor_bytes(n, rs[0]["trained"])
+        row["anchor_mib"] = a / 2**20 if a is not None else None
+        rows.append(row)
+    return rows
+
+
+def table(rows: List[Dict]) -> str:
+    def f(x, fmt):
+        return "–" if x is None else format(x, fmt)
+
+    lines = ["| method | base | ms / update | vs base | peak MiB | over base MiB | anchor MiB | rounds × updates |",
+             "|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['method']} | {r['base']} | {r['ms_per_update']:.1f} | "
+                     f"{f(r['ratio_vs_base'], '.3f')}x | {f(r['peak_mib'], '.0f')} | {f(r['extra_mib'], '.0f')} | "
+                     f"{f(r['anchor_mib'], '.0f')} | {r['rounds']} × {r['updates']} |")
+    return "\n".join(lines)
+
+
+def machine_info() -> Dict:
+    import torch
+
+    import fairseq
+
+    info = {"torch": torch.__version__, "cuda": torch.version.cuda, "fairseq": fairseq.__version__,
+            "python": platform.python_version(), "cpu": platform.processor() or platform.machine()}
+    if torch.cuda.is_available():
+        info["gpu"] = torch.cuda.get_device_name(0)
+        try:
+            info["driver"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                            capture_output=True, text=True).stdout.strip().splitlines()[0]
+        except (OSError, IndexError):
+            info["driver"] = None
+    return info
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--methods", nargs="+", default=DEFAULT_METHODS, choices=list(CATALOGUE),
+                    help="methods to time; each method's base is added when missing")
+    ap.add_argument("--size", choices=list(ARCH), default="base", help="model shapes (tiny: a CPU smoke run)")
+    ap.add_argument("--precision", choices=list(PRECISION), default="fp16")
+    ap.add_argument("--device", choices=["auto", "cuda", "cpu"], default="auto")
+    ap.add_argument("--updates", type=int, default=120, help="updates per fairseq-train run")
+    ap.add_argument("--log-interval", type=int, default=20, help="fairseq's log interval (one timing sample each)")
+    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--train-size", type=int, default=2048, help="generated training sentences")
+    ap.add_argument("--rounds", type=int, default=2, help="fairseq-train runs per method, the order rotating")
+    ap.add_argument("--work", help="work directory (default: a new temporary one)")
+    ap.add_argument("--out-md", default="e2e.md")
+    ap.add_argument("--out-json", default="e2e.json")
+    ap.add_argument("--readme", metavar="PATH", help=f"also write the table between {README_START} / {README_END}")
+    args = ap.parse_args(argv)
+    for flag in ("updates", "log_interval", "batch_size", "train_size", "rounds"):
+        if getattr(args, flag) < 1:
+            ap.error(f"--{flag.replace('_', '-')} must be >= 1")
+    if args.updates < 2 * args.log_interval:
+        ap.error(f"--updates {args.updates}: needs at least 2 log intervals of --log-interval {args.log_interval} "
+                 "(the first is start-up and is not timed)")
+    names = []
+    for n in args.methods:
+        for m in (CATALOGUE[n][2], n):
+            if m not in names:
+                names.append(m)
+    args.methods = names
+    return args
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    import torch
+
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.device == "cuda" and not torch.cuda.is_available():
+        sys.exit("e2e_overhead: --device cuda: CUDA is not available")
+    if args.device == "cpu" and args.precision != "fp32":
+        sys.exit(f"e2e_overhead: --precision {args.precision} needs a GPU (fairseq's half precision does not "
+                 "run with --cpu); use --precision fp32")
+    if args.readme:  # fail before any run, not after
+        with open(args.readme, encoding="utf-8") as f:
+            if README_START not in f.read():
+                sys.exit(f"e2e_overhead: --readme {args.readme}: no {README_START} marker")
+    args.device_flags = ["--cpu"] if args.device == "cpu" else []
+    args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="recadam-e2e-gpu-"))
+    info = machine_info()
+    print(f"machine: {json.dumps(info)}; work in {args.work}", flush=True)
+    t0 = time.time()
+    setup = make_setup(args.work, args.size, args.train_size, 1, args.device_flags, PRECISION[args.precision])
+    print(f"setup: {time.time() - t0:.0f} s", flush=True)
+    runs = {n: [] for n in args.methods}
+    for rnd in range(args.rounds):
+        k = rnd % len(args.methods)
+        for n in args.methods[k:] + args.methods[:k]:
+            r = run_one(args, setup, n, rnd)
+            runs[n].append(r)
+            peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f} MiB"
+            print(f"round {rnd + 1} {n}: {1e3 * r['s_per_update']:.1f} ms/update, peak {peak} ({r['wall_s']} s)",
+                  flush=True)
+    rows = summarize(args, runs)
+    where = (f"{info.get('gpu', info['cpu'])}" + (f", driver {info['driver']}" if info.get("driver") else "")
+             + f", torch {info['torch']}" + (f" (CUDA {info['cuda']})" if info.get("cuda") else "")
+             + f", fairseq {info['fairseq']}")
+    md = (f"{table(rows)}\n\nfairseq-train, {args.size} shapes ({rows[0]['trained_params']:,} trained parameters), "
+          f"{' '.join(PRECISION[args.precision]) or 'fp32'}, batch {args.batch_size} of {LENGTHS[args.size][0]}–{LENGTHS[args.size][1]} tokens, "
+          f"{args.updates} updates per run, median over {args.rounds} rounds; {where}. ms / update: mean of 1/ups "
+          f"over fairseq's log intervals after the first. Peak: torch.cuda.max_memory_allocated of the run. "
+          f"Anchor: the trained parameters once in the anchor's dtype (what RecAdam should add over adam). "
+          f"Command: `python scripts/gpu/e2e_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}`.")
+    with open(args.out_md, "w", encoding="utf-8") as f:
+        f.write(md + "\n")
+    with open(args.out_json, "w", encoding="utf-8") as f:
+        json.dump({"machine": info, "size": args.size, "precision": args.precision, "batch_size": args.batch_size,
+                   "updates": args.updates, "rounds": args.rounds, "rows": rows,
+                   "seconds": round(time.time() - t0, 1)}, f, indent=2)
+        f.write("\n")
+    if args.readme:
+        readme_block.replace_block(args.readme, README_START, README_END, md)
+    print("\n" + md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

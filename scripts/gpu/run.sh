@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The GPU pass, on the GPU machine (no fairseq, no network there):
+#   here:   bash scripts/gpu/wheels.sh                       (once: fairseq-fixed + its needs into .whl/)
+#   there:  bash scripts/gpu/run.sh STAGE...                 (device call with carry: [".whl"])
+# Stages (one device call is limited to 10 minutes: split them over calls, e.g. "tests suite", "bench",
+# "e2e-recadam", "e2e"):
+#   check        versions, the GPU, fairseq and the plug-in import (every stage starts with it)
+#   tests        every test marked gpu                                              -> gpu-tests.log
+#   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
+#   bench        the optimizer-step benchmark on CUDA, base and large shapes      -> bench.log, benchmark.{md,json}
+#   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
+#   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
+# Logs and results go to $OUT (the device tool's folder; here: gpu-out/). The exit status is the
+# first failing stage's, after all stages ran.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+ROOT=$PWD
+OUT=${OUT:-$ROOT/gpu-out}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+SITE=${RECADAM_GPU_SITE:-/tmp/recadam-gpu-site}
+export PYTHONUNBUFFERED=1
+
+STAGES="check tests suite bench e2e-recadam e2e"
+for s in "$@"; do
+    case " $STAGES " in *" $s "*) ;; *) echo "run.sh: unknown stage '$s' (one of: $STAGES)" >&2; exit 2 ;; esac
+done
+
+# fairseq from the carried wheels, unless this Python has it (RECADAM_GPU_WHEELS=1: install anyway)
+if [ -n "${RECADAM_GPU_WHEELS:-}" ] || ! $PY -c "import fairseq" 2>/dev/null; then
+    if ! ls .whl/fairseq_fixed-*.whl >/dev/null 2>&1; then
+        echo "run.sh: no fairseq here and no .whl/fairseq_fixed-*.whl: run scripts/gpu/wheels.sh, carry .whl" >&2
+        exit 2
+    fi
+    $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl \
+        || { echo "run.sh: installing .whl/ into $SITE failed" >&2; exit 2; }
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+# the plug-in from this working tree, as the editable install of `make` does
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$SITE/bin:$PATH"
+
+check() {
+    command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    $PY - <<'EOF'
+import platform, torch, fairseq, recadam_fairseq
+recadam_fairseq.register()
+from fairseq.optim import OPTIMIZER_REGISTRY
+from fairseq.criterions import CRITERION_REGISTRY
+assert "recadam" in OPTIMIZER_REGISTRY and "samsgd" in OPTIMIZER_REGISTRY, "the plug-in's optimizers are not registered"
+assert "sentence_prediction_r3f" in CRITERION_REGISTRY and "glue_multitask" in CRITERION_REGISTRY
+cuda = torch.cuda.is_available()
+print(f"python {platform.python_version()} | torch {torch.__version__} (CUDA {torch.version.cuda}) | "
+      f"fairseq {fairseq.__version__} from {fairseq.__file__} | recadam_fairseq from {recadam_fairseq.__file__} | "
+      f"GPU: {torch.cuda.get_device_name(0) if cuda else 'none'}")
+EOF
+}
+
+status=0
+stage() {  # stage NAME LOG COMMAND...: run, log to $OUT/LOG and the console, keep the first failure
+    local name=$1 log=$2; shift 2
+    { echo "$CHECK"; echo "== $name: $*"; } | tee "$OUT/$log"
+    local t=$SECONDS
+    "$@" 2>&1 | tee -a "$OUT/$log"
+    local rc=${PIPESTATUS[0]}
+    echo "== $name: exit $rc, $((SECONDS - t)) s" | tee -a "$OUT/$log"
+    [ "$status" -ne 0 ] || status=$rc
+}
+
+CHECK=$(check 2>&1) || { echo "$CHECK" >&2; echo "run.sh: the check failed" >&2; exit 2; }
+echo "$CHECK"
+[ $# -gt 0 ] || set -- check
+WORKERS=${RECADAM_GPU_WORKERS:-8}
+for s in "$@"; do
+    case $s in
+    check) ;;
+    tests) stage tests gpu-tests.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider ;;
+    suite) stage suite suite.log $PY -m pytest -n "$WORKERS" --dist loadfile -q -p no:cacheprovider \
+               --ignore tests/test_forgetting.py ;;
+    bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large \
+               --out-md "$OUT/benchmark.md" --out-json "$OUT/benchmark.json" ;;
+    e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
+               --methods adam recadam recadam-bf16-anchor --rounds 3 \
+               --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
+    e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
+    esac
+done
+exit $status

@@ -1,0 +1,100 @@
+"""The GPU pass's scripts (scripts/gpu/), on CPU: what a device session runs must not first fail there.
+
+The end-to-end overhead script runs at tiny size in fp32 with one method per family; its figures
+are CPU noise here, so the assertions are on what it records, not on speed.
+"""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+E2E = os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py")
+RUN_SH = os.path.join(ROOT, "scripts", "gpu", "run.sh")
+
+
+def _e2e(*args, cwd):
+    return subprocess.run([sys.executable, E2E, *args], capture_output=True, text=True, cwd=cwd)
+
+
+@pytest.fixture(scope="module")
+def e2e_run(tmp_path_factory):
+    out = tmp_path_factory.mktemp("e2e")
+    readme = out / "README.md"
+    readme.write_text("# x\n\n<!-- gpu-e2e:start -->\nnot run yet\n<!-- gpu-e2e:end -->\ntail\n")
+    proc = _e2e("--size", "tiny", "--precision", "fp32", "--device", "cpu", "--methods", "recadam", "ca-mtl",
+                "--updates", "4", "--log-interval", "1", "--batch-size", "8", "--train-size", "32", "--rounds", "1",
+                "--work", str(out / "work"), "--out-md", str(out / "e2e.md"), "--out-json", str(out / "e2e.json"),
+                "--readme", str(readme), cwd=str(out))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, json.loads((out / "e2e.json").read_text()), readme.read_text()
+
+
+def test_every_method_and_its_base_get_a_row(e2e_run):
+    _, result, _ = e2e_run
+    rows = {r["method"]: r for r in result["rows"]}
+    assert list(rows) == ["adam", "recadam", "mt-roberta", "ca-mtl"]  # bases added before their methods
+    assert rows["recadam"]["base"] == "adam" and rows["ca-mtl"]["base"] == "mt-roberta"
+    for r in rows.values():
+        assert r["ms_per_update"] > 0 and r["rounds"] == 1 and r["updates"] == 4
+        assert r["peak_mib"] is None  # CPU: no CUDA allocator to ask
+    assert rows["adam"]["ratio_vs_base"] == 1.0
+    assert rows["recadam"]["ratio_vs_base"] == pytest.approx(rows["recadam"]["ms_per_update"] / rows["adam"]["ms_per_update"])
+    # the anchor RecAdam should add: the trained parameters once, in fp32 (fairseq's own count)
+    assert rows["recadam"]["trained_params"] > 0
+    assert rows["recadam"]["anchor_mib"] == pytest.approx(4 * rows["recadam"]["trained_params"] / 2**20)
+    assert rows["adam"]["anchor_mib"] is None
+
+
+def test_commands_are_the_plug_ins_flags(e2e_run):
+    _, result, _ = e2e_run
+    cmd = {r["method"]: r["command"] for r in result["rows"]}
+    assert cmd["recadam"][0] == "fairseq-train"
+    assert cmd["recadam"][cmd["recadam"].index("--optimizer") + 1] == "recadam"
+    assert cmd["adam"][cmd["adam"].index("--optimizer") + 1] == "adam"
+    assert cmd["ca-mtl"][cmd["ca-mtl"].index("--arch") + 1] == "ca_mtl_roberta"
+    assert cmd["mt-roberta"][cmd["mt-roberta"].index("--arch") + 1] == "roberta"
+    for c in (cmd["ca-mtl"], cmd["mt-roberta"]):
+        assert c[c.index("--task") + 1] == "glue_multitask"
+    assert all("--cpu" in c and "--restore-file" in c for c in cmd.values())
+
+
+def test_table_goes_into_the_readme_block(e2e_run):
+    out, _, readme = e2e_run
+    md = (out / "e2e.md").read_text().rstrip("\n")
+    assert readme == f"# x\n\n<!-- gpu-e2e:start -->\n{md}\n<!-- gpu-e2e:end -->\ntail\n"
+    assert "| recadam | adam |" in md and "| ca-mtl | mt-roberta |" in md
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--precision", "fp16", "--device", "cpu"], "--precision fp16 needs a GPU"),
+    (["--updates", "3", "--log-interval", "2"], "needs at least 2 log intervals"),
+    (["--rounds", "0"], "--rounds must be >= 1"),
+    (["--methods", "adamw"], "invalid choice: 'adamw'"),
+])
+def test_bad_input_is_refused_before_any_run(tmp_path, args, message):
+    proc = _e2e("--work", str(tmp_path / "work"), *args, cwd=str(tmp_path))
+    assert proc.returncode != 0 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_missing_readme_markers_stop_before_any_run(tmp_path):
+    (tmp_path / "README.md").write_text("no markers\n")
+    proc = _e2e("--device", "cpu", "--precision", "fp32", "--readme", str(tmp_path / "README.md"),
+                "--work", str(tmp_path / "work"), cwd=str(tmp_path))
+    assert proc.returncode != 0 and "no <!-- gpu-e2e:start --> marker" in proc.stderr
+    assert not (tmp_path / "work").exists()
+
+
+def test_run_sh_checks_the_install_and_refuses_unknown_stages(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path))
+    proc = subprocess.run(["bash", RUN_SH, "check"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "fairseq 0.12" in proc.stdout and "recadam_fairseq from " + ROOT in proc.stdout
+    proc = subprocess.run(["bash", RUN_SH, "tests", "nope"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 2 and "unknown stage 'nope'" in proc.stderr
+    assert not os.listdir(tmp_path)  # refused before any stage ran
