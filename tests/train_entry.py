@@ -1,8 +1,11 @@
 """`fairseq-train` for the tests, runnable on a CPU-only torch with --fp16.
 
 fairseq's flat fp16 path asks torch.cuda.current_device() for a device key; CPU tensors report
-device.index None, so on a CPU-only torch we answer None and the real flat path runs; its overflow
-handler's ``torch.tensor(0.0).cuda()`` stays on the CPU.
+device.index None, so for a CPU run (a CPU-only torch, or --cpu) we answer None and the real flat
+path runs; its overflow handler's ``torch.tensor(0.0).cuda()`` stays on the CPU. On a CUDA machine
+without the answer, ``--fp16 --cpu`` keys the master copy by device 0 and never copies a CPU
+gradient into it (fairseq's _sync_fp16_grads_to_fp32 groups them by index None): the step would
+read uninitialised memory.
 
 With RECADAM_FUSED_MIN_SEGMENT set, segments of that many elements take the fused kernel (the tiny
 test model's tensors are all below the default).
@@ -17,10 +20,11 @@ is printed at exit. RECADAM_SAM_POISON=3,7 makes pass 1 of those micro-batches (
 
 import atexit
 import os
+import sys
 
 import torch
 
-if not torch.cuda.is_available():
+if not torch.cuda.is_available() or "--cpu" in sys.argv:
     torch.cuda.current_device = lambda: None
     # fairseq's fp16 overflow handler builds torch.tensor(0.0).cuda(): on a CPU-only torch, stay on the CPU
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
