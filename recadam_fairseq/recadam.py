@@ -136,6 +136,7 @@ class RecAdam(Optimizer):
             raise ValueError("RecAdam: fused=True and foreach=False cannot be combined")
         self.fused = fused
         self._fused_failed = False
+        self._many_keys = set()  # the multi-tensor programs this optimizer uses (fused.update_many)
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             correct_bias=correct_bias, anneal_fun=anneal_fun, anneal_k=anneal_k,
@@ -384,9 +385,22 @@ class RecAdam(Optimizer):
         for key, segs in whole.items():
             sc = self._scalars(group, *key[:2])
             s = _fused.scalars(**sc, dtype=segs[0][2].dtype, device=key[-1])
-            for i, (p, g, m, v, a) in enumerate(segs):
+            if sc["pull"] == 0.0:
+                segs = [(p, g, m, v, None) for p, g, m, v, _ in segs]
+            # separate tensors (a per-tensor layout): one compiled call for all; else one per segment
+            many = (len(segs) >= _fused.MULTI_MIN_SEGMENTS
+                    and len({seg[0].untyped_storage().data_ptr() for seg in segs}) == len(segs))
+            if many:  # a new set of tensors compiles a new program: a bounded number of them
+                mk = _fused.many_key(segs)
+                many = mk in self._many_keys or len(self._many_keys) < _fused.MULTI_MAX_PROGRAMS
+                if many:
+                    self._many_keys.add(mk)
+            for i, seg in enumerate([segs] if many else segs):
                 try:
-                    _fused.update_segments([(p, g, m, v, a if sc["pull"] != 0.0 else None)], s)
+                    if many:
+                        _fused.update_many(seg, s)
+                    else:
+                        _fused.update_segments([seg], s)
                 except Exception as e:  # noqa: BLE001 - a compiler missing or failing
                     why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                     if self.fused:

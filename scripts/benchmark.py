@@ -56,8 +56,8 @@ ADAM_HP = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0)
 RECADAM_HP = dict(anneal_fun="sigmoid", anneal_k=0.1, anneal_t0=1000.0, anneal_w=1.0, pretrain_cof=5000.0)
 
 ADAMS = ("fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
-IMPLS = ("recadam", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
-RECADAMS = ("recadam", "recadam-foreach", "recadam-single", "recadam-bf16-anchor")
+IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
+RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor")
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
 
@@ -128,6 +128,23 @@ def build_recadam(w: Workload, foreach: bool = True, fused: bool = True, anchor_
     return opt
 
 
+class PerCall:
+    """recadam with one compiled call per tensor (the multi-tensor call off): what the per-tensor
+    layout cost before ``fused.update_many``; the same as recadam on the flat layout."""
+
+    def __init__(self, w: Workload):
+        self.opt = build_recadam(w)
+
+    def step(self):
+        from recadam_fairseq import fused
+
+        saved, fused.MULTI_MIN_SEGMENTS = fused.MULTI_MIN_SEGMENTS, 1 << 62
+        try:
+            self.opt.step()
+        finally:
+            fused.MULTI_MIN_SEGMENTS = saved
+
+
 def build_fairseq_adam(w: Workload):
     from fairseq.optim.adam import Adam
 
@@ -148,6 +165,7 @@ class CopyStep:
 
 BUILDERS: Dict[str, Callable] = {
     "recadam": build_recadam,
+    "recadam-per-call": PerCall,
     "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
@@ -351,7 +369,9 @@ HOW_TO_READ = """\
 How to read this:
 - impl: recadam is the fast path (fused=True, the default from 4M elements: each large
   contiguous segment in one torch.compile'd pass; compiling happens in the warm-up and is
-  reported below the table), recadam-foreach the eager multi-tensor reference, recadam-single
+  reported below the table; separate tensors of one group in one compiled call),
+  recadam-per-call the same with one compiled call per tensor (the per-tensor layout's cost
+  before the multi-tensor call), recadam-foreach the eager multi-tensor reference, recadam-single
   the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
   fairseq-adam and torch-adamw-* are the Adams to beat.
 - median ms: median wall time of one optimizer.step() over all timed steps of all rounds (after

@@ -18,27 +18,120 @@ from test_core import HP, run_pair
 F64 = dict(dtype=torch.float64)
 
 
+class Counted(list):
+    """The sizes of the segments the compiled kernels updated; ``many``: the multi-tensor calls."""
+    many = 0
+
+
 @pytest.fixture
 def counted(monkeypatch):
-    """Count the segments that go through the compiled kernel."""
-    calls = []
-    original = fused_mod.update_segments
+    """Count the segments that go through the compiled kernels (one at a time or many per call)."""
+    calls = Counted()
+    one, many = fused_mod.update_segments, fused_mod.update_many
 
     def update_segments(segments, s):
         calls.extend(seg[0].numel() for seg in segments)
-        return original(segments, s)
+        return one(segments, s)
+
+    def update_many(segments, s):
+        calls.many += 1
+        calls.extend(seg[0].numel() for seg in segments)
+        return many(segments, s)
 
     monkeypatch.setattr(fused_mod, "update_segments", update_segments)
+    monkeypatch.setattr(fused_mod, "update_many", update_many)
     return calls
 
 
-def test_fused_matches_float64_reference(monkeypatch, counted):
+@pytest.mark.parametrize("multi", [False, True])
+def test_fused_matches_float64_reference(monkeypatch, counted, multi):
     monkeypatch.setattr(fused_mod, "MIN_SEGMENT", 2)  # the test's small tensors take the kernel too
+    monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2 if multi else 10 ** 9)
     got, want, _ = run_pair(True, fused=True)
     for gp, wp in zip(got, want):
         for a, b in zip(gp, wp):
             torch.testing.assert_close(a.detach(), b, rtol=1e-13, atol=1e-13)
     assert len(counted) > 100  # every group, every step: the kernel did the work
+    assert (counted.many > 0) == multi
+
+
+SHAPES = [(300, 257), (70_000,), (257, 300), (3, 40_000), (65_536,), (128, 512)]
+
+
+def per_tensor_problem(dtype=torch.float32, anchor_dtype=None, seed=0):
+    """A per-tensor layout (fp32 training, --fp16-no-flatten-grads, memory-efficient): one tensor per
+    parameter; the first four anchored, the last two not (a new head)."""
+    gen = torch.Generator().manual_seed(seed)
+    ps = [torch.randn(s, generator=gen, **F64) for s in SHAPES]
+    anchors = [p + 0.05 * torch.randn(p.shape, generator=gen, **F64) for p in ps[:4]]
+    grads = [[torch.randn(p.shape, generator=gen, **F64) for p in ps] for _ in range(6)]
+    return ([p.to(dtype) for p in ps], [a.to(anchor_dtype or dtype) for a in anchors],
+            [[g.to(dtype) for g in gs] for gs in grads])
+
+
+def train_per_tensor(fused, problem, p_dtype=None, **hp):
+    ps0, anchors, grads = problem
+    ps = [torch.nn.Parameter(p.clone().to(p_dtype or p.dtype)) for p in ps0]
+    opt = RecAdam([{"params": ps[:4], "pretrain_params": anchors}, {"params": ps[4:], "anneal_w": 0.0}],
+                  **dict(HP, weight_decay=0.01, **hp), fused=fused)
+    for i, gs in enumerate(grads):
+        if i == 3:
+            opt.param_groups[0]["lr"] *= 0.5
+        for p, g in zip(ps, gs):
+            p.grad = g.to(p.dtype)
+        opt.step()
+    return [p.detach() for p in ps], [opt.state[p]["exp_avg"] for p in ps], [opt.state[p]["exp_avg_sq"] for p in ps]
+
+
+@pytest.mark.parametrize("p_dtype", [torch.float32, torch.float16])
+def test_many_tensors_in_one_compiled_call(monkeypatch, counted, p_dtype):
+    """Separate tensors sharing scalars take one compiled call: the same numbers as one call each."""
+    monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
+    problem = per_tensor_problem()
+    many = train_per_tensor(True, problem, p_dtype=p_dtype)
+    assert counted.many == 12 and len(counted) == 36  # 2 groups x 6 steps; 6 tensors x 6 steps
+    monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 10 ** 9)
+    one = train_per_tensor(True, problem, p_dtype=p_dtype)
+    assert counted.many == 12 and len(counted) == 72
+    for xs, ys in zip(many, one):
+        for x, y in zip(xs, ys):
+            assert torch.equal(x, y)  # the same loop per tensor, in one program
+    eager = train_per_tensor(False, problem, p_dtype=p_dtype)
+    # fp16: an fp32 result an ulp apart may round to the neighbouring fp16 value (2^-9 relative at a binade's edge)
+    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -9, atol=2 ** -24)
+    for x, y in zip(many[0], eager[0]):
+        torch.testing.assert_close(x.float(), y.float(), **tol)
+    for xs, ys in zip(many[1:], eager[1:]):
+        for x, y in zip(xs, ys):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+    assert not torch.equal(eager[0][0], problem[0][0].to(p_dtype))  # the weights moved
+
+
+def test_changing_tensor_sets_stop_compiling_after_the_limit(monkeypatch, counted):
+    """Parameters that get no gradient on some steps change the set: a new program each, up to a bound."""
+    monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
+    monkeypatch.setattr(fused_mod, "MULTI_MAX_PROGRAMS", 1)
+    ps = [torch.nn.Parameter(torch.randn(s)) for s in SHAPES[:4]]
+    opt = RecAdam(ps, **dict(HP, anneal_w=0.0), fused=True)
+    for skip in (None, 0, 1, None):  # all four, then two other sets of three, then all four again
+        for i, p in enumerate(ps):
+            p.grad = None if i == skip else torch.ones_like(p)
+        opt.step()
+    # step 4: the tensors' step counts now differ (3, 3, 4, 4), which splits them into two more sets
+    assert len(opt._many_keys) == 1 and counted.many == 1
+    assert len(counted) == 4 + 3 + 3 + 4  # the other sets still updated, one call a tensor
+    assert [opt.state[p]["step"] for p in ps] == [3, 3, 4, 4]
+
+
+def test_many_tensors_do_not_recompile_across_steps(monkeypatch):
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
+    problem = per_tensor_problem(seed=1)
+    train_per_tensor(True, problem)
+    before = dict(counters["stats"])
+    train_per_tensor(True, problem, anneal_k=1.0, anneal_t0=2.0, pretrain_cof=7.0)
+    assert dict(counters["stats"]) == before
 
 
 def flat_problem(n=300_000, runs=((1_000, 150_000), (160_000, 139_000)), dtype=torch.float32,
@@ -120,12 +213,21 @@ def test_failed_compile_falls_back_in_auto_and_raises_when_asked(monkeypatch):
 
     monkeypatch.setattr(fused_mod, "_kernel", broken)
     monkeypatch.setattr(fused_mod, "AUTO_MIN_NUMEL", 1)
+    monkeypatch.setattr(fused_mod, "update_many", lambda segments, s: broken(None)())
     with pytest.warns(UserWarning, match="failed to compile .*no C\\+\\+ compiler.*eager update"):
         auto = train_flat(None, problem)
     for a, b in zip(auto[:3], eager[:3]):
         assert torch.equal(a, b)  # nothing was half-updated before falling back
     with pytest.raises(RuntimeError, match="fused=True, but the fused update failed to compile .*no C\\+\\+ compiler"):
         train_flat(True, problem)
+    # the multi-tensor call likewise
+    problem = per_tensor_problem(dtype=torch.float64)
+    eager = train_per_tensor(False, problem)
+    with pytest.warns(UserWarning, match="failed to compile .*no C\\+\\+ compiler.*eager update"):
+        auto = train_per_tensor(None, problem)
+    for xs, ys in zip(auto, eager):
+        for x, y in zip(xs, ys):
+            assert torch.equal(x, y)
 
 
 def test_fused_needs_foreach():
@@ -172,3 +274,20 @@ def test_fused_matches_eager_on_gpu(counted, p_dtype):
     torch.testing.assert_close(fast[1], eager[1], rtol=1e-6, atol=1e-7)
     tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -10, atol=2 ** -24)
     torch.testing.assert_close(fast[0].float(), eager[0].float(), **tol)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("p_dtype", [torch.float32, torch.float16])
+def test_many_tensors_match_eager_on_gpu(counted, p_dtype):
+    """The per-tensor layout's multi-tensor program on CUDA, against the eager CUDA path."""
+    ps0, anchors, grads = per_tensor_problem()
+    problem = ([p.cuda() for p in ps0], [a.cuda() for a in anchors], [[g.cuda() for g in gs] for gs in grads])
+    fast = train_per_tensor(True, problem, p_dtype=p_dtype)
+    assert counted.many == 6  # the four anchored tensors, every step
+    eager = train_per_tensor(False, problem, p_dtype=p_dtype)
+    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -9, atol=2 ** -24)
+    for x, y in zip(fast[0], eager[0]):
+        torch.testing.assert_close(x.float(), y.float(), **tol)
+    for xs, ys in zip(fast[1:], eager[1:]):
+        for x, y in zip(xs, ys):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
