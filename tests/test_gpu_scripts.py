@@ -37,6 +37,7 @@ def e2e_run(tmp_path_factory):
 def test_every_method_and_its_base_get_a_row(e2e_run):
     _, result, _ = e2e_run
     rows = {r["method"]: r for r in result["rows"]}
+    assert result["complete"]
     assert list(rows) == ["adam", "recadam", "mt-roberta", "ca-mtl"]  # bases added before their methods
     assert rows["recadam"]["base"] == "adam" and rows["ca-mtl"]["base"] == "mt-roberta"
     for r in rows.values():
@@ -98,3 +99,10 @@ def test_run_sh_checks_the_install_and_refuses_unknown_stages(tmp_path):
     proc = subprocess.run(["bash", RUN_SH, "tests", "nope"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and "unknown stage 'nope'" in proc.stderr
     assert not os.listdir(tmp_path)  # refused before any stage ran
+
+
+def test_run_sh_skips_a_stage_the_time_budget_cannot_hold(tmp_path):
+    env = dict(os.environ, PYTHON=sys.executable, OUT=str(tmp_path), RECADAM_GPU_BUDGET_S="1")
+    proc = subprocess.run(["bash", RUN_SH, "tests"], capture_output=True, text=True, env=env)
+    assert proc.returncode == 124, proc.stdout + proc.stderr
+    assert "== tests: skipped" in (tmp_path / "gpu-tests.log").read_text()

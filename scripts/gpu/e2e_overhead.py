@@ -283,31 +283,42 @@ def main(argv=None) -> int:
     setup = make_setup(args.work, args.size, args.train_size, 1, args.device_flags, PRECISION[args.precision])
     print(f"setup: {time.time() - t0:.0f} s", flush=True)
     runs = {n: [] for n in args.methods}
+    where = (f"{info.get('gpu', info['cpu'])}" + (f", driver {info['driver']}" if info.get("driver") else "")
+             + f", torch {info['torch']}" + (f" (CUDA {info['cuda']})" if info.get("cuda") else "")
+             + f", fairseq {info['fairseq']}")
+    command = f"python scripts/gpu/e2e_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}"
+
+    def write(done: int, total: int) -> str:
+        """The table so far (rewritten after every run: a run cut off by a time limit keeps what finished)."""
+        rows = summarize(args, {n: rs for n, rs in runs.items() if rs})
+        md = (f"{table(rows)}\n\nfairseq-train, {args.size} shapes ({'?' if rows[0]['trained_params'] is None else format(rows[0]['trained_params'], ',')} trained parameters), "
+              f"{' '.join(PRECISION[args.precision]) or 'fp32'}, batch {args.batch_size} of "
+              f"{LENGTHS[args.size][0]}–{LENGTHS[args.size][1]} tokens, {args.updates} updates per run, median over "
+              f"{args.rounds} rounds; {where}. ms / update: mean of 1/ups over fairseq's log intervals after the "
+              f"first. Peak: torch.cuda.max_memory_allocated of the run. Anchor: the trained parameters once in the "
+              f"anchor's dtype (what RecAdam should add over adam). Command: `{command}`.")
+        if done < total:
+            md = f"**Partial: {done} of {total} runs finished.**\n\n" + md
+        with open(args.out_md, "w", encoding="utf-8") as f:
+            f.write(md + "\n")
+        with open(args.out_json, "w", encoding="utf-8") as f:
+            json.dump({"machine": info, "size": args.size, "precision": args.precision, "batch_size": args.batch_size,
+                       "updates": args.updates, "rounds": args.rounds, "complete": done == total, "rows": rows,
+                       "seconds": round(time.time() - t0, 1), "command": command}, f, indent=2)
+            f.write("\n")
+        return md
+
+    total, done = args.rounds * len(args.methods), 0
     for rnd in range(args.rounds):
         k = rnd % len(args.methods)
         for n in args.methods[k:] + args.methods[:k]:
             r = run_one(args, setup, n, rnd)
             runs[n].append(r)
+            done += 1
             peak = "n/a" if r["peak_bytes"] is None else f"{r['peak_bytes'] / 2**20:.0f} MiB"
             print(f"round {rnd + 1} {n}: {1e3 * r['s_per_update']:.1f} ms/update, peak {peak} ({r['wall_s']} s)",
                   flush=True)
-    rows = summarize(args, runs)
-    where = (f"{info.get('gpu', info['cpu'])}" + (f", driver {info['driver']}" if info.get("driver") else "")
-             + f", torch {info['torch']}" + (f" (CUDA {info['cuda']})" if info.get("cuda") else "")
-             + f", fairseq {info['fairseq']}")
-    md = (f"{table(rows)}\n\nfairseq-train, {args.size} shapes ({rows[0]['trained_params']:,} trained parameters), "
-          f"{' '.join(PRECISION[args.precision]) or 'fp32'}, batch {args.batch_size} of {LENGTHS[args.size][0]}–{LENGTHS[args.size][1]} tokens, "
-          f"{args.updates} updates per run, median over {args.rounds} rounds; {where}. ms / update: mean of 1/ups "
-          f"over fairseq's log intervals after the first. Peak: torch.cuda.max_memory_allocated of the run. "
-          f"Anchor: the trained parameters once in the anchor's dtype (what RecAdam should add over adam). "
-          f"Command: `python scripts/gpu/e2e_overhead.py {' '.join(argv if argv is not None else sys.argv[1:])}`.")
-    with open(args.out_md, "w", encoding="utf-8") as f:
-        f.write(md + "\n")
-    with open(args.out_json, "w", encoding="utf-8") as f:
-        json.dump({"machine": info, "size": args.size, "precision": args.precision, "batch_size": args.batch_size,
-                   "updates": args.updates, "rounds": args.rounds, "rows": rows,
-                   "seconds": round(time.time() - t0, 1)}, f, indent=2)
-        f.write("\n")
+            md = write(done, total)
     if args.readme:
         readme_block.replace_block(args.readme, README_START, README_END, md)
     print("\n" + md)

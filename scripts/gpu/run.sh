@@ -2,8 +2,8 @@
 # The GPU pass, on the GPU machine (no fairseq, no network there):
 #   here:   bash scripts/gpu/wheels.sh                       (once: fairseq-fixed + its needs into .whl/)
 #   there:  bash scripts/gpu/run.sh STAGE...                 (device call with carry: [".whl"])
-# Stages (one device call is limited to 10 minutes: split them over calls, e.g. "tests suite", "bench",
-# "e2e-recadam", "e2e"):
+# Stages (a device call is limited to 10 minutes: the stages of one call share RECADAM_GPU_BUDGET_S,
+# default 570 s; e.g. "tests bench" in one call, "e2e-recadam e2e" in another):
 #   check        versions, the GPU, fairseq and the plug-in import (every stage starts with it)
 #   tests        every test marked gpu                                              -> gpu-tests.log
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
@@ -57,12 +57,22 @@ EOF
 }
 
 status=0
+# A device call is killed at 600 s: stages share this budget (seconds from the start), a stage that
+# would outlast it is stopped (its log and partial results stay in $OUT), later ones are skipped.
+BUDGET=${RECADAM_GPU_BUDGET_S:-570}
 stage() {  # stage NAME LOG COMMAND...: run, log to $OUT/LOG and the console, keep the first failure
     local name=$1 log=$2; shift 2
-    { echo "$CHECK"; echo "== $name: $*"; } | tee "$OUT/$log"
+    local left=$((BUDGET - SECONDS))
+    if [ "$left" -lt 30 ]; then
+        echo "== $name: skipped, ${left} s of the ${BUDGET} s budget left (run it in its own call)" | tee "$OUT/$log"
+        [ "$status" -ne 0 ] || status=124
+        return
+    fi
+    { echo "$CHECK"; echo "== $name (at most $left s): $*"; } | tee "$OUT/$log"
     local t=$SECONDS
-    "$@" 2>&1 | tee -a "$OUT/$log"
+    timeout --signal=INT --kill-after=10 "$left" "$@" 2>&1 | tee -a "$OUT/$log"
     local rc=${PIPESTATUS[0]}
+    [ "$rc" -ne 124 ] || echo "== $name: stopped at the budget; what finished is in $OUT" | tee -a "$OUT/$log"
     echo "== $name: exit $rc, $((SECONDS - t)) s" | tee -a "$OUT/$log"
     [ "$status" -ne 0 ] || status=$rc
 }
