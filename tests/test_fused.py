@@ -83,6 +83,18 @@ def train_per_tensor(fused, problem, p_dtype=None, **hp):
     return [p.detach() for p in ps], [opt.state[p]["exp_avg"] for p in ps], [opt.state[p]["exp_avg_sq"] for p in ps]
 
 
+def assert_close_to_eager(fast, eager, p_dtype):
+    """(weights, m, v) of the compiled path against the eager one: FMA contraction in fp32 (rtol 1e-6);
+    fp16 weights: an fp32 result an ulp apart may round to the neighbouring fp16 value (2^-9 relative
+    at a binade's edge)."""
+    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -9, atol=2 ** -24)
+    for x, y in zip(fast[0], eager[0]):
+        torch.testing.assert_close(x.float(), y.float(), **tol)
+    for xs, ys in zip(fast[1:], eager[1:]):
+        for x, y in zip(xs, ys):
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+
+
 @pytest.mark.parametrize("p_dtype", [torch.float32, torch.float16])
 def test_many_tensors_in_one_compiled_call(monkeypatch, counted, p_dtype):
     """Separate tensors sharing scalars take one compiled call: the same numbers as one call each."""
@@ -97,13 +109,7 @@ def test_many_tensors_in_one_compiled_call(monkeypatch, counted, p_dtype):
         for x, y in zip(xs, ys):
             assert torch.equal(x, y)  # the same loop per tensor, in one program
     eager = train_per_tensor(False, problem, p_dtype=p_dtype)
-    # fp16: an fp32 result an ulp apart may round to the neighbouring fp16 value (2^-9 relative at a binade's edge)
-    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -9, atol=2 ** -24)
-    for x, y in zip(many[0], eager[0]):
-        torch.testing.assert_close(x.float(), y.float(), **tol)
-    for xs, ys in zip(many[1:], eager[1:]):
-        for x, y in zip(xs, ys):
-            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+    assert_close_to_eager(many, eager, p_dtype)
     assert not torch.equal(eager[0][0], problem[0][0].to(p_dtype))  # the weights moved
 
 
@@ -285,9 +291,4 @@ def test_many_tensors_match_eager_on_gpu(counted, p_dtype):
     fast = train_per_tensor(True, problem, p_dtype=p_dtype)
     assert counted.many == 6  # the four anchored tensors, every step
     eager = train_per_tensor(False, problem, p_dtype=p_dtype)
-    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -9, atol=2 ** -24)
-    for x, y in zip(fast[0], eager[0]):
-        torch.testing.assert_close(x.float(), y.float(), **tol)
-    for xs, ys in zip(fast[1:], eager[1:]):
-        for x, y in zip(xs, ys):
-            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+    assert_close_to_eager(fast, eager, p_dtype)
