@@ -151,3 +151,12 @@ def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
         if m == "ca-mtl":
             out["arch"] = "ca_mtl_roberta"
     return out
+
+
+def arch_and_task(f: Dict[str, List[str]], arch: List[str]) -> Tuple[List[str], List[str]]:
+    """The shared arch flags with the method's --arch swapped in, and its task flags
+    (``--task sentence_prediction`` unless the method sets one); ``f``: :func:`flags`' result."""
+    arch = list(arch)
+    if f["arch"]:
+        arch[arch.index("--arch") + 1] = f["arch"]
+    return arch, f["task"] or ["--task", "sentence_prediction", "--num-classes", "2"]

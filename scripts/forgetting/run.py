@@ -111,10 +111,7 @@ def train_command(args, ctx, setting, seed, save_dir):
     """The fairseq-train arguments of one run: one shared command, the method's flags on it."""
     f = methods.flags(setting, ctx["num_layers"])
     warmup = max(1, round(args.warmup * args.updates))
-    arch = list(ctx["arch"])
-    if f["arch"]:
-        arch[arch.index("--arch") + 1] = f["arch"]
-    task = f["task"] or ["--task", "sentence_prediction", "--num-classes", "2"]
+    arch, task = methods.arch_and_task(f, ctx["arch"])
     data = ctx["glue"] if f["task"] else ctx["sentiment"]
     cmd = [data, "--user-dir", rel(USER_DIR)]
     if f["restore"]:

@@ -124,10 +124,7 @@ def train_command(args, setup: Dict, name: str, save_dir: str) -> List[str]:
     s = methods.parse(spec)
     num_layers = int(ARCH[args.size][ARCH[args.size].index("--encoder-layers") + 1])
     f = methods.flags(s, num_layers)
-    arch = list(ARCH[args.size])
-    if f["arch"]:
-        arch[arch.index("--arch") + 1] = f["arch"]
-    task = f["task"] or ["--task", "sentence_prediction", "--num-classes", "2"]
+    arch, task = methods.arch_and_task(f, ARCH[args.size])
     data = setup["glue"] if f["task"] else setup["sentiment"]
     return [data, "--user-dir", USER_DIR, "--restore-file", setup["pretrained"],
             "--reset-optimizer", "--reset-dataloader", "--reset-meters", *task, *f["criterion"],
