@@ -20,10 +20,12 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .core.errors import ConfigError
+
 logger = logging.getLogger(__name__)
 
 
-class AnchorError(ValueError):
+class AnchorError(ConfigError):
     """The anchor cannot be built: a bad checkpoint file, or a model that does not match it."""
 
 
@@ -253,6 +255,16 @@ class AnchorPlan:
             yield t, (buf.view_as(t) if whole else buf), (None if whole else runs)
 
 
+def check_finite(values: Dict[str, Tensor], names: Sequence[str]) -> None:
+    """θ* must be finite: one NaN or Inf there turns every pulled weight into NaN at the first update."""
+    for n in names:
+        v = values[n]
+        if v.is_floating_point() and not bool(torch.isfinite(v).all()):
+            bad = int((~torch.isfinite(v)).sum())
+            raise AnchorError(f"parameter {n} holds {bad} NaN or Inf value(s): the pretrained weights θ* must be "
+                              f"finite (a corrupt or diverged checkpoint?)")
+
+
 def _preview(names: List[str], k: int = 3) -> str:
     return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
 
@@ -267,6 +279,7 @@ def build_anchors(tensors: Sequence[Tensor], model: torch.nn.Module, cfg, preloa
     try:
         named = pretrained_names(model, state)
         plan = AnchorPlan(tensors, model, named)
+        check_finite(named, plan.anchored)
     except AnchorError as e:
         raise AnchorError(f"{source}: {e}") from None
     anchors = list(plan.build(named if from_file else None, dtype=dtype))

@@ -2,6 +2,7 @@
 ``--noise-type``) and the SAM family's (``--sam-type`` ...). A flag exists once: every component that reads it
 includes the one dataclass that defines it."""
 
+import os
 from dataclasses import dataclass, field
 from typing import Optional
 
@@ -9,8 +10,9 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from .anneal import ANNEAL_FUNS
-from .sam import SAM_TYPES
+from .core.errors import ConfigError
 from .r3f import NOISE_TYPES
+from .sam import SAM_TYPES
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -24,7 +26,30 @@ FLAG_NAMES = {
 
 
 @dataclass
-class RecAdamHyperparams(FairseqDataclass):
+class CheckpointPaths(FairseqDataclass):
+    """Where fairseq loads the weights from: read from the checkpoint node (these are fairseq's flags, not ours)."""
+
+    restore_file: str = II("checkpoint.restore_file")
+    finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
+    save_dir: str = II("checkpoint.save_dir")
+
+
+def check_checkpoint_paths(cfg) -> None:
+    """A --restore-file or --finetune-from-model that does not exist stops the run: fairseq would log
+    "No existing checkpoint found" and train from random weights. (A config without the checkpoint
+    node, e.g. a component built by hand, is not checked.)"""
+    try:
+        restore, finetune = cfg.restore_file, cfg.finetune_from_model
+    except Exception:  # noqa: BLE001 - interpolation without a checkpoint node
+        return
+    if restore and restore != "checkpoint_last.pt" and not os.path.exists(restore):
+        raise ConfigError(f"--restore-file {restore}: no such file (fairseq would train from random weights)")
+    if finetune and not os.path.exists(finetune):
+        raise ConfigError(f"--finetune-from-model {finetune}: no such file")
+
+
+@dataclass
+class RecAdamHyperparams(CheckpointPaths):
     recadam_anneal_fun: ChoiceEnum(ANNEAL_FUNS) = field(
         default="sigmoid",
         metadata={"help": "annealing schedule λ(t): sigmoid w/(1+exp(-k(t-t0))), linear min(1,t/t0)·w, constant w"},
@@ -49,10 +74,13 @@ class RecAdamHyperparams(FairseqDataclass):
     recadam_anchor_dtype: ChoiceEnum(list(ANCHOR_DTYPES)) = field(
         default="fp32", metadata={"help": "precision of the stored pretrained weights θ* (bf16/fp16 halve their memory)"}
     )
-    # Read from other config nodes; not command-line flags.
-    restore_file: str = II("checkpoint.restore_file")
-    finetune_from_model: Optional[str] = II("checkpoint.finetune_from_model")
-    save_dir: str = II("checkpoint.save_dir")
+
+
+def check_anneal(cfg) -> None:
+    """What the core's range checks let through (its defaults are the authors' class's) but a run cannot use."""
+    if str(cfg.recadam_anneal_fun) == "sigmoid" and not cfg.recadam_anneal_k > 0:
+        raise ConfigError(f"--recadam-anneal-k {cfg.recadam_anneal_k:g}: the sigmoid λ(t) = w/(1+exp(-k(t-t0))) "
+                          f"needs k > 0 (with k = 0 it stays at w/2 for the whole run); the authors use 0.05 to 1")
 
 
 @dataclass

@@ -10,17 +10,19 @@ then moved to the embeddings' device), so a run with the same seed sees the same
 import torch
 import torch.nn.functional as F
 
+from .core.errors import ConfigError
+
 NOISE_TYPES = ("uniform", "normal")
 
 
 def check_hyperparams(eps: float, r3f_lambda: float, noise_type: str) -> None:
     """Reject what fairseq's version would silently take or fail on mid-run; messages name the flags."""
     if not eps >= 0:  # also NaN
-        raise ValueError(f"--eps must be >= 0 (the noise range/std), got {eps}")
+        raise ConfigError(f"--eps must be >= 0 (the noise range/std), got {eps}")
     if not r3f_lambda >= 0:
-        raise ValueError(f"--r3f-lambda must be >= 0 (the weight of the consistency term), got {r3f_lambda}")
+        raise ConfigError(f"--r3f-lambda must be >= 0 (the weight of the consistency term), got {r3f_lambda}")
     if str(noise_type) not in NOISE_TYPES:
-        raise ValueError(f"--noise-type must be one of {', '.join(NOISE_TYPES)}, got {noise_type!r}")
+        raise ConfigError(f"--noise-type must be one of {', '.join(NOISE_TYPES)}, got {noise_type!r}")
 
 
 def sample_noise(shape, eps: float, noise_type: str, generator=None) -> torch.Tensor:
@@ -32,7 +34,7 @@ def sample_noise(shape, eps: float, noise_type: str, generator=None) -> torch.Te
     if noise_type == "normal":
         loc, scale = torch.tensor(0.0).expand(shape), torch.tensor(eps).expand(shape)
         return torch.normal(loc, scale, generator=generator)
-    raise ValueError(f"--noise-type must be one of {', '.join(NOISE_TYPES)}, got {noise_type!r}")
+    raise ConfigError(f"--noise-type must be one of {', '.join(NOISE_TYPES)}, got {noise_type!r}")
 
 
 def add_noise(embeddings: torch.Tensor, noise: torch.Tensor, detach: bool = True, generator=None) -> torch.Tensor:

@@ -28,6 +28,7 @@ from torch.optim import Optimizer
 
 from . import fused as _fused
 from .anneal import ANNEAL_FUNS, anneal_lambda
+from .core.errors import ConfigError
 
 __all__ = ["RecAdam"]
 
@@ -50,7 +51,7 @@ def validate_hparams(h: dict, where: str = "", names: Optional[dict] = None) -> 
             shown = f"{key}={value!r}"
             if names and key in names:
                 shown = f"{names[key][0]}={value!r} ({names[key][1]})"
-            raise ValueError(f"RecAdam: invalid {shown}{where}: {rule}")
+            raise ConfigError(f"RecAdam: invalid {shown}{where}: {rule}")
 
     _check(h["lr"] >= 0, "lr", h["lr"], "must be >= 0", where)
     _check(h["eps"] >= 0, "eps", h["eps"], "must be >= 0", where)

@@ -24,6 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from .core.errors import ConfigError
+
 SAM_TYPES = ("none", "sam", "esam", "gsam", "fisher-sam", "fisher-esam", "fisher-gsam")
 NORM_EPS = 1e-12  # added to ‖g‖ (Foret et al.'s reference code); ρ = 0 gives ε = 0 exactly
 
@@ -38,21 +40,21 @@ def validate_sam_hparams(h: Dict, names: Optional[Dict[str, str]] = None) -> Non
     n = {**SAM_FLAGS, **(names or {})}
     st = str(h["sam_type"])
     if st not in SAM_TYPES:
-        raise ValueError(f"{n['sam_type']} {st!r} is unknown: choose one of {', '.join(SAM_TYPES)}")
+        raise ConfigError(f"{n['sam_type']} {st!r} is unknown: choose one of {', '.join(SAM_TYPES)}")
     if not h["rho"] >= 0:
-        raise ValueError(f"{n['rho']} must be >= 0 (the radius of the perturbation), got {h['rho']}")
+        raise ConfigError(f"{n['rho']} must be >= 0 (the radius of the perturbation), got {h['rho']}")
     for k in ("beta", "gamma", "keep_ratio"):
         if not 0 < h[k] <= 1:
-            raise ValueError(f"{n[k]} must be in (0, 1], got {h[k]}")
+            raise ConfigError(f"{n[k]} must be in (0, 1], got {h[k]}")
     if not (h["mask_iter_e"] >= 1 and float(h["mask_iter_e"]).is_integer()):
-        raise ValueError(f"{n['mask_iter_e']} must be an integer >= 1 (updates between Fisher masks), "
+        raise ConfigError(f"{n['mask_iter_e']} must be an integer >= 1 (updates between Fisher masks), "
                          f"got {h['mask_iter_e']}")
     if not h["num_samples"] >= 1:
-        raise ValueError(f"{n['num_samples']} must be >= 1, got {h['num_samples']}")
+        raise ConfigError(f"{n['num_samples']} must be >= 1, got {h['num_samples']}")
     if not h["gsam_alpha"] >= 0:
-        raise ValueError(f"{n['gsam_alpha']} must be >= 0, got {h['gsam_alpha']}")
+        raise ConfigError(f"{n['gsam_alpha']} must be >= 0, got {h['gsam_alpha']}")
     if not 0 <= h["rho_min"] <= h["rho"]:
-        raise ValueError(f"{n['rho_min']} must be in [0, {n['rho']}] (GSAM's ρ_t runs from {n['rho']} at the "
+        raise ConfigError(f"{n['rho_min']} must be in [0, {n['rho']}] (GSAM's ρ_t runs from {n['rho']} at the "
                          f"peak learning rate down to {n['rho_min']}), got {h['rho_min']} with {n['rho']} {h['rho']}")
 
 

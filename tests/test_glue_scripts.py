@@ -34,7 +34,10 @@ CONFIGS = os.path.join(GLUE, "configs")
 # The env vars the scripts read: the tests start from none of them set.
 SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR", "BATCH", "SEED", "FP16",
               "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
-              "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS", "RHO", "KEEP_RATIO", "MASK_ITER_E"]
+              "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS", "RHO", "KEEP_RATIO", "MASK_ITER_E", "MAX_POSITIONS",
+              "SAVE_INTERVAL_UPDATES", "RESTART", "PYTHON", "RECADAM_EXIT_AFTER_SAVES", "TASKS", "SAMPLING",
+              "METHOD", "FREEZE", "EPOCHS"]
+CUDA = __import__("torch").cuda.is_available()
 
 # fairseq's RoBERTa GLUE recipe: lr, batch, updates, warmup, classes, best-checkpoint metric
 RECIPE = {
@@ -49,7 +52,7 @@ RECIPE = {
 }
 RECADAM_DEFAULTS = {"--recadam-anneal-fun": "sigmoid", "--recadam-anneal-k": "0.1", "--recadam-anneal-t0": "1000",
                     "--recadam-pretrain-cof": "5000"}
-TINY_EXTRA = [*tiny_roberta.TINY_ARCH, "--cpu", "--batch-size", "8", "--max-tokens", "2000", "--num-workers", "0",
+TINY_EXTRA = ["--cpu", "--batch-size", "8", "--max-tokens", "2000", "--num-workers", "0",
               "--validate-interval-updates", "4"]
 REPORT = {"RTE": "--report-acc-and-f1", "STS-B": "--report-pearson-and-spearman"}  # sentence_prediction's flags
 
@@ -120,30 +123,27 @@ def command_sh_argv(path, train_words):
 
 @pytest.fixture(scope="module")
 def glue(tiny, tmp_path_factory):
-    """Tiny GLUE data, and all the real training runs at once (3 at a time: they are mostly start-up)."""
+    """The tiny GLUE data, and all the real training runs at once (3 at a time: they are mostly start-up).
+
+    No architecture flags: finetune.sh reads them from the checkpoint; FP16 auto: fp32 on a CPU machine.
+    Two more recadam runs are killed after their first checkpoint (the tests relaunch them).
+    """
     root = tmp_path_factory.mktemp("glue")
-    data = root / "glue-bin"
-    data.mkdir()
-    os.symlink(tiny.cls_bin, data / "RTE-bin")
-    stsb = data / "STS-B-bin"
-    (stsb / "label").mkdir(parents=True)
-    os.symlink(os.path.join(tiny.cls_bin, "input0"), stsb / "input0")
-    rng = random.Random(0)
-    for split in ("train", "valid"):
-        with open(os.path.join(tiny.root, "raw", f"cls.{split}.label")) as f:
-            classes = [int(x) for x in f.read().split()]
-        with open(stsb / "label" / f"{split}.label", "w") as f:  # in [0, 1], correlated with the class
-            f.writelines(f"{0.2 + 0.5 * c + 0.3 * rng.random():.4f}\n" for c in classes)
+    data = tiny.glue_bin
     runs = root / "runs"
-    env = base_env(ROBERTA_PATH=tiny.pretrained, DATA_DIR=data, SAVE_DIR=runs, FP16=0, MAX_UPDATE=8,
-                   FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}",
-                   OMP_NUM_THREADS=1)  # parallel runs on few cores: no thread oversubscription
+    env = base_env(ROBERTA_PATH=tiny.pretrained, DATA_DIR=data, SAVE_DIR=runs, MAX_UPDATE=8,
+                   SAVE_INTERVAL_UPDATES=4, FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}",
+                   OMP_NUM_THREADS=1,  # parallel runs on few cores: no thread oversubscription
+                   **({"FP16": 0} if CUDA else {}))  # these runs are --cpu
     jobs = {}
     for task in ("RTE", "STS-B"):
         for method in ("adam", "recadam"):
             jobs[(task, method)] = ([FINETUNE, task, method, *TINY_EXTRA], env)
     coupled = True
     jobs[("RTE", "recadam-coupled")] = ([FINETUNE, "RTE", "recadam-coupled", *TINY_EXTRA], env)
+    for kind in ("killed", "truncated"):  # the straight run's command, another SAVE_DIR, killed after a save
+        jobs[kind] = ([FINETUNE, "RTE", "recadam", *TINY_EXTRA],
+                      dict(env, SAVE_DIR=str(root / kind), RECADAM_EXIT_AFTER_SAVES="1"))
     grid_env = dict(env, KS="0.1 0.5", T0S="100", MAX_UPDATE="4")
     jobs["grid"] = ([GRID, "RTE", *TINY_EXTRA], grid_env)
     hydra_dir = root / "hydra"
@@ -152,7 +152,9 @@ def glue(tiny, tmp_path_factory):
     def go(item):
         key, (cmd, e) = item
         t = time.time()
-        cwd = root if key == "hydra" else None  # task.data's default is ${hydra:runtime.cwd}/glue-bin/RTE-bin
+        cwd = hydra_dir if key == "hydra" else None  # the yaml works from any directory
+        if cwd:
+            cwd.mkdir()
         p = run(cmd, e, cwd=cwd)
         return key, (p.returncode, p.stdout, time.time() - t)
 
@@ -167,7 +169,8 @@ def hydra_cmd(tiny, out):
     over = [f"model._name={arch.pop('--arch')}", f"task.max_positions={arch['--max-positions']}"]
     over += [f"+model.{k[2:].replace('-', '_')}={v}" for k, v in arch.items()]
     return [sys.executable, "-m", "fairseq_cli.hydra_train", "--config-dir", CONFIGS, "--config-name", "rte_recadam",
-            f"checkpoint.restore_file={tiny.pretrained}", f"common.user_dir={USER_DIR}", "common.fp16=false",
+            f"checkpoint.finetune_from_model={tiny.pretrained}", f"common.user_dir={USER_DIR}",
+            f"task.data={tiny.glue_bin}/RTE-bin", "common.fp16=false",
             "common.cpu=true", *over, "optimization.max_update=4", "lr_scheduler.warmup_updates=1",
             "dataset.batch_size=8", "dataset.num_workers=0", f"checkpoint.save_dir={out}/ckpt",
             f"hydra.run.dir={out}/hydra"]
@@ -202,8 +205,8 @@ def test_finetune_runs_on_tiny_data(glue, task, method, name):
     assert ("recadam: pretrained weights" in log) == (method == "recadam")
     cfg = load_cfg(run_dir / "checkpoint_last.pt")
     assert cfg["optimizer"]["_name"] == ("recadam" if method == "recadam" else "adam")
-    assert cfg["task"]["max_positions"] == 64, "the extra args override the recipe's 512"
-    assert cfg["model"].arch == "roberta" and cfg["model"].encoder_layers == 2
+    assert cfg["task"]["max_positions"] == 64, "the checkpoint's, not the recipe's 512"
+    assert (cfg["model"].arch, cfg["model"].encoder_layers, cfg["model"].encoder_embed_dim) == ("roberta", 2, 64)
     assert cfg["lr_scheduler"]["total_num_update"] == 8 and cfg["optimization"]["max_update"] == 8
     assert cfg["lr_scheduler"]["warmup_updates"] == 1, "122 or 214 scaled to 8 updates rounds to 0: kept at 1"
     assert cfg["optimization"]["lr"] == [2e-5]
@@ -219,6 +222,7 @@ def test_finetune_runs_on_tiny_data(glue, task, method, name):
     # command.sh is the command that ran
     argv = command_sh_argv(run_dir / "command.sh", [sys.executable, TRAIN_ENTRY])
     assert argv[-len(TINY_EXTRA):] == list(TINY_EXTRA)
+    assert CUDA or "finetune.sh: no CUDA device here: training in fp32 (FP16=0)" in result(glue, (task, method))
     assert json.loads((run_dir / "run.json").read_text())["task"] == task
 
 
@@ -237,7 +241,7 @@ def test_hydra_config_trains(glue):
     assert "recadam: pretrained weights" in out
     assert valid_values(out, "accuracy")
     cfg = load_cfg(glue["hydra_dir"] / "ckpt" / "checkpoint_last.pt")
-    assert cfg["task"]["data"] == str(glue["data"] / "RTE-bin"), "the yaml's default data path"
+    assert cfg["task"]["data"] == os.path.join(glue["data"], "RTE-bin")
     assert cfg["optimizer"]["recadam_anneal_k"] == 0.1 and cfg["criterion"]["recadam_anneal_k"] == 0.1
 
 
@@ -255,6 +259,94 @@ def test_grid_runs_then_skips(glue):
     assert before == {n: (glue["runs"] / "RTE" / n / "seed1" / "done").stat().st_mtime_ns for n in names}
 
 
+def _final_state(run_dir):
+    import torch
+
+    st = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
+    return st["model"], st["last_optimizer_state"], st["optimizer_history"][-1]["num_updates"]
+
+
+def _assert_same_state(a, b):
+    import torch
+
+    (ma, oa, na), (mb, ob, nb) = a, b
+    assert na == nb == 8
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma), "weights differ"
+    flat = []
+
+    def walk(x, y, where):
+        if torch.is_tensor(x):
+            assert torch.is_tensor(y) and x.dtype == y.dtype and torch.equal(x, y), where
+            flat.append(where)
+        elif isinstance(x, dict):
+            assert x.keys() == y.keys(), where
+            for k in x:
+                walk(x[k], y[k], f"{where}.{k}")
+        elif isinstance(x, (list, tuple)):
+            assert len(x) == len(y), where
+            for i, (u, v) in enumerate(zip(x, y)):
+                walk(u, v, f"{where}[{i}]")
+        else:
+            assert x == y, where
+
+    walk(oa, ob, "optimizer")
+    assert any(w.endswith(".anchor") for w in flat), "θ* is in the optimizer state and was compared"
+
+
+def test_killed_run_resumes_bit_for_bit(glue):
+    """Killed after its first checkpoint (update 4 of 8), the same command continues it: the final weights,
+    moments, θ* and step counts equal the uninterrupted run's. The second run's checkpoint_last.pt is
+    truncated to 0 bytes first (a kill during fairseq's copy): it is set aside, and the numbered
+    checkpoint written before the copy takes its place."""
+    straight = glue["runs"] / "RTE" / "recadam-k0.1-t1000" / "seed1"
+    result(glue, ("RTE", "recadam"))
+    dirs = {k: glue["root"] / k / "RTE" / "recadam-k0.1-t1000" / "seed1" for k in ("killed", "truncated")}
+    for kind, d in dirs.items():
+        rc, out, _ = glue["results"][kind]
+        assert rc == 137 and not (d / "done").exists(), out[-3000:]
+        assert sorted(p.name for p in d.glob("*.pt")) == ["checkpoint_1_4.pt", "checkpoint_best.pt",
+                                                          "checkpoint_last.pt"]
+    (dirs["truncated"] / "checkpoint_last.pt").write_bytes(b"")
+
+    def relaunch(kind):
+        return run([FINETUNE, "RTE", "recadam", *TINY_EXTRA], dict(glue["env"], SAVE_DIR=str(glue["root"] / kind)),
+                   check=0).stdout
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = dict(zip(dirs, pool.map(relaunch, dirs)))
+    d = dirs["killed"]
+    assert f"finetune.sh: resuming {glue['root']}/killed/RTE/recadam-k0.1-t1000/seed1 from checkpoint_last.pt " \
+           f"(update 4)" in out["killed"]
+    line = [ln for ln in out["truncated"].splitlines() if ln.startswith("finetune.sh: ")][-1]
+    assert re.fullmatch(r"finetune\.sh: .*checkpoint_last\.pt: an empty file; set aside as "
+                        r"checkpoint_last\.pt\.bad-\d{8}-\d{6}; resuming .*/truncated/.* from checkpoint_1_4\.pt "
+                        r"\(update 4\)", line), line
+    assert len(list(dirs["truncated"].glob("checkpoint_last.pt.bad-*"))) == 1, "set aside, not deleted"
+    want = _final_state(straight)
+    for kind, d in dirs.items():
+        assert (d / "done").exists()
+        log = (d / "train.log").read_text()
+        assert "loading pretrained model from" in log.split("resuming")[0], "the first launch: --finetune-from-model"
+        _assert_same_state(_final_state(d), want)
+
+
+def test_rerun_of_finished_or_changed_run(glue):
+    """A finished run is not trained again; another command for a started run stops, naming RESTART=1;
+    RESTART=1 starts it over."""
+    result(glue, ("RTE", "adam"))
+    env = glue["env"]
+    run_dir = glue["runs"] / "RTE" / "adam" / "seed1"
+    before = (run_dir / "checkpoint_last.pt").stat().st_mtime_ns
+    p = run([FINETUNE, "RTE", "adam", *TINY_EXTRA], env, check=0)
+    assert f"== already done: {run_dir} (RESTART=1 trains it again)" in p.stdout
+    p = run([FINETUNE, "RTE", "adam", *TINY_EXTRA], dict(env, LR="3e-5"), check=2)
+    msg = [ln for ln in p.stdout.splitlines() if "error" in ln]
+    assert msg == [f"finetune.sh: error: {run_dir} was started with another command (see {run_dir}/command.sh): "
+                   f"RESTART=1 starts it over with this one, or choose another SAVE_DIR"], p.stdout
+    assert (run_dir / "checkpoint_last.pt").stat().st_mtime_ns == before and "LR=2e-5" in \
+        (run_dir / "command.sh").read_text(), "nothing touched"
+
+
 # ------------------------------------------------------------------------- summarize.py
 
 
@@ -265,7 +357,8 @@ def read_csv(path):
 
 def test_summarize_real_runs(glue, tmp_path):
     for key in glue["results"]:
-        result(glue, key)
+        if key not in ("killed", "truncated"):  # (test_killed_run_resumes_bit_for_bit)
+            result(glue, key)
     out = tmp_path / "summary"
     p = run([sys.executable, SUMMARIZE, str(glue["runs"]), "--out", str(out)], base_env(), check=0)
     md = (out / "summary.md").read_text()
@@ -419,8 +512,9 @@ def fake(tmp_path):
         (data / f"{task}-bin" / "input0").mkdir(parents=True)
     model = tmp_path / "model.pt"
     model.write_text("")
+    # ARCH and MAX_POSITIONS given and fp32: the script does not read the (empty) checkpoint or probe for a GPU
     env = base_env(ROBERTA_PATH=model, DATA_DIR=data, SAVE_DIR=tmp_path / "runs",
-                   FAIRSEQ_TRAIN=f"{sys.executable} {script}")
+                   FAIRSEQ_TRAIN=f"{sys.executable} {script}", ARCH="roberta_large", MAX_POSITIONS=512, FP16=0)
 
     def finetune(task, method, *extra, check=0, **kw):
         e = dict(env, **{k: str(v) for k, v in kw.items()})
@@ -447,14 +541,16 @@ def test_recipe_per_task(fake, task):
               "--attention-dropout": "0.1", "--weight-decay": "0.1", "--adam-betas": "(0.9, 0.98)",
               "--adam-eps": "1e-06", "--clip-norm": "0.0", "--lr-scheduler": "polynomial_decay",
               "--init-token": "0", "--separator-token": "2", "--required-batch-size-multiple": "1",
-              "--restore-file": fake.env["ROBERTA_PATH"], "--arch": "roberta_large", "--seed": "1",
+              "--finetune-from-model": fake.env["ROBERTA_PATH"], "--arch": "roberta_large", "--seed": "1",
               "--criterion": "sentence_prediction_recadam", "--user-dir": USER_DIR, "--log-format": "json",
-              "--save-dir": run_dir, "--task": "sentence_prediction", "--fp16-init-scale": "4",
-              "--threshold-loss-scale": "1", "--fp16-scale-window": "128"}
+              "--save-dir": run_dir, "--task": "sentence_prediction",
+              # a checkpoint (and validation) every tenth of the run, at most every 2000 updates; the newest kept
+              "--save-interval-updates": str(min(2000, (int(total) + 5) // 10)), "--keep-interval-updates": "1"}
     assert {k: last(fl, k) for k in expect} == expect
-    for switch in ("--fp16", "--find-unused-parameters", "--reset-optimizer", "--reset-dataloader",
-                   "--reset-meters", "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"):
+    for switch in ("--find-unused-parameters", "--maximize-best-checkpoint-metric", "--no-epoch-checkpoints"):
         assert fl[switch] == [[]], switch
+    # resumable: fairseq's --finetune-from-model, not --restore-file with --reset-*; fp32 (FP16=0)
+    assert not any(f.startswith("--reset") or f.startswith("--fp16") or f == "--restore-file" for f in fl)
     assert ("--regression-target" in fl) == (task == "STS-B")
     assert (last(fl, "--valid-subset") if "--valid-subset" in fl else None) == \
         ("valid,valid1" if task == "MNLI" else None)
@@ -614,6 +710,30 @@ def test_dry_run_writes_only_command_sh(fake):
     assert "warning: ROBERTA_PATH=/no/such/model.pt: no such file" in p.stdout
 
 
+def test_fp16_is_never_asked_of_a_machine_without_cuda(fake):
+    """FP16=1 writes fairseq's fp16 recipe (a dry run writes it without looking for a GPU); FP16 auto
+    (the default) asks torch: on a CPU machine fp32, said in one line; FP16=1 there stops naming FP16=0."""
+    fp16 = {"--fp16": [[]], "--fp16-init-scale": [["4"]], "--threshold-loss-scale": [["1"]],
+            "--fp16-scale-window": [["128"]]}
+    env = dict(fake.env, DRY_RUN="1", FP16="1", PYTHON=sys.executable)
+    run([FINETUNE, "RTE", "adam"], env, check=0)
+    argv = command_sh_argv(os.path.join(fake.env["SAVE_DIR"], "RTE", "adam", "seed1", "command.sh"),
+                           shlex.split(fake.env["FAIRSEQ_TRAIN"]))
+    fl = flags(argv)[0]
+    assert {k: fl[k] for k in fp16} == fp16
+    if CUDA:
+        return
+    p = run([FINETUNE, "RTE", "adam"], dict(fake.env, FP16="auto", PYTHON=sys.executable), check=0)
+    assert p.stdout.count("finetune.sh: no CUDA device here: training in fp32 (FP16=0)") == 1
+    assert not [f for f in json.load(open(os.path.join(fake.env["SAVE_DIR"], "RTE", "adam", "seed1", "argv.json")))
+                if f.startswith("--fp16")]
+    p = run([FINETUNE, "RTE", "adam"], dict(fake.env, FP16="1", PYTHON=sys.executable, SAVE_DIR=str(fake.tmp / "x")),
+            check=2)
+    assert p.stdout.strip().splitlines() == [
+        "finetune.sh: error: FP16=1 needs a CUDA device and torch sees none here: use FP16=0 (fp32)"]
+    assert not os.path.exists(fake.tmp / "x")
+
+
 def test_failed_training_leaves_no_done_marker(fake):
     p, _, _ = fake("RTE", "adam", check=3, FAKE_RC=3)
     run_dir = os.path.join(fake.env["SAVE_DIR"], "RTE", "adam", "seed1")
@@ -629,7 +749,9 @@ def test_failed_training_leaves_no_done_marker(fake):
     (["RTE", "adam"], {"ROBERTA_PATH": None}, "ROBERTA_PATH is not set"),
     (["RTE", "adam"], {"ROBERTA_PATH": "/no/such.pt"}, "ROBERTA_PATH=/no/such.pt: no such file"),
     (["RTE", "adam"], {"DATA_DIR": "/no/such/dir"}, "no data at /no/such/dir/RTE-bin"),
-    (["RTE", "adam"], {"FP16": "yes"}, "FP16 must be 0 or 1"),
+    (["RTE", "adam"], {"FP16": "yes"}, "FP16 must be 0, 1 or auto"),
+    (["RTE", "adam"], {"SAVE_INTERVAL_UPDATES": "0"}, "SAVE_INTERVAL_UPDATES must be a positive integer"),
+    (["RTE", "adam"], {"MAX_POSITIONS": "x"}, "MAX_POSITIONS must be a positive integer"),
     (["RTE", "adam"], {"MAX_UPDATE": "0"}, "MAX_UPDATE must be a positive integer"),
 ])
 def test_finetune_errors(fake, args, env, message):
@@ -650,17 +772,31 @@ def test_grid_resumes_and_reports_failures(fake):
     assert "ran 6, skipped 0, failed 0" in p.stdout
     assert json.loads(open(os.path.join(expected[0], "argv.json")).read())[-2:] == ["--extra", "x"]
 
-    # an unfinished run (killed: log and checkpoint, no done marker) starts again from scratch
+    # an unfinished run (killed: log and an empty checkpoint_last.pt, no done marker) continues: the empty
+    # file is set aside (no complete checkpoint is left: fairseq starts from the pretrained model)
     unfinished = os.path.join(runs, "recadam-k0.5-t100", "seed2")
     os.remove(os.path.join(unfinished, "done"))
     open(os.path.join(unfinished, "checkpoint_last.pt"), "w").close()
-    open(os.path.join(unfinished, "train.log"), "w").write("stale\n")
-    p = run([GRID, "RTE"], env, check=0)
-    assert p.stdout.count("skip ") == 5 and f"restart {unfinished} (unfinished)" in p.stdout
+    open(os.path.join(unfinished, "train.log"), "w").write("before the kill\n")
+    p = run([GRID, "RTE"], env)  # without the extra args: another command
+    assert p.returncode == 1 and f"{unfinished} was started with another command" in p.stdout
+    p = run([GRID, "RTE", "--extra", "x"], env, check=0)  # the same command
+    assert p.stdout.count("skip ") == 5 and f"resume {unfinished} (unfinished)" in p.stdout
+    assert f"checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout
+    assert f"no complete checkpoint in {unfinished}: starting from the pretrained model" in p.stdout
     assert "ran 1, skipped 5" in p.stdout
     assert os.path.exists(os.path.join(unfinished, "done"))
     assert not os.path.exists(os.path.join(unfinished, "checkpoint_last.pt"))
-    assert "stale" not in open(os.path.join(unfinished, "train.log")).read()
+    assert [f for f in os.listdir(unfinished) if f.startswith("checkpoint_last.pt.bad-")], "set aside, not deleted"
+    log = open(os.path.join(unfinished, "train.log")).read()
+    assert log.startswith("before the kill\n") and "valid_accuracy" in log, "the log goes on"
+
+    # RESTART=1 starts a run over: its checkpoints, log and done marker go
+    open(os.path.join(unfinished, "checkpoint_1_4.pt"), "w").close()
+    p = run([FINETUNE, "RTE", "recadam"], dict(env, K="0.5", T0="100", SEED="2", RESTART="1"), check=0)  # no extras
+    assert f"finetune.sh: RESTART=1: starting {unfinished} over" in p.stdout
+    assert not [f for f in os.listdir(unfinished) if f.startswith("checkpoint")]
+    assert "before the kill" not in open(os.path.join(unfinished, "train.log")).read()
 
     # a failing run does not stop the grid; the failures are listed and the exit status is 1
     env_fail = dict(env, SAVE_DIR=os.path.join(fake.tmp, "runs-fail"), FAKE_RC="1", SEEDS="1")
@@ -689,7 +825,7 @@ STEMS = {"mnli": "MNLI", "qnli": "QNLI", "qqp": "QQP", "rte": "RTE", "sst2": "SS
          "cola": "CoLA", "stsb": "STS-B"}
 SECTIONS = ["common", "task", "checkpoint", "distributed_training", "dataset", "optimizer", "lr_scheduler",
             "optimization", "criterion"]
-# Paths legitimately differ: the yaml's defaults are relative to the hydra launch directory, and
+# Paths legitimately differ: the yaml leaves user_dir and data to the command line, and
 # fairseq-hydra-train's save_dir is inside its output directory.
 PATH_KEYS = {"common.user_dir", "task.data", "checkpoint.save_dir", "optimizer.save_dir", "criterion.save_dir"}
 # What the comparison must cover at least (the recipe and RecAdam's hyperparameters).
@@ -735,7 +871,7 @@ def test_hydra_config_matches_finetune(name, tmp_path):
     stem, method = name[: -len(".yaml")].split("_", 1)
     task, method = STEMS[stem], method.replace("_", "-")
     recadam_criterion_registered()  # the user-dir, as --user-dir imports it
-    env = base_env(ROBERTA_PATH="/x/model.pt", DATA_DIR="/x/glue-bin", SAVE_DIR=tmp_path, DRY_RUN=1)
+    env = base_env(ROBERTA_PATH="/x/model.pt", DATA_DIR="/x/glue-bin", SAVE_DIR=tmp_path, DRY_RUN=1, FP16=1)
     run([FINETUNE, task, method], env, check=0)
     run_dir = run([FINETUNE, task, method], dict(env, PRINT_RUN_DIR="1"), check=0).stdout.strip()
     argv = command_sh_argv(os.path.join(run_dir, "command.sh"), ["fairseq-train"])
@@ -744,7 +880,7 @@ def test_hydra_config_matches_finetune(name, tmp_path):
 
     hydra_init(name[: -len(".yaml")])
     with initialize_config_dir(config_dir=CONFIGS, version_base="1.1"):  # fairseq's hydra_main assumes 1.1
-        yml = compose(config_name=name[: -len(".yaml")], overrides=["checkpoint.restore_file=/x/model.pt"])
+        yml = compose(config_name=name[: -len(".yaml")], overrides=["checkpoint.finetune_from_model=/x/model.pt"])
     add_defaults(yml)
 
     assert yml.criterion._name == "sentence_prediction_recadam"

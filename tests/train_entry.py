@@ -13,6 +13,9 @@ test model's tensors are all below the default).
 With RECADAM_DUMP_DIR set, every rank writes what it ended with (model weights, optimizer state)
 to RECADAM_DUMP_DIR/rank<R>.pt: fairseq itself saves checkpoints from rank 0 only.
 
+With RECADAM_EXIT_AFTER_SAVES=N, the process dies (exit 137, as a kill) right after fairseq's N-th
+checkpoint save: an interrupted run, for the resume tests.
+
 With RECADAM_SAM_CHECK_RESTORE set, the SAM controller's θ is compared with the values it had before
 every perturbation, bit for bit, at the next micro-batch and before the gradient reduction; the count
 is printed at exit. RECADAM_SAM_POISON=3,7 makes pass 1 of those micro-batches (1-based) non-finite.
@@ -50,6 +53,22 @@ def _dump_every_rank(dump_dir):
             trainer = seen[0]
             torch.save({"model": trainer.model.state_dict(), "optimizer": trainer.optimizer.state_dict()},
                        os.path.join(dump_dir, f"rank{trainer.data_parallel_rank}.pt"))
+
+
+def _exit_after_saves(n):
+    from fairseq import checkpoint_utils
+
+    save, calls = checkpoint_utils.save_checkpoint, [0]
+
+    def _save(*args, **kwargs):
+        out = save(*args, **kwargs)
+        calls[0] += 1
+        if calls[0] >= n:
+            sys.stdout.flush()
+            os._exit(137)
+        return out
+
+    checkpoint_utils.save_checkpoint = _save
 
 
 def _sam_test_hooks(check_restore, poison):
@@ -101,6 +120,8 @@ if __name__ == "__main__":
         import recadam_fairseq.fused  # the module --user-dir registers: fairseq finds it in sys.modules
 
         recadam_fairseq.fused.MIN_SEGMENT = int(os.environ["RECADAM_FUSED_MIN_SEGMENT"])
+    if os.environ.get("RECADAM_EXIT_AFTER_SAVES"):
+        _exit_after_saves(int(os.environ["RECADAM_EXIT_AFTER_SAVES"]))
     if os.environ.get("RECADAM_DUMP_DIR"):
         _dump_every_rank(os.environ["RECADAM_DUMP_DIR"])
     cli_main()

@@ -25,12 +25,12 @@ from fairseq.logging import metrics
 from fairseq.logging.meters import safe_round
 
 from .. import glue_metrics
+from ..core.errors import ConfigError
+from ..core.glue_tasks import HEAD_TO_TASK, primary_metric
 from ..report import RECADAM_METRICS, log_recadam_metrics
-from ..tasks.glue_multitask import GLUE_TASKS, head_name, primary_metric
 from .sentence_prediction_recadam import (SentencePredictionRecAdamConfig, SentencePredictionRecAdamCriterion,
                                           _label_values, _log_total)
 
-HEAD_TO_TASK = {head_name(n): n for n in GLUE_TASKS}
 
 
 @register_criterion("glue_multitask", dataclass=SentencePredictionRecAdamConfig)
@@ -40,12 +40,12 @@ class GlueMultitaskCriterion(SentencePredictionRecAdamCriterion):
     def __init__(self, cfg, task):
         super().__init__(cfg, task)
         if not hasattr(task, "mt_task_names"):
-            raise ValueError("--criterion glue_multitask needs --task glue_multitask")
+            raise ConfigError("--criterion glue_multitask needs --task glue_multitask")
         if cfg.regression_target:
-            raise ValueError("--regression-target does not apply to --criterion glue_multitask: "
+            raise ConfigError("--regression-target does not apply to --criterion glue_multitask: "
                              "each task's labels.json says whether it is a regression (STS-B)")
         if self.r3f:  # the inherited R3F term would use one head; a batch here mixes tasks
-            raise ValueError(f"--r3f-lambda {cfg.r3f_lambda}: R3F is not available with --criterion glue_multitask "
+            raise ConfigError(f"--r3f-lambda {cfg.r3f_lambda}: R3F is not available with --criterion glue_multitask "
                              f"(its consistency term is per head and a batch mixes tasks); use --r3f-lambda 0")
         self.heads = task.head_names
         self.label_orders = [None if task.regression[t] else _label_values(task.label_dictionary_of(t), k)

@@ -20,6 +20,7 @@ from fairseq.dataclass import ChoiceEnum
 from fairseq.logging import metrics
 
 from .. import r3f
+from ..core.errors import ConfigError
 from ..config import R3FHyperparams
 
 
@@ -45,7 +46,7 @@ class LabelSmoothedCrossEntropyR3FCriterion(LabelSmoothedCrossEntropyCriterion):
 
     def _check_model(self, model):
         if getattr(getattr(model, "encoder", None), "embed_tokens", None) is None:
-            raise ValueError(f"--r3f-lambda {self.r3f_lambda}: R3F noises the source token embeddings, and this "
+            raise ConfigError(f"--r3f-lambda {self.r3f_lambda}: R3F noises the source token embeddings, and this "
                              f"model ({type(model).__name__}) has no encoder.embed_tokens")
         self._takes_embeddings = "token_embeddings" in inspect.signature(model.forward).parameters
 

@@ -31,9 +31,11 @@ from fairseq.models.roberta.model import RobertaEncoder
 
 from .. import glue_metrics, r3f
 from ..anchor import build_anchors
+from ..core.errors import ConfigError
 from ..anneal import anneal_lambda
-from ..config import R3FHyperparams, RecAdamHyperparams
+from ..config import R3FHyperparams, RecAdamHyperparams, check_anneal, check_checkpoint_paths
 from ..report import RECADAM_METRICS, log_recadam_metrics
+from .label_check import check_labels
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +89,11 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         self.regression_target = cfg.regression_target
         self.coupled = str(cfg.recadam_objective) == "coupled"
         r3f.check_hyperparams(cfg.eps, cfg.r3f_lambda, str(cfg.noise_type))
+        check_checkpoint_paths(cfg)
+        if self.coupled:
+            check_anneal(cfg)
+        if not getattr(self, "handles_multitask", False):
+            check_labels(task)
         self.r3f = cfg.r3f_lambda > 0 and cfg.eps > 0  # off: no noise draw, no second forward
         self._model_checked = False
         self.num_updates = 0
@@ -110,12 +117,12 @@ class SentencePredictionRecAdamCriterion(SentencePredictionCriterion):
         """Once, at the first forward (criteria are built before they see the model)."""
         heads = getattr(model, "classification_heads", None)
         if heads is None or self.classification_head_name not in heads:
-            raise ValueError(
+            raise ConfigError(
                 f"--classification-head-name {self.classification_head_name}: the model has no such head "
                 f"(it has: {', '.join(heads) if heads else 'no classification heads'}); "
                 f"--criterion {self.NAME} needs a RoBERTa-style model with that head")
         if self.r3f and self._embed_tokens(model) is None:
-            raise ValueError(f"--r3f-lambda {self.cfg.r3f_lambda}: R3F noises the token embeddings, and this model "
+            raise ConfigError(f"--r3f-lambda {self.cfg.r3f_lambda}: R3F noises the token embeddings, and this model "
                              f"({type(model).__name__}) has no encoder.sentence_encoder.embed_tokens")
         self._model_checked = True
 

@@ -28,6 +28,8 @@ from fairseq.modules.transformer_sentence_encoder import init_bert_params
 from fairseq.utils import safe_getattr, safe_hasattr
 from torch import Tensor
 
+from ..core.errors import ConfigError
+from ..core.layers import parse_layers
 from ..conditional_modules import (
     ConditionalAlignment,
     ConditionalAttentionBias,
@@ -42,45 +44,25 @@ from ..conditional_modules import (
 logger = logging.getLogger("fairseq.models.ca_mtl_roberta")
 
 
-def layer_set(spec: str, num_layers: int, flag: str) -> Set[int]:
-    """Layer indices of a spec: all, none, upper (the upper half), top, or "0-5,7" (0-based)."""
-    spec = str(spec).strip().lower()
-    named = {"all": range(num_layers), "none": range(0), "upper": range(num_layers // 2, num_layers),
-             "top": range(num_layers - 1, num_layers)}
-    if spec in named:
-        return set(named[spec])
-    out = set()
-    try:
-        for part in spec.split(","):
-            lo, _, hi = part.strip().partition("-")
-            out.update(range(int(lo), int(hi or lo) + 1))
-    except ValueError:
-        raise ValueError(f"{flag} {spec!r}: expected all, none, upper, top or layer indices like 0-5,7") from None
-    bad = sorted(i for i in out if not 0 <= i < num_layers)
-    if bad:
-        raise ValueError(f"{flag} {spec!r}: layers {bad} do not exist (the encoder has layers 0-{num_layers - 1})")
-    return out
-
-
 class CaMtlPlan:
     """Which conditional module goes where, from the ``--ca-mtl-*`` flags (checked here)."""
 
     def __init__(self, args):
         n, dim = args.encoder_layers, args.encoder_embed_dim
-        self.cln = layer_set(args.ca_mtl_cln_layers, n, "--ca-mtl-cln-layers")
-        self.attn = layer_set(args.ca_mtl_attn_layers, n, "--ca-mtl-attn-layers")
-        self.adapter = layer_set(args.ca_mtl_adapter_layers, n, "--ca-mtl-adapter-layers")
+        self.cln = set(parse_layers(args.ca_mtl_cln_layers, n, "--ca-mtl-cln-layers"))
+        self.attn = set(parse_layers(args.ca_mtl_attn_layers, n, "--ca-mtl-attn-layers"))
+        self.adapter = set(parse_layers(args.ca_mtl_adapter_layers, n, "--ca-mtl-adapter-layers"))
         self.alignment = not args.ca_mtl_no_alignment
         self.adapter_dim = args.ca_mtl_adapter_dim or max(1, dim // 3)
         self.max_len = args.ca_mtl_attn_max_len
         self.blocks = args.ca_mtl_attn_blocks or max(1, dim // self.max_len)
         if self.adapter_dim < 1:
-            raise ValueError(f"--ca-mtl-adapter-dim {args.ca_mtl_adapter_dim}: must be >= 1 (0: embed dim // 3)")
+            raise ConfigError(f"--ca-mtl-adapter-dim {args.ca_mtl_adapter_dim}: must be >= 1 (0: embed dim // 3)")
         if self.max_len < 1 or not 1 <= self.blocks <= self.max_len:
-            raise ValueError(f"--ca-mtl-attn-blocks {self.blocks} / --ca-mtl-attn-max-len {self.max_len}: "
+            raise ConfigError(f"--ca-mtl-attn-blocks {self.blocks} / --ca-mtl-attn-max-len {self.max_len}: "
                              f"need 1 <= blocks <= max len")
         if self.attn and safe_getattr(args, "encoder_xformers_att_config", None):
-            raise ValueError("--ca-mtl-attn-layers needs fairseq's own attention: drop --encoder-xformers-att-config "
+            raise ConfigError("--ca-mtl-attn-layers needs fairseq's own attention: drop --encoder-xformers-att-config "
                              "or pass --ca-mtl-attn-layers none")
         self.next_layer = 0
 

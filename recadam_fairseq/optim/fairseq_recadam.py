@@ -19,7 +19,9 @@ from omegaconf import II, OmegaConf
 
 from ..anchor import build_anchors, pretrained_model_state
 from ..anneal import anneal_lambda
-from ..config import ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams, SAMHyperparams
+from ..core.errors import ConfigError
+from ..config import (ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams, SAMHyperparams, check_anneal,
+                      check_checkpoint_paths)
 from ..recadam import RecAdam, validate_hparams
 from ..report import log_recadam_metrics
 from .sam_mixin import SAMOptimizerMixin
@@ -58,7 +60,7 @@ def check_pull_stability(cfg, h) -> None:
     lr, w = max(lrs), h["anneal_w"]
     c = lr * h["pretrain_cof"] * (w - anneal_lambda(h["anneal_fun"], 1, h["anneal_k"], h["anneal_t0"], w))
     if c >= 2:
-        raise ValueError(
+        raise ConfigError(
             f"recadam: --lr {lr:g} x --recadam-pretrain-cof {h['pretrain_cof']:g} x (w - λ(1)) = {c:g} >= 2: "
             f"the pull toward the pretrained weights overshoots them and diverges. Lower --recadam-pretrain-cof "
             f"below {2 * h['pretrain_cof'] / c:g} (the authors use 5000 with lr 1e-5 to 2e-5)"
@@ -72,7 +74,7 @@ def check_sharding(cfg) -> None:
     for flag, used in (("--zero-sharding os", str(cfg.zero_sharding) == "os"),
                        ("--ddp-backend fully_sharded", str(cfg.ddp_backend) == "fully_sharded")):
         if used:
-            raise ValueError(
+            raise ConfigError(
                 f"recadam does not support {flag}: the pretrained anchor would have to be sharded like the "
                 f"optimizer state it belongs to. Use --ddp-backend pytorch_ddp (GPUs), legacy_ddp or no_c10d; "
                 f"--recadam-anchor-dtype bf16 halves the anchor's memory"
@@ -91,6 +93,8 @@ class FairseqRecAdam(SAMOptimizerMixin, FairseqOptimizer):
         super().__init__(cfg)
         h = self.optimizer_config
         validate_hparams(h, names=FLAG_NAMES)
+        check_anneal(cfg)
+        check_checkpoint_paths(cfg)
         check_pull_stability(cfg, h)
         check_sharding(cfg)
         self._bound = False
@@ -145,7 +149,7 @@ class FairseqRecAdam(SAMOptimizerMixin, FairseqOptimizer):
         try:
             super().load_state_dict(state_dict, optimizer_overrides)
         except ValueError as e:  # another model size, or another layout (e.g. --fp16 vs fp32)
-            raise ValueError(
+            raise ConfigError(
                 f"recadam: the checkpoint's optimizer state does not fit this model: {e}. Start with "
                 f"--reset-optimizer (θ* then comes from --restore-file or --recadam-pretrained-path)"
             ) from e

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from fairseq.criterions import FairseqCriterion
 
+from ..core.errors import ConfigError
 from ..report import log_sam_metrics
 from ..sam import (Perturbed, base_type, esam_select_examples, esam_select_params, fisher_mask, global_norm,
                    gsam_decompose, gsam_rho, mask_eligible, perturbation, uses_mask)
@@ -97,7 +98,7 @@ class SAMController:
         if self.base == "esam" and (getattr(criterion, "handles_multitask", False)
                                     or not (hasattr(criterion, "classification_head_name")
                                             and hasattr(criterion, "regression_target"))):
-            raise ValueError(
+            raise ConfigError(
                 f"--sam-type {self.sam_type}: ESAM's data selection needs per-example losses, computed here for the "
                 f"single-task sentence_prediction criteria (fairseq's sentence_prediction, sentence_prediction_recadam, "
                 f"sentence_prediction_r3f); "
@@ -313,7 +314,7 @@ class SAMController:
         if mask is not None:
             if len(mask) != len(self.params) or any(m is not None and m.shape != p.shape
                                                      for m, p in zip(mask, self.params)):
-                raise ValueError("sam: the checkpoint's Fisher mask does not fit this model; start with "
+                raise ConfigError("sam: the checkpoint's Fisher mask does not fit this model; start with "
                                  "--reset-optimizer")
             mask = [None if m is None else m.to(p.device) for m, p in zip(mask, self.params)]
         self.mask = mask

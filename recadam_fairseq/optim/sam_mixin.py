@@ -1,12 +1,14 @@
 """What an optimizer adapter adds to run the SAM family (``--sam-type``): shared by samsgd and recadam."""
 
+import logging
 from collections.abc import Collection
 
 from ..sam import validate_sam_hparams
 from .sam_hook import SAMController
 
 SAM_KEYS = ("sam_type", "rho", "beta", "gamma", "keep_ratio", "num_samples", "mask_iter_e", "gsam_alpha", "rho_min")
-STATE_KEY = "sam"  # the controller's state inside the optimizer's state dict (checkpoint_last.pt)
+STATE_KEY = "sam"
+logger = logging.getLogger(__name__)  # the controller's state inside the optimizer's state dict (checkpoint_last.pt)
 
 
 def sam_hparams(cfg) -> dict:
@@ -21,6 +23,10 @@ class SAMOptimizerMixin:
         h = sam_hparams(cfg)
         validate_sam_hparams(h)
         lrs = cfg.lr if isinstance(cfg.lr, Collection) else [cfg.lr]
+        if h["sam_type"] != "none" and h["rho"] == 0:  # ε = 0: the second pass would compute ∇L(θ) again
+            logger.warning(f"--sam-type {h['sam_type']} with --rho 0: ε is 0, so no second pass is run "
+                           f"(the base optimizer's update alone)")
+            h["sam_type"] = "none"
         self._sam = None if h["sam_type"] == "none" else SAMController(h, self.get_lr, max(lrs), seed=seed)
 
     def all_reduce_grads(self, module):

@@ -12,14 +12,14 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
-from ..config import SAMHyperparams
+from ..config import CheckpointPaths, SAMHyperparams, check_checkpoint_paths
 from .sam_mixin import SAMOptimizerMixin
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SAMSGDConfig(SAMHyperparams, FairseqAdamConfig):
+class SAMSGDConfig(SAMHyperparams, CheckpointPaths, FairseqAdamConfig):
     seed: int = II("common.seed")
 
 
@@ -29,6 +29,7 @@ class SAMSGD(SAMOptimizerMixin, FairseqAdam):
 
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
+        check_checkpoint_paths(cfg)
         self.init_sam(cfg, seed=cfg.seed)
-        if self._sam is None:
+        if str(cfg.sam_type) == "none":
             logger.warning("samsgd with --sam-type none: plain Adam (set --sam-type sam, esam, gsam, fisher-sam, ...)")

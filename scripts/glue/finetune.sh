@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Fine-tune RoBERTa on one GLUE task with fairseq's recipe, with Adam, RecAdam, R3F/R4F or RecAdam + R3F.
+# Fine-tune RoBERTa on one GLUE task with fairseq's recipe, with Adam, RecAdam, R3F/R4F, SAM/FSAM or a mix.
 #
 #   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
 #
@@ -17,11 +17,19 @@
 #         recadam-r3f      --optimizer recadam + the RecAdam flags, with r3f's criterion and flags
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
+# Resuming: the same command again continues an interrupted run from its newest checkpoint (fairseq's
+# --finetune-from-model: checkpoint_last.pt with the optimizer's state, θ* included); a checkpoint_last.pt
+# that does not load is set aside and the newest complete checkpoint taken instead. A finished run is
+# not trained again. RESTART=1 starts a run over; a different command for the same run directory stops.
+#
 # Environment (defaults in brackets):
 #   ROBERTA_PATH  pretrained checkpoint (required)     DATA_DIR  [./glue-bin], data at $DATA_DIR/$TASK-bin
 #   SAVE_DIR      [runs]; the run is $SAVE_DIR/$TASK/$METHOD[-k$K-t$T0]/seed$SEED
-#   ARCH [roberta_large]  LR, BATCH [the recipe's]  SEED [1]  FP16 [1]  NUM_GPUS [1]
+#   ARCH          [the checkpoint's --arch and sizes]  MAX_POSITIONS [the checkpoint's]
+#   LR, BATCH [the recipe's]  SEED [1]  NUM_GPUS [1]
+#   FP16          [auto: 1 with a CUDA device, else 0 (fp32)]
 #   MAX_UPDATE    total updates [the recipe's]; warmup is scaled in proportion (at least 1)
+#   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]: a checkpoint (and validation) every N updates
 #   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
 #                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
 #   RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100]   SAM methods: --rho, --keep-ratio, --mask-iter-e
@@ -29,14 +37,17 @@
 #                 take no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
+#   PYTHON        [the interpreter of FAIRSEQ_TRAIN]: reads the recipe, the checkpoint and the machine
+#   RESTART=1     start the run over (its checkpoints and log are deleted)
 #   DRY_RUN=1     write $RUN/command.sh and print it; train nothing
 #   PRINT_RUN_DIR=1  print the run directory and exit (used by grid.sh)
 #
 # The run directory gets command.sh (the exact command), run.json (the settings), train.log
-# (fairseq's --log-format json output, with stderr) and, on success, the marker file `done`.
+# (fairseq's --log-format json output, with stderr; appended to on resume) and, on success, `done`.
 set -euo pipefail
 
 die() { echo "finetune.sh: error: $*" >&2; exit 2; }
+note() { echo "finetune.sh: $*" >&2; }
 usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
 
 if [ $# -lt 2 ]; then usage; die "expected TASK METHOD"; fi
@@ -46,19 +57,8 @@ EXTRA=("$@")
 
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
+source "$SCRIPT_DIR/common.sh"
 
-# task: lr batch total_updates warmup num_classes best_metric
-case "$(printf %s "$TASK_ARG" | tr "[:lower:]" "[:upper:]")" in
-  MNLI)  TASK=MNLI  R=(1e-5 32 123873  7432 3 accuracy) ;;
-  QNLI)  TASK=QNLI  R=(1e-5 32  33112  1986 2 accuracy) ;;
-  QQP)   TASK=QQP   R=(1e-5 32 113272 28318 2 f1) ;;
-  RTE)   TASK=RTE   R=(2e-5 16   2036   122 2 accuracy) ;;
-  SST-2) TASK=SST-2 R=(1e-5 32  20935  1256 2 accuracy) ;;
-  MRPC)  TASK=MRPC  R=(1e-5 16   2296   137 2 f1) ;;
-  COLA)  TASK=CoLA  R=(1e-5 16   5336   320 2 mcc) ;;
-  STS-B) TASK=STS-B R=(2e-5 16   3598   214 1 pearson) ;;
-  *) die "unknown TASK '$TASK_ARG'; choose one of MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B" ;;
-esac
 case "$METHOD" in
   adam|recadam|recadam-coupled|r3f|r4f|recadam-r3f|sam|fsam|recadam-fsam) ;;
   *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam" ;;
@@ -66,19 +66,25 @@ esac
 IS_R3F=0 IS_RECADAM=0  # whether the method takes the R3F criterion / the RecAdam flags (k, t0, γ)
 case "$METHOD" in r3f|r4f|recadam-r3f) IS_R3F=1 ;; esac
 case "$METHOD" in recadam*) IS_RECADAM=1 ;; esac
-# R3F's RTE command (fairseq examples/rxf): lr 1e-5, batch 8, 3120 updates, 187 warmup
-[ "$IS_R3F" = 0 ] || [ "$TASK" != RTE ] || R=(1e-5 8 3120 187 2 accuracy)
 
-LR=${LR:-${R[0]}}
-BATCH=${BATCH:-${R[1]}}
-TOTAL=${R[2]}
-WARMUP=${R[3]}
-NUM_CLASSES=${R[4]}
-METRIC=${R[5]}
+FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
+read -r -a TRAIN <<< "$FAIRSEQ_TRAIN"
+PYTHON=${PYTHON:-$(python_of "${TRAIN[0]}")}
+DRY_RUN=${DRY_RUN:-0}
+
+# The recipe (and the task's spelling) from recadam_fairseq/core/glue_tasks.py.
+ask_python --task "$TASK_ARG"
+
+# R3F's RTE command (fairseq examples/rxf): lr 1e-5, batch 8, 3120 updates, 187 warmup
+if [ "$IS_R3F" = 1 ] && [ "$TASK" = RTE ]; then
+  RECIPE_LR=1e-5 RECIPE_BATCH=8 RECIPE_TOTAL=3120 RECIPE_WARMUP=187
+fi
+LR=${LR:-$RECIPE_LR}
+BATCH=${BATCH:-$RECIPE_BATCH}
+TOTAL=$RECIPE_TOTAL
+WARMUP=$RECIPE_WARMUP
 SEED=${SEED:-1}
-FP16=${FP16:-1}
 NUM_GPUS=${NUM_GPUS:-1}
-ARCH=${ARCH:-roberta_large}
 K=${K:-0.1}
 T0=${T0:-1000}
 GAMMA=${GAMMA:-5000}
@@ -95,20 +101,20 @@ CRITERION=${CRITERION:-sentence_prediction_recadam}
 DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
 USER_DIR=${USER_DIR:-$REPO_DIR/recadam_fairseq}
-FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
-DRY_RUN=${DRY_RUN:-0}
 
 is_uint() { [[ $1 =~ ^[0-9]+$ ]]; }
 is_uint "$SEED" || die "SEED must be a non-negative integer, got '$SEED'"
 is_uint "$BATCH" && [ "$BATCH" -gt 0 ] || die "BATCH must be a positive integer, got '$BATCH'"
 is_uint "$NUM_GPUS" && [ "$NUM_GPUS" -gt 0 ] || die "NUM_GPUS must be a positive integer, got '$NUM_GPUS'"
-[[ $FP16 == 0 || $FP16 == 1 ]] || die "FP16 must be 0 or 1, got '$FP16'"
 if [ -n "${MAX_UPDATE:-}" ]; then
   is_uint "$MAX_UPDATE" && [ "$MAX_UPDATE" -gt 0 ] || die "MAX_UPDATE must be a positive integer, got '$MAX_UPDATE'"
   WARMUP=$(( (WARMUP * MAX_UPDATE + TOTAL / 2) / TOTAL ))  # rounded, in proportion
   [ "$WARMUP" -ge 1 ] || WARMUP=1
   TOTAL=$MAX_UPDATE
 fi
+SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(default_save_interval "$TOTAL")}
+is_uint "$SAVE_INTERVAL_UPDATES" && [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] ||
+  die "SAVE_INTERVAL_UPDATES must be a positive integer, got '$SAVE_INTERVAL_UPDATES'"
 
 NAME=$METHOD
 if [ "$IS_RECADAM" = 1 ]; then
@@ -120,6 +126,16 @@ case "$METHOD" in sam|fsam|recadam-fsam) NAME="$NAME-rho$RHO" ;; esac
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
 
+# The checkpoint's architecture unless ARCH and MAX_POSITIONS say; whether there is a GPU unless FP16 says.
+FP16=${FP16:-auto}
+[[ $FP16 == 0 || $FP16 == 1 || $FP16 == auto ]] || die "FP16 must be 0, 1 or auto, got '$FP16'"
+ASK=()
+[ -n "${ARCH:-}" ] && [ -n "${MAX_POSITIONS:-}" ] || [ ! -f "${ROBERTA_PATH:-}" ] || ASK+=(--checkpoint "$ROBERTA_PATH")
+[ "$FP16" = 0 ] || { [ "$DRY_RUN" = 1 ] && [ "$FP16" = 1 ]; } || ASK+=(--cuda)
+[ ${#ASK[@]} = 0 ] || ask_python "${ASK[@]}"
+choose_fp16
+arch_flags roberta_large
+
 DATA="$DATA_DIR/$TASK-bin"
 problems=()
 if [ -z "${ROBERTA_PATH:-}" ]; then
@@ -128,7 +144,7 @@ elif [ ! -f "$ROBERTA_PATH" ]; then
   problems+=("ROBERTA_PATH=$ROBERTA_PATH: no such file")
 fi
 if [ ! -d "$DATA/input0" ]; then
-  problems+=("no data at $DATA (DATA_DIR=$DATA_DIR): expected $DATA/input0, label (see data-prep/README.md)")
+  problems+=("no data at $DATA (DATA_DIR=$DATA_DIR): expected $DATA/input0, label (see docs/glue.md)")
 fi
 if [ ${#problems[@]} -gt 0 ]; then
   for p in "${problems[@]}"; do
@@ -137,13 +153,12 @@ if [ ${#problems[@]} -gt 0 ]; then
   [ "$DRY_RUN" = 1 ] || exit 2
 fi
 
-read -r -a TRAIN <<< "$FAIRSEQ_TRAIN"
 CMD=("${TRAIN[@]}" "$DATA"
   --user-dir "$USER_DIR"
-  --restore-file "${ROBERTA_PATH:-}" --reset-optimizer --reset-dataloader --reset-meters
+  --finetune-from-model "${ROBERTA_PATH:-}"
   --task sentence_prediction --num-classes "$NUM_CLASSES" --init-token 0 --separator-token 2
-  --max-positions 512 --required-batch-size-multiple 1 --batch-size "$BATCH" --max-tokens 4400
-  --arch "$ARCH" --dropout 0.1 --attention-dropout 0.1
+  --max-positions "$MAX_POSITIONS" --required-batch-size-multiple 1 --batch-size "$BATCH" --max-tokens 4400
+  "${ARCH_FLAGS[@]}" --dropout 0.1 --attention-dropout 0.1
   --criterion "$CRITERION")
 [ "$TASK" != STS-B ] || CMD+=(--regression-target)
 if [ "$CRITERION" = sentence_prediction ]; then  # fairseq's criterion computes these only when asked
@@ -181,33 +196,13 @@ CMD+=(--find-unused-parameters)
 [ "$TASK" != MNLI ] || CMD+=(--valid-subset valid,valid1)
 CMD+=(--best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric
   --seed "$SEED" --save-dir "$RUN" --no-epoch-checkpoints
+  --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
   --log-format json --log-interval 100
   ${EXTRA[@]+"${EXTRA[@]}"})  # (this form: an empty array is "unbound" to set -u before bash 4.4)
 
-# shell-quote for command.sh, readably: bare when safe, else in single quotes
-q() { if [[ $1 =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi; }
-
-mkdir -p "$RUN"
-{
-  echo "#!/usr/bin/env bash"
-  echo "# $TASK $METHOD seed $SEED, written by scripts/glue/finetune.sh on $(date '+%Y-%m-%d %H:%M:%S')"
-  echo "# settings: LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS ARCH=$ARCH$(
-    [ "$IS_RECADAM" = 0 ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
-  printf 'cd '; q "$PWD"; echo
-  n=${#TRAIN[@]}
-  line=""
-  for a in "${CMD[@]:0:n}"; do line+="$(q "$a") "; done
-  printf '%s' "${line% }"
-  i=$n
-  while [ "$i" -lt "${#CMD[@]}" ]; do  # one flag and its values per line
-    line=$(q "${CMD[i]}")
-    i=$((i + 1))
-    while [ "$i" -lt "${#CMD[@]}" ] && [[ ${CMD[i]} != --* ]]; do line+=" $(q "${CMD[i]}")"; i=$((i + 1)); done
-    printf ' \\\n  %s' "$line"
-  done
-  echo
-} > "$RUN/command.sh"
-chmod +x "$RUN/command.sh"
+SETTINGS="LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS$(
+  [ "$IS_RECADAM" = 0 ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
+write_command "$RUN" "$TASK $METHOD seed $SEED" "$SETTINGS" "${#TRAIN[@]}" "${CMD[@]}"
 
 if [ "$DRY_RUN" = 1 ]; then
   cat "$RUN/command.sh"
@@ -227,16 +222,5 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
   printf '}\n'
 } > "$RUN/run.json"
 
-# A (re)start begins from the pretrained model: drop what an earlier attempt left.
-rm -f "$RUN/done" "$RUN/train.log" "$RUN"/checkpoint*.pt
 echo "== $TASK $METHOD seed $SEED -> $RUN"
-set +e
-"${CMD[@]}" 2>&1 | tee "$RUN/train.log"
-rc=${PIPESTATUS[0]}
-set -e
-if [ "$rc" -ne 0 ]; then
-  echo "finetune.sh: error: fairseq-train failed (exit $rc); see $RUN/train.log" >&2
-  exit "$rc"
-fi
-date '+%Y-%m-%d %H:%M:%S' > "$RUN/done"
-echo "== done: $RUN"
+train_and_mark_done "$RUN"

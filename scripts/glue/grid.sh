@@ -5,8 +5,9 @@
 #
 # Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
 # RecAdam methods once per (k, t0) in KS x T0S, adam, r3f, r4f, sam and fsam once per seed. A run whose `done` marker
-# exists is skipped ("skip"); an unfinished one is started again from the pretrained model.
-# A failed run does not stop the grid: the failures are listed at the end (exit 1).
+# exists is skipped ("skip"); an unfinished one continues from its newest checkpoint ("resume"; RESTART=1
+# starts every run of the grid over). A failed run does not stop the grid: the failures are listed at the
+# end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
 #              METHODS ["recadam"]; any of adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam
@@ -14,7 +15,7 @@
 set -euo pipefail
 
 die() { echo "grid.sh: error: $*" >&2; exit 2; }
-[ $# -ge 1 ] || { sed -n '2,13p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; die "expected TASK"; }
+[ $# -ge 1 ] || { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; die "expected TASK"; }
 TASK=$1
 shift
 
@@ -35,12 +36,12 @@ one() {  # one() SEED METHOD [K T0]; the extra fairseq-train args are in EXTRA
   local env=(SEED="$seed")
   [ $# -lt 4 ] || env+=(K="$3" T0="$4")
   run=$(env "${env[@]}" PRINT_RUN_DIR=1 bash "$FINETUNE" "$TASK" "$method")  # exits 2 on a bad TASK
-  if [ -f "$run/done" ]; then
+  if [ -f "$run/done" ] && [ "${RESTART:-0}" != 1 ]; then
     echo "skip $run (done)"
     n_skip=$((n_skip + 1))
     return
   fi
-  [ ! -e "$run/train.log" ] || echo "restart $run (unfinished)"
+  [ ! -e "$run/train.log" ] || [ "${RESTART:-0}" = 1 ] || echo "resume $run (unfinished)"
   n_run=$((n_run + 1))
   if ! env "${env[@]}" bash "$FINETUNE" "$TASK" "$method" ${EXTRA[@]+"${EXTRA[@]}"}; then
     echo "grid.sh: run failed: $run" >&2

@@ -35,17 +35,19 @@ import statistics
 import sys
 from collections import defaultdict
 
-TASKS = ["MNLI", "QNLI", "QQP", "RTE", "SST-2", "MRPC", "CoLA", "STS-B"]
-PRIMARY = {"CoLA": "mcc", "MRPC": "f1", "QQP": "f1", "STS-B": "pearson"}  # the others: accuracy
-OTHER = {"MRPC": ["accuracy", "acc_and_f1"], "QQP": ["accuracy", "acc_and_f1"], "STS-B": ["spearman"],
-         "CoLA": ["accuracy"]}
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: the GLUE task table)
+from recadam_fairseq.core.glue_tasks import head_name  # noqa: E402
+
+TASKS = glue_tasks.RECIPE_TASKS
+OTHER = {n: list(t.other_metrics) for n, t in glue_tasks.TASKS.items()}
 METHODS = ["adam", "recadam", "recadam-coupled", "r3f", "r4f", "recadam-r3f", "sam", "fsam", "recadam-fsam"]
 MM = "MNLI-mm"
 MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
 
 
 def primary_metric(task):
-    return PRIMARY.get(task, "accuracy")
+    return glue_tasks.TASKS[task].primary_metric if task in glue_tasks.TASKS else "accuracy"
 
 
 def to_float(v):
@@ -157,11 +159,6 @@ def read_run(run_dir, root):
     if task == "MNLI" and valid.get("valid1"):
         run["mm"], _ = best_of(valid["valid1"], "accuracy")
     return run
-
-
-def head_name(task):
-    """The head / metric prefix of a task in --task glue_multitask logs ("SST-2" -> "sst_2")."""
-    return re.sub(r"[^a-z0-9]", "_", task.lower())
 
 
 def read_multitask_run(run_dir, root):

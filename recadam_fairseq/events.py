@@ -1,0 +1,158 @@
+"""The one way the plug-in follows fairseq's training loop. Nothing in fairseq is patched or replaced.
+
+fairseq's Trainer, for every update (fairseq 0.12, ``trainer.py`` / ``tasks/fairseq_task.py``)::
+
+    for each micro-batch (--update-freq, dummy batches included):
+        task.train_step: model.set_num_updates(n); loss = criterion(model, sample); optimizer.backward(loss)
+    optimizer.all_reduce_grads(model)        # through every fp16 wrapper, before the overflow check
+    [overflow check: on fp16 overflow the update is skipped and n does not advance]
+    optimizer.step(); trainer.set_num_updates(n + 1)
+
+What a method can hook, and the documented call each event comes from:
+
+=====================================  =================================================================
+event                                  source
+=====================================  =================================================================
+first training call of the criterion   :func:`on_first_training_call`: torch's global forward pre-hook,
+(gives the criterion and the model)    removed at that call, so no global hook remains once training runs
+before / after each criterion forward  :func:`forward_hooks`: torch forward (pre-)hooks on that criterion
+                                       instance; the pre-hook may replace the sample (ESAM)
+fairseq's loss scale                   :func:`loss_scale`: the gradient fairseq's backward sends into the
+                                       criterion's loss (its fp16 scale; 0 for an ignored dummy batch)
+before / after the gradient reduction  :class:`LoopOptimizer`: the plug-in optimizer's own
+and after the step                     ``all_reduce_grads(model)`` and ``step()``, which fairseq calls;
+                                       listeners run in the order they were added
+state kept in the checkpoint           :class:`LoopOptimizer`: each listener's ``state_dict()`` goes into
+                                       the optimizer state (``last_optimizer_state[key]``)
+the update number                      :func:`update_number`: fairseq's own count, as its Trainer logs it
+=====================================  =================================================================
+
+A new method adds a listener to its optimizer (``self.listen("name", obj)``), or calls
+:func:`on_first_training_call` when it needs the criterion and the model (ARCHITECTURE.md has a
+worked example). It never assigns to a fairseq object's method.
+"""
+
+import logging
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+from fairseq.criterions import FairseqCriterion
+from fairseq.logging import metrics
+
+logger = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------- criterion side
+def is_training_call(args) -> bool:
+    """A criterion call made by ``task.train_step``: gradients on, a model in training mode."""
+    return (torch.is_grad_enabled() and len(args) >= 2 and isinstance(args[0], torch.nn.Module)
+            and args[0].training)
+
+
+def on_first_training_call(callback: Callable[[FairseqCriterion, torch.nn.Module], Any]) -> None:
+    """``callback(criterion, model)`` once, just before the first training forward of a FairseqCriterion.
+
+    fairseq builds the criterion and the model before the optimizer and never hands them to it; this
+    is where an optimizer-side method meets them. The global hook exists only until that call.
+    """
+    state = {}
+
+    def hook(module, args):
+        if not isinstance(module, FairseqCriterion) or not is_training_call(args):
+            return None
+        state["handle"].remove()
+        callback(module, args[0])
+        return None
+
+    state["handle"] = torch.nn.modules.module.register_module_forward_pre_hook(hook)
+
+
+def forward_hooks(criterion: torch.nn.Module, before: Callable, after: Callable) -> Tuple[Any, Any]:
+    """Per-instance hooks for the training calls of ``criterion``.
+
+    ``before(criterion, args)`` runs before each training forward and may return new ``args``
+    (the replaced sample is what fairseq's forward then sees); ``after(criterion, args, output)``
+    runs after it. Evaluation calls (no grad, model.eval()) are not passed on.
+    """
+    def pre(module, args):
+        return before(module, args) if is_training_call(args) else None
+
+    def post(module, args, output):
+        if is_training_call(args):
+            after(module, args, output)
+
+    return criterion.register_forward_pre_hook(pre), criterion.register_forward_hook(post)
+
+
+def loss_scale(loss: torch.Tensor, callback: Callable[[torch.Tensor], Any]) -> None:
+    """``callback(g)`` with the gradient fairseq's backward sends into ``loss``: its fp16 loss scale
+    (1 in fp32; 0 for a dummy batch fairseq multiplies by 0). Nothing is called if the loss has no
+    graph."""
+    if loss.requires_grad:
+        loss.register_hook(lambda g: callback(g.detach()))
+
+
+def update_number() -> int:
+    """fairseq's count of finished updates: the ``num_updates`` its Trainer logs (metrics.log_scalar)
+    into every active aggregator on each update and when it restores a checkpoint. 0 before the first
+    update of a fresh run (and outside fairseq-train)."""
+    seen = [agg["num_updates"].val for agg in metrics.get_active_aggregators() if "num_updates" in agg]
+    return int(max(seen)) if seen else 0
+
+
+# --------------------------------------------------------------------------- optimizer side
+class LoopOptimizer:
+    """Mixed in before a FairseqOptimizer subclass: the optimizer-side events go to its listeners.
+
+    A listener may define ``before_reduce(model)``, ``after_reduce(model)``, ``after_step()`` and
+    ``state_dict()`` / ``load_state_dict(state)``; the events reach them in the order they were added.
+    ``before_reduce`` runs before fairseq's reduction (and its overflow check), ``after_reduce``
+    after it, ``after_step`` after a step that happened (a skipped fp16 update calls none).
+    """
+
+    def listen(self, key: str, listener: Any) -> None:
+        if not hasattr(self, "_listeners"):
+            self._listeners: Dict[str, Any] = {}
+        self._listeners[key] = listener
+
+    def listeners(self) -> List[Tuple[str, Any]]:
+        return list(getattr(self, "_listeners", {}).items())
+
+    def _emit(self, event: str, *args) -> None:
+        for _, listener in self.listeners():
+            fn = getattr(listener, event, None)
+            if fn is not None:
+                fn(*args)
+
+    def all_reduce_grads(self, module):
+        self._emit("before_reduce", module)
+        super().all_reduce_grads(module)
+        self._emit("after_reduce", module)
+
+    def step(self, closure=None, scale=1.0, groups=None):
+        super().step(closure, scale, groups)
+        self._emit("after_step")
+
+    def state_dict(self):
+        st = super().state_dict()
+        extra = {k: lst.state_dict() for k, lst in self.listeners() if hasattr(lst, "state_dict")}
+        return {**st, **extra} if extra else st
+
+    def load_state_dict(self, state_dict, optimizer_overrides=None):
+        state_dict = dict(state_dict)
+        extra = {k: state_dict.pop(k) for k, _ in self.listeners() if k in state_dict}
+        super().load_state_dict(state_dict, optimizer_overrides)
+        for k, lst in self.listeners():
+            if k in extra and hasattr(lst, "load_state_dict"):
+                lst.load_state_dict(extra[k])
+
+
+def unwrap(model: torch.nn.Module) -> torch.nn.Module:
+    """The model inside fairseq's / DDP's wrappers (they keep it in ``.module``)."""
+    while isinstance(getattr(model, "module", None), torch.nn.Module):
+        model = model.module
+    return model
+
+
+__all__ = ["on_first_training_call", "forward_hooks", "loss_scale", "update_number", "LoopOptimizer", "unwrap",
+           "is_training_call", "Optional"]

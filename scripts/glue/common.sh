@@ -1,0 +1,133 @@
+# Shared by finetune.sh and multitask.sh (sourced): asking Python, fp16, the architecture, the run directory.
+# The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
+
+# The Python that runs fairseq-train: the first word if it is a python, else the command's shebang.
+python_of() {
+  local cmd=$1 path line
+  case "$(basename "$cmd")" in python*) echo "$cmd"; return ;; esac
+  path=$(command -v "$cmd" 2>/dev/null) || { echo python3; return; }
+  IFS= read -r line < "$path" || true
+  case "$line" in "#!"*python*) line=${line#\#!}; echo "${line%% *}" ;; *) echo python3 ;; esac
+}
+
+# ask_python ARGS: eval prelaunch.py's KEY=value lines (the recipe, the checkpoint, the machine).
+ask_python() {
+  local out
+  if ! out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan "$@" 2>&1); then
+    out=${out##*error: }
+    [ "$DRY_RUN" = 1 ] && [[ $out == ROBERTA_PATH=* ]] || die "$out"
+    echo "$(basename "$0"): warning: $out" >&2  # a dry run only writes the command: ask without the checkpoint
+    local args=() a skip=0
+    for a in "$@"; do
+      if [ "$skip" = 1 ]; then skip=0; continue; fi
+      case "$a" in --checkpoint|--freeze) skip=1 ;; --cuda) ;; *) args+=("$a") ;; esac
+    done
+    out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan "${args[@]}" 2>&1) || die "${out##*error: }"
+  fi
+  eval "$out"
+}
+
+# A checkpoint (and a validation) about every tenth of the run, at most every 2000 updates.
+default_save_interval() {
+  local n=$(( ($1 + 5) / 10 ))
+  [ "$n" -ge 1 ] || n=1
+  [ "$n" -le 2000 ] || n=2000
+  echo "$n"
+}
+
+# FP16 auto|0|1 and HAS_CUDA -> FP16 0|1; fp16 is never asked of a machine without CUDA.
+choose_fp16() {
+  case "$FP16" in
+    0) ;;
+    auto)
+      if [ "${HAS_CUDA:-1}" = 1 ]; then FP16=1; else
+        FP16=0; note "no CUDA device here: training in fp32 (FP16=0)"
+      fi ;;
+    1) [ "$DRY_RUN" = 1 ] || [ "${HAS_CUDA:-1}" = 1 ] ||
+         die "FP16=1 needs a CUDA device and torch sees none here: use FP16=0 (fp32)" ;;
+  esac
+}
+
+# arch_flags DEFAULT: ARCH_FLAGS and MAX_POSITIONS: ARCH if given, else the checkpoint's arch and sizes
+# (CKPT_*), else (a dry run without a checkpoint) --arch DEFAULT.
+arch_flags() {
+  if [ -n "${ARCH:-}" ]; then
+    ARCH_FLAGS=(--arch "$ARCH")
+  elif [ -n "${CKPT_ARCH:-}" ]; then
+    read -r -a ARCH_FLAGS <<< "--arch $CKPT_ARCH $CKPT_ARCH_FLAGS"
+  else  # no readable checkpoint: the missing ROBERTA_PATH is reported (a dry run writes DEFAULT)
+    ARCH_FLAGS=(--arch "$1")
+  fi
+  MAX_POSITIONS=${MAX_POSITIONS:-${CKPT_MAX_POSITIONS:-512}}
+  [[ $MAX_POSITIONS =~ ^[1-9][0-9]*$ ]] || die "MAX_POSITIONS must be a positive integer, got '$MAX_POSITIONS'"
+}
+
+has_checkpoints() { compgen -G "$1/checkpoint*.pt" > /dev/null; }
+
+# write_command RUN TITLE SETTINGS N_TRAIN_WORDS CMD...: RUN/command.sh, after deciding what RUN holds:
+# RESTART=1 clears it; a finished run stops here (exit 0); another command for a started run is an error.
+write_command() {
+  local run=$1 title=$2 settings=$3 n=$4
+  shift 4
+  local cmd=("$@") body
+  body=$(render_command "$n" "${cmd[@]}")
+  if [ "${RESTART:-0}" = 1 ] && [ "$DRY_RUN" != 1 ] && [ -d "$run" ]; then
+    note "RESTART=1: starting $run over"
+    rm -f "$run"/checkpoint*.pt "$run"/checkpoint_last.pt.bad-* "$run/done" "$run/train.log"
+  elif [ -f "$run/command.sh" ] && { has_checkpoints "$run" || [ -f "$run/done" ]; } &&
+       [ "$(grep -v '^#' "$run/command.sh")" != "$body" ]; then
+    die "$run was started with another command (see $run/command.sh): RESTART=1 starts it over with this one, or choose another SAVE_DIR"
+  elif [ -f "$run/done" ] && [ "$DRY_RUN" != 1 ]; then
+    echo "== already done: $run (RESTART=1 trains it again)"
+    exit 0
+  fi
+  mkdir -p "$run"
+  { echo "#!/usr/bin/env bash"
+    echo "# $title, written by scripts/glue/$(basename "$0") on $(date '+%Y-%m-%d %H:%M:%S')"
+    echo "# settings: $settings"
+    echo "$body"
+  } > "$run/command.sh"
+  chmod +x "$run/command.sh"
+}
+
+# shell-quote readably: bare when safe, else in single quotes
+q() { if [[ $1 =~ ^[A-Za-z0-9_./:=,+@%-]+$ ]]; then printf '%s' "$1"; else printf "'%s'" "${1//\'/\'\\\'\'}"; fi; }
+
+# cd line, then the command: its first N words on one line, then one flag and its values per line
+render_command() {
+  local n=$1 line i
+  shift
+  local cmd=("$@")
+  printf 'cd '; q "$PWD"; echo
+  line=""
+  for a in "${cmd[@]:0:n}"; do line+="$(q "$a") "; done
+  printf '%s' "${line% }"
+  i=$n
+  while [ "$i" -lt "${#cmd[@]}" ]; do
+    line=$(q "${cmd[i]}")
+    i=$((i + 1))
+    while [ "$i" -lt "${#cmd[@]}" ] && [[ ${cmd[i]} != --* ]]; do line+=" $(q "${cmd[i]}")"; i=$((i + 1)); done
+    printf ' \\\n  %s' "$line"
+  done
+  echo
+}
+
+# Run CMD in RUN (continuing from its newest complete checkpoint), append to train.log, mark it done.
+train_and_mark_done() {
+  local run=$1 msg rc
+  if has_checkpoints "$run"; then
+    msg=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" resume "$run" 2>&1) || die "${msg##*error: }"
+    note "$msg"
+    echo "$(basename "$0"): $msg" >> "$run/train.log"
+  fi
+  set +e
+  "${CMD[@]}" 2>&1 | tee -a "$run/train.log"
+  rc=${PIPESTATUS[0]}
+  set -e
+  if [ "$rc" -ne 0 ]; then
+    echo "$(basename "$0"): error: fairseq-train failed (exit $rc); see $run/train.log" >&2
+    exit "$rc"
+  fi
+  date '+%Y-%m-%d %H:%M:%S' > "$run/done"
+  echo "== done: $run"
+}

@@ -1,0 +1,250 @@
+#!/usr/bin/env python3
+"""What the GLUE task scripts (finetune.sh, grid.sh, multitask.sh) ask Python before fairseq-train.
+
+    prelaunch.py plan [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A] [--freeze SPEC] [--cuda]
+                      [--steps DATA_DIR BATCH GPUS]
+    prelaunch.py resume RUN_DIR
+
+``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
+  --task       TASK (GLUE's spelling of a name in any case), RECIPE_LR, RECIPE_BATCH, RECIPE_TOTAL,
+               RECIPE_WARMUP, NUM_CLASSES, METRIC: fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py)
+  --tasks      TASKS: a comma list in GLUE's spelling
+  --checkpoint CKPT_ARCH, CKPT_ARCH_FLAGS (the sizes that differ from the arch's defaults), CKPT_MAX_POSITIONS,
+               CKPT_LAYERS: the architecture the checkpoint was trained with
+  --arch       the model's layers are --arch A's (fairseq's defaults), not the checkpoint's
+  --freeze     checks FREEZE (the layer syntax of recadam_fairseq/core/layers.py) against the model's layers
+  --cuda       HAS_CUDA: 1 when torch sees a CUDA device
+  --steps      PER_EPOCH: updates per epoch of --tasks on GPUS workers, batches of BATCH examples (multitask.sh)
+Errors are one line on stderr (exit 2), naming the input.
+
+``resume`` prepares RUN_DIR for fairseq to continue from: a checkpoint_last.pt that does not load (a
+kill during fairseq's non-atomic copy leaves it empty or truncated) is set aside as
+checkpoint_last.pt.bad-<time>, and the newest checkpoint that loads (numbered, epoch or best, by the
+update it holds) is copied in its place. It prints one line saying what the run continues from.
+"""
+
+import argparse
+import glob
+import math
+import os
+import re
+import shlex
+import shutil
+import struct
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: recadam_fairseq without install
+
+from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: no torch)
+from recadam_fairseq.core.errors import ConfigError  # noqa: E402
+from recadam_fairseq.core.layers import parse_layers  # noqa: E402
+
+# What makes two RoBERTa encoders different shapes: fairseq-train flags read from the checkpoint.
+SIZE_KEYS = ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
+             "activation_fn")
+
+
+class Stop(Exception):
+    """A one-line error for the calling script."""
+
+
+# --------------------------------------------------------------------------- checkpoints
+def load(path: str, what: str):
+    """A fairseq checkpoint, memory-mapped (tensors are not read); Stop if it does not load."""
+    if not os.path.isfile(path):
+        raise Stop(f"{what}: no such file")
+    if os.path.getsize(path) == 0:
+        raise Stop(f"{what}: an empty file")
+    torch = need("torch")
+    need("recadam_fairseq.safe_globals")  # the types fairseq pickles
+
+    try:
+        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
+    except Exception as e:  # noqa: BLE001 - any failure: the file cannot be used
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise Stop(f"{what}: not a loadable checkpoint (truncated?): {first[:200]}") from None
+
+
+def model_config(state: dict) -> dict:
+    """The model's arguments: cfg.model (fairseq >= 0.10) or the legacy args namespace."""
+    cfg = state.get("cfg") or {}
+    model = cfg.get("model") if isinstance(cfg, dict) else None
+    if model is None:
+        model = state.get("args")
+    if model is None:
+        return {}
+    return dict(model) if isinstance(model, dict) else vars(model)
+
+
+def arch_of(path: str, what: str) -> dict:
+    m = model_config(load(path, what))
+    arch = m.get("arch") or m.get("_name")
+    if not arch:
+        raise Stop(f"{what}: the checkpoint does not say its architecture (no cfg.model.arch): set ARCH")
+    defaults = arch_defaults(arch)
+    flags = []
+    for k in SIZE_KEYS:
+        if k in m and m[k] is not None and str(m[k]) != str(defaults.get(k)):
+            flags += [f"--{k.replace('_', '-')}", str(m[k])]
+    return {"CKPT_ARCH": arch, "CKPT_ARCH_FLAGS": " ".join(flags),
+            "CKPT_MAX_POSITIONS": int(m.get("max_positions") or m.get("tokens_per_sample") or 512),
+            "CKPT_LAYERS": int(m.get("encoder_layers") or defaults.get("encoder_layers") or 0)}
+
+
+def arch_defaults(arch: str) -> dict:
+    """The sizes fairseq's --arch ARCH sets when the flags do not."""
+    ARCH_CONFIG_REGISTRY = need("fairseq.models").ARCH_CONFIG_REGISTRY
+    import recadam_fairseq
+
+    recadam_fairseq.register()  # ca_mtl_roberta_* archs
+    if arch not in ARCH_CONFIG_REGISTRY:
+        return {}
+    ns = argparse.Namespace()
+    ARCH_CONFIG_REGISTRY[arch](ns)
+    return vars(ns)
+
+
+def num_updates(state: dict) -> int:
+    history = state.get("optimizer_history") or [{}]
+    return int(history[-1].get("num_updates", 0))
+
+
+def rank(path: str) -> int:
+    """Among checkpoints of the same update: fairseq's numbered one, then an epoch one, then checkpoint_best."""
+    name = os.path.basename(path)
+    return 2 if re.fullmatch(r"checkpoint_\d+_\d+\.pt", name) else 1 if re.fullmatch(r"checkpoint\d+\.pt", name) else 0
+
+
+def resume(run_dir: str) -> str:
+    """Make checkpoint_last.pt in RUN_DIR loadable, or absent; return the one line to print."""
+    last = os.path.join(run_dir, "checkpoint_last.pt")
+    note = ""
+    if os.path.exists(last):
+        try:
+            return f"resuming {run_dir} from checkpoint_last.pt (update {num_updates(load(last, last))})"
+        except Stop as e:
+            aside = f"{last}.bad-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(last, aside)
+            note = f"{e}; set aside as {os.path.basename(aside)}; "
+    found = []
+    for path in glob.glob(os.path.join(run_dir, "checkpoint*.pt")):
+        if os.path.basename(path) == "checkpoint_last.pt":
+            continue
+        try:
+            found.append((num_updates(load(path, path)), rank(path), path))
+        except Stop:
+            continue
+    if not found:
+        return f"{note}no complete checkpoint in {run_dir}: starting from the pretrained model"
+    n, _, best = max(found)
+    tmp = last + ".tmp"
+    shutil.copyfile(best, tmp)
+    os.replace(tmp, last)  # atomic: a kill here leaves either nothing or the whole file
+    return f"{note}resuming {run_dir} from {os.path.basename(best)} (update {n})"
+
+
+# --------------------------------------------------------------------------- data
+def train_examples(data: str, task: str) -> int:
+    idx = os.path.join(data, f"{task}-bin", "input0", "train.idx")
+    if not os.path.exists(idx):
+        raise Stop(f"no {idx} (make it with data-prep/prepare_glue.py --tasks {task})")
+    with open(idx, "rb") as f:  # fairseq's mmap index: magic (9 bytes), version (8), dtype (1), count (8)
+        head = f.read(26)
+    if head[:9] != b"MMIDIDX\x00\x00":
+        raise Stop(f"{idx} is not a fairseq mmap index")
+    return struct.unpack("<Q", head[18:26])[0]
+
+
+def has_cuda() -> int:
+    return int(need("torch").cuda.is_available())
+
+
+def need(module: str):
+    """Import ``module``, or Stop: this Python is not the one that runs fairseq-train."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise Stop(f"PYTHON={sys.executable} cannot import {module} ({e}): set PYTHON to the Python that runs "
+                   f"fairseq-train") from None
+
+
+# --------------------------------------------------------------------------- main
+def plan(args) -> dict:
+    out = {}
+    if args.task:
+        t = glue_tasks.TASKS[canonical(args.task)]
+        if not t.recipe.total_updates:
+            raise Stop(f"unknown TASK '{args.task}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}")
+        r = t.recipe
+        out.update(TASK=t.name, RECIPE_LR=r.lr, RECIPE_BATCH=r.batch, RECIPE_TOTAL=r.total_updates,
+                   RECIPE_WARMUP=r.warmup_updates, NUM_CLASSES=t.num_classes, METRIC=t.primary_metric)
+    if args.tasks is not None:
+        try:
+            names = [glue_tasks.canonical(n) for n in args.tasks.split(",") if n.strip()]
+        except glue_tasks.UnknownTask as e:
+            raise Stop(f"TASKS={args.tasks}: {e}") from None
+        if not names:
+            raise Stop("TASKS is empty")
+        if len(set(names)) != len(names):
+            raise Stop(f"TASKS={args.tasks}: a task is named twice")
+        out["TASKS"] = ",".join(names)
+        if args.steps:
+            data, batch, gpus = args.steps[0], int(args.steps[1]), int(args.steps[2])
+            steps = sum(math.ceil(train_examples(data, n) / batch) for n in names)
+            out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
+    if args.checkpoint:
+        out.update(arch_of(args.checkpoint, f"ROBERTA_PATH={args.checkpoint}"))
+    layers = out.get("CKPT_LAYERS")
+    if args.arch:
+        layers = arch_defaults(args.arch).get("encoder_layers", layers)
+    if args.freeze is not None:
+        if not layers:
+            raise Stop(f"FREEZE={args.freeze}: cannot tell how many layers the model has (set ROBERTA_PATH)")
+        try:
+            parse_layers(args.freeze, int(layers), "FREEZE")
+        except ConfigError as e:
+            raise Stop(str(e)) from None
+    if args.cuda:
+        out["HAS_CUDA"] = has_cuda()
+    return out
+
+
+def canonical(name: str) -> str:
+    try:
+        return glue_tasks.canonical(name)
+    except glue_tasks.UnknownTask:
+        raise Stop(f"unknown TASK '{name}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--task")
+    p.add_argument("--tasks")
+    p.add_argument("--checkpoint")
+    p.add_argument("--arch")
+    p.add_argument("--freeze")
+    p.add_argument("--cuda", action="store_true")
+    p.add_argument("--steps", nargs=3, metavar=("DATA_DIR", "BATCH", "GPUS"))
+    r = sub.add_parser("resume")
+    r.add_argument("run_dir")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "resume":
+            print(resume(args.run_dir))
+        else:
+            for k, v in plan(args).items():
+                print(f"{k}={shlex.quote(str(v))}")
+    except Stop as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,145 @@
+"""Mistakes stop before training with one line naming the flag, file or parameter, and no traceback.
+
+Each case runs the real fairseq-train (tests/train_entry.py) on the tiny model; the plug-in's error
+hook prints its ConfigError as ``train_entry.py: error: ...``. Other exceptions keep their traceback.
+"""
+
+import os
+import shutil
+import subprocess
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from conftest import tiny_roberta
+
+CRIT = ["--criterion", "sentence_prediction_recadam"]
+
+
+def label_data(tiny, root, train=None, valid=None):
+    """cls-bin with its label files rewritten: {line: label} replacements in train / valid."""
+    raw = os.path.join(tiny.root, "raw")
+    out = os.path.join(root, "data")
+    shutil.copytree(os.path.join(tiny.cls_bin, "input0"), os.path.join(out, "input0"))
+    for split, change in (("train", train or {}), ("valid", valid or {})):
+        with open(os.path.join(raw, f"cls.{split}.label")) as f:
+            labels = f.read().split()
+        for i, label in change.items():
+            labels[i] = label
+        with open(os.path.join(root, f"{split}.label"), "w") as f:
+            f.write("\n".join(labels) + "\n")
+    tiny_roberta.preprocess(["--only-source", "--workers", "1", "--trainpref", os.path.join(root, "train.label"),
+                             "--validpref", os.path.join(root, "valid.label"), "--destdir", os.path.join(out, "label")])
+    return out
+
+
+def nan_checkpoint(tiny, path, name="encoder.sentence_encoder.layers.1.fc1.weight"):
+    state = torch.load(tiny.pretrained, map_location="cpu", weights_only=False)
+    state["model"][name][3, 5] = float("nan")
+    torch.save(state, path)
+    return name
+
+
+def one_error_line(log):
+    assert "Traceback" not in log, log[-3000:]
+    lines = [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")]
+    assert len(lines) == 1, log[-3000:]
+    return lines[0][len("train_entry.py: error: "):]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("mistakes")
+    bad = str(root / "nan.pt")
+    tensor = nan_checkpoint(tiny, bad)
+    train_label = label_data(tiny, str(root / "train-label"), train={17: "2"})
+    valid_label = label_data(tiny, str(root / "valid-label"), valid={9: "2"})
+    cases = {
+        "nan": ((*CRIT, "--recadam-pretrained-path", bad), {}),
+        "k0": ((*CRIT, "--recadam-anneal-k", "0"), {}),
+        "train_label": (CRIT, {"data": train_label, "optimizer": "adam"}),
+        "valid_label": (CRIT, {"data": valid_label, "optimizer": "adam", "validate": True}),
+        "restore": ((*CRIT, "--restore-file", str(root / "no-such.pt")), {"optimizer": "adam", "restore": False}),
+        "rho0": (("--sam-type", "fisher-sam", "--rho", "0"), {"optimizer": "samsgd", "updates": 2}),
+    }
+
+    def go(item):
+        name, (extra, kw) = item
+        save = root / name
+        save.mkdir()
+        (save / "checkpoint_last.pt").write_bytes(b"an earlier run's checkpoint") if name == "restore" else None
+        return name, tiny.train(save, *extra, check=False, **kw)
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        out = dict(pool.map(go, cases.items()))
+    return {"root": root, "out": out, "tensor": tensor, "bad": bad, "data": {"train": train_label, "valid": valid_label}}
+
+
+def result(runs, name, rc_zero=False):
+    rc, log = runs["out"][name]
+    assert (rc == 0) == rc_zero, log[-3000:]
+    ckpts = [f for f in os.listdir(runs["root"] / name) if f.endswith(".pt")]
+    assert rc_zero or ckpts in ([], ["checkpoint_last.pt"]), ckpts  # nothing saved
+    return log
+
+
+def test_non_finite_pretrained_weights(runs):
+    msg = one_error_line(result(runs, "nan"))
+    assert msg.startswith(f"--recadam-pretrained-path {runs['bad']}: parameter {runs['tensor']} holds 1 NaN")
+
+
+def test_sigmoid_slope_zero(runs):
+    assert one_error_line(result(runs, "k0")).startswith("--recadam-anneal-k 0: the sigmoid λ(t)")
+
+
+@pytest.mark.parametrize("split,example", [("train", 17), ("valid", 9)])
+def test_labels_the_head_cannot_take(runs, split, example):
+    msg = one_error_line(result(runs, f"{split}_label"))
+    where = os.path.join(runs["data"][split], "label", f"{split}.bin")
+    if split == "train":
+        assert msg == (f"{where}, example {example}: label '2' is class 2, but --num-classes 2 gives the head "
+                       f"classes 0-1; set --num-classes 3")
+    else:
+        assert msg.startswith(f"{where}, example {example}: a label that ") and "(binarized as <unk>)" in msg
+
+
+def test_missing_restore_file_with_a_plugin_component(runs):
+    msg = one_error_line(result(runs, "restore"))
+    assert msg == f"--restore-file {runs['root'] / 'no-such.pt'}: no such file (fairseq would train from random weights)"
+    assert (runs["root"] / "restore" / "checkpoint_last.pt").read_bytes() == b"an earlier run's checkpoint"
+
+
+def test_sam_with_rho_zero_runs_the_base_optimizer(runs):
+    log = result(runs, "rho0", rc_zero=True)
+    notes = [ln for ln in log.splitlines() if "--sam-type fisher-sam with --rho 0" in ln]
+    assert len(notes) == 1 and notes[0].endswith("ε is 0, so no second pass is run (the base optimizer's update "
+                                                 "alone)")
+    assert "sam: fisher-sam on" not in log, "no SAM controller attached"
+
+
+def test_hook_prints_ours_as_one_line_and_chains_the_rest(tmp_path):
+    """The hook itself, in a fresh interpreter: ours (also when raised from), then a foreign error."""
+    code = """
+import sys
+import recadam_fairseq.errors_hook as h
+from recadam_fairseq.core.errors import ConfigError
+h.install(); h.install()  # once
+kind = sys.argv[1]
+if kind == "ours":
+    raise ConfigError("--rho must be >= 0,\\n got -1")
+if kind == "wrapped":
+    try:
+        raise ConfigError("--eps must be >= 0")
+    except ConfigError as e:
+        raise RuntimeError("fairseq wrapped it") from e
+raise KeyError("not ours")
+"""
+    script = tmp_path / "prog.py"
+    script.write_text(code)
+    out = {k: subprocess.run([sys.executable, str(script), k], capture_output=True, text=True)
+           for k in ("ours", "wrapped", "foreign")}
+    assert out["ours"].returncode == 1 and out["ours"].stderr == "prog.py: error: --rho must be >= 0, got -1\n"
+    assert out["wrapped"].stderr == "prog.py: error: --eps must be >= 0\n"
+    assert out["foreign"].returncode == 1 and "Traceback" in out["foreign"].stderr and "KeyError" in out["foreign"].stderr

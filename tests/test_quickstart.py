@@ -1,0 +1,38 @@
+"""The README's CPU quickstart, run exactly as printed (all but its `make demo` line, which is the set-up
+this suite already ran), in a fresh directory that holds the repository's scripts and package."""
+
+import os
+import re
+import subprocess
+import sys
+
+from conftest import ROOT
+
+START, END = "<!-- quickstart:start -->", "<!-- quickstart:end -->"
+
+
+def quickstart_lines():
+    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split(START, 1)[1].split(END, 1)[0]
+    code = re.search(r"```bash\n(.*?)```", block, re.S).group(1)
+    return [ln for ln in code.splitlines() if ln.strip()]
+
+
+def test_readme_quickstart_runs_as_printed(tmp_path):
+    lines = quickstart_lines()
+    assert lines[0].startswith("make demo")
+    # the repository, as a user's clone would be: the commands are relative to its root
+    for name in ("scripts", "recadam_fairseq", "data-prep"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    os.symlink(os.path.dirname(os.path.dirname(sys.executable)), tmp_path / ".venv")  # this suite's venv
+    script = "set -euo pipefail\n" + "\n".join(lines[1:]) + "\n"
+    env = {k: v for k, v in os.environ.items() if k not in ("ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "FP16")}
+    env["OMP_NUM_THREADS"] = "1"
+    p = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    runs = tmp_path / "tiny" / "runs"
+    done = sorted(str(d.relative_to(runs)) for d in runs.glob("*/*/*") if (d / "done").exists())
+    assert done == ["RTE/adam/seed1", "RTE/recadam-k0.1-t20/seed1"], done
+    summary = (runs / "summary.md").read_text()
+    assert "| RTE | accuracy |" in summary, summary
