@@ -38,7 +38,7 @@ test: $(STAMP)
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then the cost of
 # R3F (README "R3F / R4F") and of the SAM family (docs/bench_sam.md) against their base, on CPU.
 bench: $(STAMP)
-	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --readme README.md --out-md docs/benchmark.md --out-json docs/benchmark.json
+	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --doc docs/performance.md --out-md docs/benchmark.md --out-json docs/benchmark.json
 	$(PY) scripts/bench_r3f.py --sizes tiny minilm
 	$(PY) scripts/bench_sam.py --out-md docs/bench_sam.md
 
@@ -46,7 +46,7 @@ bench: $(STAMP)
 # sdists; CPU, about 2.5 h on 2 cores):
 # docs/forgetting.md, .json, .png; work files in forgetting-out/
 forgetting: $(STAMP)
-	$(PY) scripts/forgetting/run.py --readme README.md
+	$(PY) scripts/forgetting/run.py
 
 demo: $(STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh

@@ -13,6 +13,10 @@ measured in the same rounds, and the peak extra memory of one step.
     python scripts/benchmark.py --sizes tiny base       # the CPU default
     python scripts/benchmark.py --device cuda --sizes base large
     python scripts/benchmark.py --e2e 200               # also fairseq-train ms/update, adam vs recadam
+    python scripts/benchmark.py --doc docs/performance.md   # also the summary table into that page
+
+The summary table goes between the ``<!-- benchmark:start -->`` / ``<!-- benchmark:end -->`` lines
+of ``--doc`` (make bench: docs/performance.md); ``--readme`` is a deprecated alias of ``--doc``.
 
 Implementations: recadam (the fused one-pass torch.compile'd update; compile time excluded,
 it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
@@ -434,13 +438,15 @@ README_START, README_END = "<!-- benchmark:start -->", "<!-- benchmark:end -->"
 SUMMARY_IMPLS = ("recadam", "recadam-foreach", "fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
 
 
-def summary_table(info: dict, rows: List[dict], e2e: List[dict]) -> str:
-    """The README's short version: step time (ratio to the fastest Adam) per layout and size."""
+def summary_table(info: dict, rows: List[dict], e2e: List[dict], full_table: str = "docs/benchmark.md",
+                  link: Optional[str] = None) -> str:
+    """The summary for docs/performance.md: step time (ratio to the fastest Adam) per layout and size.
+    ``full_table`` names the full report (--out-md); ``link`` is its path relative to the page."""
     by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
     cases = list(dict.fromkeys((r["layout"], r["size"], r["numel"]) for r in rows))
     head = ["layout", "size"] + list(SUMMARY_IMPLS) + ["peak temporaries: recadam / fairseq-adam"]
     lines = [f"Measured by `make bench` on {info['machine']} ({info['device']}, {info['threads']} thread(s), "
-             f"torch {info['torch']}); full table: [docs/benchmark.md](docs/benchmark.md).", "",
+             f"torch {info['torch']}); full table: [{full_table}]({link or full_table}).", "",
              "| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for layout, size, numel in cases:
         cells = [layout, f"{size} ({numel / 1e6:.1f}M)"]
@@ -457,9 +463,21 @@ def summary_table(info: dict, rows: List[dict], e2e: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def update_readme(path: str, text: str) -> None:
-    """Replace what lies between the benchmark markers of the README."""
-    _script("readme_block").replace_block(path, README_START, README_END, text)
+def check_doc(path: str, flag: str = "--doc") -> Optional[str]:
+    """Why the summary cannot go into ``path`` (missing file or markers), or None."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        return f"{flag} {path}: {e.strerror}"
+    if README_START not in text or README_END not in text:
+        return f"{flag} {path}: no {README_START} ... {README_END} markers"
+    return None
+
+
+def update_doc(path: str, text: str, flag: str = "--doc") -> None:
+    """Replace what lies between the benchmark markers of ``path`` (docs/performance.md)."""
+    _script("readme_block").replace_block(path, README_START, README_END, text, flag=flag)
 
 
 # ----------------------------------------------------------------------------- end to end
@@ -564,13 +582,23 @@ def parse_args(argv=None):
                     help="also time fairseq-train on the tiny generated RoBERTa (CPU), adam vs recadam, "
                          "UPDATES updates per run (0: skip, the default)")
     ap.add_argument("--e2e-rounds", type=int, default=3, help="fairseq-train runs per optimizer (alternating)")
-    ap.add_argument("--readme", metavar="PATH",
-                    help="also write the summary table into PATH between <!-- benchmark:start/end --> markers")
+    ap.add_argument("--doc", metavar="PATH",
+                    help="also write the summary table into PATH between its <!-- benchmark:start/end --> markers "
+                         "(make bench: docs/performance.md)")
+    ap.add_argument("--readme", metavar="PATH", help="deprecated alias of --doc")
     ap.add_argument("--quick", action="store_true",
                     help="tiny size, 3 short rounds (well under 30 s on CPU): a smoke test")
     ap.add_argument("--out-md", default="bench.md", help="markdown report (default: bench.md)")
     ap.add_argument("--out-json", default="bench.json", help="JSON results (default: bench.json)")
     args = ap.parse_args(argv)
+    args.doc_flag = "--doc"
+    if args.readme:
+        if args.doc:
+            ap.error("--readme is a deprecated alias of --doc: give one of them")
+        print("benchmark: --readme is deprecated, use --doc", file=sys.stderr)
+        args.doc, args.doc_flag = args.readme, "--readme"
+    if args.doc and (err := check_doc(args.doc, args.doc_flag)):
+        ap.error(err)  # before minutes of timing, not after
     args.warmup = max(1, args.warmup)  # the first step allocates the state; its time sizes a round
     if args.quick:
         args.sizes, args.rounds, args.warmup, args.round_time = ["tiny"], 3, 1, 0.05
@@ -625,8 +653,10 @@ def main(argv=None) -> int:
     print("\n" + report)
     with open(args.out_md, "w") as f:
         f.write(report)
-    if args.readme:
-        update_readme(args.readme, summary_table(info, rows, e2e))
+    if args.doc:
+        link = os.path.relpath(os.path.abspath(args.out_md), os.path.dirname(os.path.abspath(args.doc)))
+        update_doc(args.doc, summary_table(info, rows, e2e, full_table=args.out_md, link=link.replace(os.sep, "/")),
+                   args.doc_flag)
     with open(args.out_json, "w") as f:
         json.dump(dict(machine=info, hyperparameters=dict(adam=ADAM_HP, recadam=RECADAM_HP),
                        memory_methods=MEMORY_METHODS,

@@ -3,16 +3,22 @@
 import json
 import os
 
+import pytest
+
 from conftest import ROOT, _load_script
+
+
+PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")
 
 
 def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     bench = _load_script("benchmark")
-    md, js, readme = tmp_path / "b.md", tmp_path / "b.json", tmp_path / "README.md"
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
-        readme.write_text(f.read(), encoding="utf-8")
+    (tmp_path / "docs").mkdir()
+    md, js, doc = tmp_path / "docs" / "b.md", tmp_path / "b.json", tmp_path / "docs" / "performance.md"
+    with open(PERFORMANCE, encoding="utf-8") as f:
+        doc.write_text(f.read(), encoding="utf-8")
     rc = bench.main(["--quick", "--layouts", "flat", "--rounds", "1", "--impls", "recadam", "recadam-foreach",
-                     "torch-adamw-fused", "--out-md", str(md), "--out-json", str(js), "--readme", str(readme)])
+                     "torch-adamw-fused", "--out-md", str(md), "--out-json", str(js), "--doc", str(doc)])
     assert rc == 0
     rows = {r["impl"]: r for r in json.loads(js.read_text())["rows"]}
     assert set(rows) == {"recadam", "recadam-foreach", "torch-adamw-fused", "copy", "anchor_distance()"}
@@ -25,11 +31,30 @@ def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     assert rows["recadam"]["peak_extra_mb"] < 1 < rows["recadam-foreach"]["peak_extra_mb"]
     text = md.read_text()
     assert "| flat | tiny (2.02M) | recadam |" in text and "compiling the fused update" in text
-    # the README's performance table is generated between its markers, the rest left as it was
-    new = readme.read_text(encoding="utf-8")
+    # docs/performance.md's table is generated between its markers, the rest left as it was; its link to the
+    # full report is relative to the page
+    new = doc.read_text(encoding="utf-8")
     table = new.split(bench.README_START)[1].split(bench.README_END)[0]
     assert "| flat | tiny (2.0M) | " in table and "(1.00x)" in table
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+    assert f"full table: [{md}](b.md)." in table
+    with open(PERFORMANCE, encoding="utf-8") as f:
         old = f.read()
     assert new.split(bench.README_START)[0] == old.split(bench.README_START)[0]
     assert new.split(bench.README_END)[1] == old.split(bench.README_END)[1]
+
+
+def test_doc_flag_and_its_deprecated_alias(tmp_path, capsys):
+    """--readme still works (as --doc, with a warning); a page without the markers stops before any timing."""
+    bench = _load_script("benchmark")
+    page = tmp_path / "page.md"
+    page.write_text(f"# x\n{bench.README_START}\nold\n{bench.README_END}\n")
+    assert bench.parse_args(["--doc", str(page)]).doc == str(page)
+    args = bench.parse_args(["--readme", str(page)])
+    assert args.doc == str(page) and "--readme is deprecated, use --doc" in capsys.readouterr().err
+    (tmp_path / "bare.md").write_text("# no markers\n")
+    for flag in ("--doc", "--readme"):
+        with pytest.raises(SystemExit):
+            bench.parse_args([flag, str(tmp_path / "bare.md")])
+        assert f"{flag} {tmp_path / 'bare.md'}: no <!-- benchmark:start -->" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--doc", str(page), "--readme", str(page)])

@@ -15,6 +15,8 @@ from conftest import ROOT
 
 E2E = os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py")
 RUN_SH = os.path.join(ROOT, "scripts", "gpu", "run.sh")
+PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")
+START, END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
 
 
 def _e2e(*args, cwd):
@@ -24,14 +26,15 @@ def _e2e(*args, cwd):
 @pytest.fixture(scope="module")
 def e2e_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("e2e")
-    readme = out / "README.md"
-    readme.write_text("# x\n\n<!-- gpu-e2e:start -->\nnot run yet\n<!-- gpu-e2e:end -->\ntail\n")
+    doc = out / "performance.md"  # a copy of docs/performance.md: the page the GPU table goes into
+    with open(PERFORMANCE, encoding="utf-8") as f:
+        doc.write_text(f.read(), encoding="utf-8")
     proc = _e2e("--size", "tiny", "--precision", "fp32", "--device", "cpu", "--methods", "recadam", "ca-mtl",
                 "--updates", "4", "--log-interval", "1", "--batch-size", "8", "--train-size", "32", "--rounds", "1",
                 "--work", str(out / "work"), "--out-md", str(out / "e2e.md"), "--out-json", str(out / "e2e.json"),
-                "--readme", str(readme), cwd=str(out))
+                "--doc", str(doc), cwd=str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return out, json.loads((out / "e2e.json").read_text()), readme.read_text()
+    return out, json.loads((out / "e2e.json").read_text()), doc.read_text(encoding="utf-8")
 
 
 def test_every_method_and_its_base_get_a_row(e2e_run):
@@ -64,10 +67,13 @@ def test_commands_are_the_plug_ins_flags(e2e_run):
     assert all("--cpu" in c and "--restore-file" in c for c in cmd.values())
 
 
-def test_table_goes_into_the_readme_block(e2e_run):
-    out, _, readme = e2e_run
+def test_table_goes_into_the_performance_page_block(e2e_run):
+    out, _, doc = e2e_run
     md = (out / "e2e.md").read_text().rstrip("\n")
-    assert readme == f"# x\n\n<!-- gpu-e2e:start -->\n{md}\n<!-- gpu-e2e:end -->\ntail\n"
+    with open(PERFORMANCE, encoding="utf-8") as f:
+        old = f.read()
+    head, tail = old.split(START)[0], old.split(END)[1]
+    assert doc == f"{head}{START}\n{md}\n{END}{tail}"  # the block replaced, the rest of the page as it was
     assert "| recadam | adam |" in md and "| ca-mtl | mt-roberta |" in md
 
 
@@ -83,11 +89,12 @@ def test_bad_input_is_refused_before_any_run(tmp_path, args, message):
     assert not (tmp_path / "work").exists()
 
 
-def test_missing_readme_markers_stop_before_any_run(tmp_path):
-    (tmp_path / "README.md").write_text("no markers\n")
-    proc = _e2e("--device", "cpu", "--precision", "fp32", "--readme", str(tmp_path / "README.md"),
+@pytest.mark.parametrize("flag", ["--doc", "--readme"])  # --readme: the deprecated alias of --doc
+def test_missing_doc_markers_stop_before_any_run(tmp_path, flag):
+    (tmp_path / "page.md").write_text("no markers\n")
+    proc = _e2e("--device", "cpu", "--precision", "fp32", flag, str(tmp_path / "page.md"),
                 "--work", str(tmp_path / "work"), cwd=str(tmp_path))
-    assert proc.returncode != 0 and "no <!-- gpu-e2e:start --> marker" in proc.stderr
+    assert proc.returncode != 0 and f"{flag} {tmp_path / 'page.md'}: no <!-- gpu-e2e:start --> marker" in proc.stderr
     assert not (tmp_path / "work").exists()
 
 

@@ -9,6 +9,10 @@ and round, the order rotating by round. Each method's flags come from the forget
 
     python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
     python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
+    python scripts/gpu/e2e_overhead.py --doc docs/performance.md   # also the table into that page
+
+``--doc PATH`` writes the table between the ``<!-- gpu-e2e:start -->`` / ``<!-- gpu-e2e:end -->`` lines
+of PATH (docs/performance.md); ``--readme`` is a deprecated alias of it.
 
 Time per update: the mean of 1/ups over fairseq's log intervals, the first (start-up) left out;
 the median over rounds. Peak memory: ``torch.cuda.max_memory_allocated`` of the whole run.
@@ -240,8 +244,17 @@ def parse_args(argv=None):
     ap.add_argument("--work", help="work directory (default: a new temporary one)")
     ap.add_argument("--out-md", default="e2e.md")
     ap.add_argument("--out-json", default="e2e.json")
-    ap.add_argument("--readme", metavar="PATH", help=f"also write the table between {README_START} / {README_END}")
+    ap.add_argument("--doc", metavar="PATH",
+                    help=f"also write the table between the {README_START} / {README_END} lines of PATH "
+                         "(docs/performance.md)")
+    ap.add_argument("--readme", metavar="PATH", help="deprecated alias of --doc")
     args = ap.parse_args(argv)
+    args.doc_flag = "--doc"
+    if args.readme:
+        if args.doc:
+            ap.error("--readme is a deprecated alias of --doc: give one of them")
+        print("e2e_overhead: --readme is deprecated, use --doc", file=sys.stderr)
+        args.doc, args.doc_flag = args.readme, "--readme"
     for flag in ("updates", "log_interval", "batch_size", "train_size", "rounds"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -268,10 +281,14 @@ def main(argv=None) -> int:
     if args.device == "cpu" and args.precision != "fp32":
         sys.exit(f"e2e_overhead: --precision {args.precision} needs a GPU (fairseq's half precision does not "
                  "run with --cpu); use --precision fp32")
-    if args.readme:  # fail before any run, not after
-        with open(args.readme, encoding="utf-8") as f:
-            if README_START not in f.read():
-                sys.exit(f"e2e_overhead: --readme {args.readme}: no {README_START} marker")
+    if args.doc:  # fail before any run, not after
+        try:
+            with open(args.doc, encoding="utf-8") as f:
+                text = f.read()
+        except OSError as e:
+            sys.exit(f"e2e_overhead: {args.doc_flag} {args.doc}: {e.strerror}")
+        if README_START not in text or README_END not in text:
+            sys.exit(f"e2e_overhead: {args.doc_flag} {args.doc}: no {README_START} marker (or no {README_END})")
     args.device_flags = ["--cpu"] if args.device == "cpu" else []
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="recadam-e2e-gpu-"))
     info = machine_info()
@@ -316,8 +333,8 @@ def main(argv=None) -> int:
             print(f"round {rnd + 1} {n}: {1e3 * r['s_per_update']:.1f} ms/update, peak {peak} ({r['wall_s']} s)",
                   flush=True)
             md = write(done, total)
-    if args.readme:
-        readme_block.replace_block(args.readme, README_START, README_END, md)
+    if args.doc:
+        readme_block.replace_block(args.doc, README_START, README_END, md, flag=args.doc_flag)
     print("\n" + md)
     return 0
 
