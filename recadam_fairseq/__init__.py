@@ -12,7 +12,7 @@ fairseq in the same process: fairseq's ``--user-dir`` then finds it imported and
 import importlib
 import sys
 
-_API = {"RecAdam": ".recadam", "anneal_lambda": ".anneal"}
+_API = {"RecAdam": ".core.recadam", "anneal_lambda": ".core.anneal"}
 
 
 def __getattr__(name):  # PEP 562: the API loads torch only when used
@@ -26,7 +26,7 @@ def register() -> None:
     from . import plugin  # noqa: F401  (importing it registers each component once)
 
 
-if "fairseq" in sys.modules:  # loaded by fairseq (--user-dir), or after it
+if sys.modules.get("fairseq") is not None:  # loaded by fairseq (--user-dir), or after it
     register()
 
 __all__ = ["RecAdam", "anneal_lambda", "register"]

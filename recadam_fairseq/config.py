@@ -3,16 +3,17 @@
 includes the one dataclass that defines it."""
 
 import os
-from dataclasses import dataclass, field
+from collections.abc import Collection
+from dataclasses import MISSING, Field, dataclass, field
 from typing import Optional
 
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from .anneal import ANNEAL_FUNS
+from .core.anneal import ANNEAL_FUNS
 from .core.errors import ConfigError
-from .r3f import NOISE_TYPES
-from .sam import SAM_TYPES
+from .core.r3f import NOISE_TYPES
+from .core.sam import SAM_TYPES
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -41,6 +42,8 @@ def check_checkpoint_paths(cfg) -> None:
     try:
         restore, finetune = cfg.restore_file, cfg.finetune_from_model
     except Exception:  # noqa: BLE001 - interpolation without a checkpoint node
+        return
+    if str(restore).startswith("${"):  # a bare dataclass: the interpolation was never resolved
         return
     if restore and restore != "checkpoint_last.pt" and not os.path.exists(restore):
         raise ConfigError(f"--restore-file {restore}: no such file (fairseq would train from random weights)")
@@ -81,6 +84,17 @@ def check_anneal(cfg) -> None:
     if str(cfg.recadam_anneal_fun) == "sigmoid" and not cfg.recadam_anneal_k > 0:
         raise ConfigError(f"--recadam-anneal-k {cfg.recadam_anneal_k:g}: the sigmoid λ(t) = w/(1+exp(-k(t-t0))) "
                           f"needs k > 0 (with k = 0 it stays at w/2 for the whole run); the authors use 0.05 to 1")
+
+
+@dataclass
+class RecAdamObjective(FairseqDataclass):
+    """Where the pull toward θ* lives: read by the GLUE criteria."""
+
+    recadam_objective: ChoiceEnum(["decoupled", "coupled"]) = field(
+        default="decoupled",
+        metadata={"help": "decoupled: the target loss only, the penalty lives in --optimizer recadam; coupled: "
+                          "λ(t)·Loss_T + (w−λ(t))·γ/2·Σ(θ−θ*)² in the loss, for any optimizer (e.g. adam)"},
+    )
 
 
 @dataclass
@@ -132,3 +146,17 @@ class R3FHyperparams(FairseqDataclass):
     noise_type: ChoiceEnum(list(NOISE_TYPES)) = field(
         default="uniform", metadata={"help": "R3F: noise distribution, U(-eps, eps) or N(0, eps^2)"}
     )
+
+
+def lr_values(cfg) -> list:
+    """fairseq's --lr: a list (one value per epoch) in its config, a number in a hand-built one."""
+    return list(cfg.lr) if isinstance(cfg.lr, Collection) else [cfg.lr]
+
+
+def redefault(owner, name: str, default=MISSING) -> Field:
+    """The flag ``name`` as dataclass ``owner`` declares it (its help; its default unless ``default``):
+    for a component that takes another component's flag, or changes only its default (R3F's criteria)."""
+    f = owner.__dataclass_fields__[name]
+    if default is MISSING and f.default_factory is not MISSING:
+        return field(default_factory=f.default_factory, metadata=dict(f.metadata))
+    return field(default=f.default if default is MISSING else default, metadata=dict(f.metadata))

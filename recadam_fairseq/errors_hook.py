@@ -1,8 +1,7 @@
 """The plug-in's own errors as one line: ``fairseq-train: error: --rho must be >= 0 ...``, no traceback.
 
 Installed when fairseq loads the user-dir (``plugin.py``): a ``sys.excepthook`` that prints a
-:class:`~recadam_fairseq.core.errors.ConfigError` (or one that another exception was raised ``from``)
-as one line on stderr, and hands every other exception to the hook that was there before, with its
+:class:`~recadam_fairseq.core.errors.ConfigError` as one line on stderr, and hands every other exception to the hook that was there before, with its
 traceback. The exit status stays 1. ``RECADAM_TRACEBACK=1`` shows the traceback of ours too.
 """
 
@@ -14,14 +13,8 @@ from .core.errors import ConfigError
 
 
 def ours(exc: Optional[BaseException]) -> Optional[ConfigError]:
-    """The ConfigError that ``exc`` is, or was explicitly raised from; None otherwise."""
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        if isinstance(exc, ConfigError):
-            return exc
-        seen.add(id(exc))
-        exc = exc.__cause__
-    return None
+    """``exc`` if it is the plug-in's own ConfigError (another exception raised from one keeps its traceback)."""
+    return exc if isinstance(exc, ConfigError) else None
 
 
 def one_line(err: BaseException) -> str:

@@ -33,7 +33,7 @@ worked example). It never assigns to a fairseq object's method.
 """
 
 import logging
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from fairseq.criterions import FairseqCriterion
@@ -49,11 +49,14 @@ def is_training_call(args) -> bool:
             and args[0].training)
 
 
-def on_first_training_call(callback: Callable[[FairseqCriterion, torch.nn.Module], Any]) -> None:
-    """``callback(criterion, model)`` once, just before the first training forward of a FairseqCriterion.
+def on_first_training_call(callback: Callable[[FairseqCriterion, tuple], Any]) -> None:
+    """``callback(criterion, args)`` once, just before the first training forward of a FairseqCriterion
+    (``args`` = (model, sample, ...)); what it returns replaces the args, as a pre-hook's would.
 
     fairseq builds the criterion and the model before the optimizer and never hands them to it; this
-    is where an optimizer-side method meets them. The global hook exists only until that call.
+    is where an optimizer-side method meets them. The global hook exists only until that call. Hooks
+    the callback adds to the criterion act from the next call on (forward hooks: from this one), so
+    the callback does this call's "before" work itself.
     """
     state = {}
 
@@ -61,8 +64,7 @@ def on_first_training_call(callback: Callable[[FairseqCriterion, torch.nn.Module
         if not isinstance(module, FairseqCriterion) or not is_training_call(args):
             return None
         state["handle"].remove()
-        callback(module, args[0])
-        return None
+        return callback(module, args)
 
     state["handle"] = torch.nn.modules.module.register_module_forward_pre_hook(hook)
 
@@ -93,11 +95,15 @@ def loss_scale(loss: torch.Tensor, callback: Callable[[torch.Tensor], Any]) -> N
 
 
 def update_number() -> int:
-    """fairseq's count of finished updates: the ``num_updates`` its Trainer logs (metrics.log_scalar)
-    into every active aggregator on each update and when it restores a checkpoint. 0 before the first
-    update of a fresh run (and outside fairseq-train)."""
-    seen = [agg["num_updates"].val for agg in metrics.get_active_aggregators() if "num_updates" in agg]
-    return int(max(seen)) if seen else 0
+    """fairseq's count of finished updates, the ``update_num`` it hands ``task.train_step``: the
+    ``num_updates`` its Trainer logs (``metrics.log_scalar``) on each update, and when it restores an
+    optimizer state, into the root aggregator of the training loop. That one is fairseq's "default"
+    aggregator object, which no restored meter state replaces (``metrics.load_state_dict`` swaps the
+    registered copies, not the active ones). 0 before the first update of a fresh run or with
+    ``--reset-optimizer``, and outside fairseq-train."""
+    active = metrics.get_active_aggregators()
+    meter = active[0].get("num_updates") if active else None
+    return int(meter.val) if meter is not None and meter.val is not None else 0
 
 
 # --------------------------------------------------------------------------- optimizer side
@@ -145,14 +151,3 @@ class LoopOptimizer:
         for k, lst in self.listeners():
             if k in extra and hasattr(lst, "load_state_dict"):
                 lst.load_state_dict(extra[k])
-
-
-def unwrap(model: torch.nn.Module) -> torch.nn.Module:
-    """The model inside fairseq's / DDP's wrappers (they keep it in ``.module``)."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
-    return model
-
-
-__all__ = ["on_first_training_call", "forward_hooks", "loss_scale", "update_number", "LoopOptimizer", "unwrap",
-           "is_training_call", "Optional"]

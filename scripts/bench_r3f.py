@@ -68,7 +68,7 @@ def criterion(name, task, **over):
 
 
 def make_updates(model, task, device):
-    from recadam_fairseq.recadam import RecAdam
+    from recadam_fairseq.core.recadam import RecAdam
 
     params = [p for p in model.parameters() if p.requires_grad]
     hp = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6)

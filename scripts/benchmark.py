@@ -42,7 +42,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
-from recadam_fairseq.recadam import RecAdam  # noqa: E402
+from recadam_fairseq.core.recadam import RecAdam  # noqa: E402
 
 # (layers, dim, ffn, vocab) of RoBERTa-like encoders.
 SIZES = {
@@ -140,7 +140,7 @@ class PerCall:
         self.opt = build_recadam(w)
 
     def step(self):
-        from recadam_fairseq import fused
+        from recadam_fairseq.core import fused
 
         saved, fused.MULTI_MIN_SEGMENTS = fused.MULTI_MIN_SEGMENTS, 1 << 62
         try:

@@ -2,6 +2,7 @@
 
 import importlib.util
 import os
+import socket
 import subprocess
 import sys
 
@@ -102,3 +103,18 @@ def load_ckpt(path):
     import recadam_fairseq.safe_globals  # noqa: F401  (fairseq's checkpoint types)
 
     return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def free_port():
+    """A TCP port free on this machine (for --distributed-init-method tcp://127.0.0.1:PORT)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def parse_config(*argv):
+    """fairseq-train's command line -> its OmegaConf config, as fairseq-train builds it."""
+    from fairseq import options
+    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
+
+    return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))

@@ -4,12 +4,10 @@ import dataclasses
 
 import pytest
 import torch
-from fairseq import options
-from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 from fairseq.optim import build_optimizer
 
-from conftest import USER_DIR
-from recadam_fairseq.anchor import AnchorError
+from conftest import USER_DIR, parse_config
+from recadam_fairseq.core.anchor import AnchorError
 from recadam_fairseq.optim.fairseq_recadam import FairseqRecAdamConfig
 
 
@@ -24,12 +22,11 @@ class Net(torch.nn.Module):
 
 
 def parse(*flags, restore=None):
-    parser = options.get_training_parser()
     argv = ["--task", "dummy_lm", "--arch", "transformer_lm", "--user-dir", USER_DIR,
             "--optimizer", "recadam", "--lr", "1e-4", "--cpu", *flags]
     if restore:
         argv += ["--restore-file", str(restore)]
-    return convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, input_args=argv))
+    return parse_config(*argv)
 
 
 def pretrained_file(tmp_path, **kw):
@@ -126,7 +123,7 @@ def test_pretrained_path_overrides_the_loaded_weights(tmp_path):
 
 def test_anchor_source_reads_the_model_state_of_the_pretrained_file(tmp_path):
     """What the coupled criterion uses (it has no optimizer that read the file at build)."""
-    from recadam_fairseq.anchor import anchor_source
+    from recadam_fairseq.core.anchor import anchor_source
 
     path = pretrained_file(tmp_path)
     source, state, from_file = anchor_source(parse("--recadam-pretrained-path", str(path)).optimizer)

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from conftest import USER_DIR, load_ckpt, tiny_roberta
-from recadam_fairseq.conditional_modules import (
+from recadam_fairseq.core.conditional_modules import (
     ConditionalAttentionBias,
     ConditionalBottleneck,
     ConditionalLayerNorm,

@@ -6,8 +6,8 @@ import math
 import pytest
 import torch
 
-import recadam_fairseq.fused as fused_mod
-import recadam_fairseq.recadam as core
+import recadam_fairseq.core.fused as fused_mod
+import recadam_fairseq.core.recadam as core
 from recadam_fairseq import RecAdam, anneal_lambda
 
 F64 = dict(dtype=torch.float64)

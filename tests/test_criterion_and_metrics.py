@@ -11,7 +11,7 @@ from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
 from conftest import json_records, load_ckpt
-from recadam_fairseq import glue_metrics
+from recadam_fairseq.core import glue_metrics
 from test_adapter import parse
 
 CRIT = ["--criterion", "sentence_prediction_recadam"]

@@ -6,14 +6,13 @@ exactly the same computation up to the order of the gradient reduction.
 """
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, json_records, load_ckpt
+from conftest import TRAIN_ENTRY, free_port, json_records, load_ckpt
 
 FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500",
          "--dropout", "0", "--attention-dropout", "0", "--batch-size", "8", "--log-format", "json",
@@ -21,12 +20,6 @@ FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pre
 # fp32 sums of the same gradients in another order, then 12 Adam steps (whose normalisation
 # amplifies the last bits of tiny gradients): measured < 1e-6 here
 ATOL = 1e-5
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def launch(tiny, save, world, *flags, backend="legacy_ddp", device="cpu", timeout=600, **kw):

@@ -17,7 +17,8 @@ from conftest import ROOT
 
 README = os.path.join(ROOT, "README.md")
 DOCS = sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))
-PAGES = [README, *DOCS, os.path.join(ROOT, "scripts", "glue", "README.md"), os.path.join(ROOT, "data-prep", "README.md")]
+PAGES = [README, *DOCS, os.path.join(ROOT, "ARCHITECTURE.md"), os.path.join(ROOT, "scripts", "glue", "README.md"),
+         os.path.join(ROOT, "data-prep", "README.md")]
 MAX_README_LINES = 300
 
 # Generated blocks: (page, start marker, end marker); the generators write between them.
@@ -171,3 +172,91 @@ def test_every_exception_names_a_block():
     for (where, line), _ in NOT_RUN.items():
         assert any(page == where and line in code for page, code in blocks), \
             f"NOT_RUN entry for {where} matches no ```python block: remove it"
+
+
+# ------------------------------------------------------------------ flag tables against the code
+# Each `| flag | default | meaning |` table of the method pages, in page order, and the fairseq-train
+# components whose flags it documents: every default it shows must be the one fairseq-train gets.
+FLAG_TABLES = {
+    "docs/recadam.md": [["--optimizer", "recadam"], ["--criterion", "sentence_prediction_recadam"]],
+    "docs/r3f.md": [["--criterion", "sentence_prediction_r3f"],
+                    ["--criterion", "label_smoothed_cross_entropy_r3f", "--task", "translation", "--arch",
+                     "transformer"]],
+    "docs/sam.md": [["--optimizer", "samsgd"]],
+    "docs/ca-mtl.md": [["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"],
+                       ["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"]],
+}
+
+
+def flag_tables(text):
+    """[[(flag, default as shown)]] for every table headed | flag | default | meaning |."""
+    tables, rows = [], None
+    for line in text.splitlines():
+        if re.match(r"^\|\s*flag\s*\|\s*default\s*\|", line):
+            rows = []
+            tables.append(rows)
+        elif rows is not None and line.startswith("|"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            m = re.fullmatch(r"`(--[a-z0-9-]+)`", cells[0])
+            if m:
+                rows.append((m.group(1), cells[1]))
+        else:
+            rows = None
+    return tables
+
+
+def shown_equals(shown, value):
+    shown = shown.strip("`")
+    if str(value) == shown:
+        return True
+    if shown in ("none", "(required)", ""):
+        return value in (None, "", -1) or shown == "(required)"
+    if shown == "off":
+        return value is False
+    try:
+        return float(shown) == float(value)
+    except (TypeError, ValueError):
+        pass
+    if shown.startswith("("):
+        return eval(shown) == (eval(value) if isinstance(value, str) else tuple(value))
+    return str(value) == shown
+
+
+def component_default(args, dest):
+    """A flag argparse leaves out of the namespace (fairseq's model args suppress the task's --max-positions):
+    the default of the chosen task / criterion / optimizer dataclass that declares it."""
+    import dataclasses
+
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY
+    from fairseq.optim import OPTIMIZER_DATACLASS_REGISTRY
+    from fairseq.tasks import TASK_DATACLASS_REGISTRY
+
+    for registry, name in ((TASK_DATACLASS_REGISTRY, args.task), (CRITERION_DATACLASS_REGISTRY, args.criterion),
+                           (OPTIMIZER_DATACLASS_REGISTRY, args.optimizer)):
+        dc = registry.get(name)
+        fields = {f.name: f for f in dataclasses.fields(dc)} if dc else {}
+        if dest in fields:
+            return fields[dest].default
+    raise AssertionError(f"--{dest.replace('_', '-')} is no flag of {args.task} / {args.criterion} / {args.optimizer}")
+
+
+@pytest.mark.parametrize("page", sorted(FLAG_TABLES))
+def test_flag_tables_show_the_codes_defaults(page):
+    from fairseq import options
+
+    import recadam_fairseq
+
+    recadam_fairseq.register()
+    tables = flag_tables(read(os.path.join(ROOT, page)))
+    assert len(tables) == len(FLAG_TABLES[page]), f"{page}: {len(tables)} flag tables"
+    wrong = []
+    for rows, extra in zip(tables, FLAG_TABLES[page]):
+        argv = ["data", "--task", "sentence_prediction", "--arch", "roberta", *extra]
+        parser = options.get_training_parser()
+        args = options.parse_args_and_arch(parser, input_args=argv, parse_known=True)[0]
+        for flag, shown in rows:
+            dest = flag[2:].replace("-", "_")
+            value = getattr(args, dest) if hasattr(args, dest) else component_default(args, dest)
+            if not shown_equals(shown, value):
+                wrong.append(f"{page}: {flag} shows {shown}, the code's default is {value!r}")
+    assert not wrong, "\n".join(wrong)

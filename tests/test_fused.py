@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-import recadam_fairseq.fused as fused_mod
+import recadam_fairseq.core.fused as fused_mod
 from recadam_fairseq import RecAdam
 from test_core import HP, run_pair
 

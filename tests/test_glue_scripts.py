@@ -330,6 +330,42 @@ def test_killed_run_resumes_bit_for_bit(glue):
         _assert_same_state(_final_state(d), want)
 
 
+def _prelaunch():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("prelaunch", os.path.join(GLUE, "prelaunch.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
+    """A cut-short checkpoint_last.pt is set aside for the newest complete one; a checkpoint that cannot be
+    read for another reason (here: this Python has no torch) stops, and nothing is moved."""
+    import torch
+
+    prelaunch = _prelaunch()
+    for n, name in ((4, "checkpoint_1_4.pt"), (4, "checkpoint_best.pt"), (2, "checkpoint_1_2.pt")):
+        torch.save({"optimizer_history": [{"num_updates": n}], "model": {}}, tmp_path / name)
+    good = (tmp_path / "checkpoint_1_4.pt").read_bytes()
+    (tmp_path / "checkpoint_last.pt").write_bytes(good[: len(good) // 2])  # a kill during fairseq's copy
+    line = prelaunch.resume(str(tmp_path))
+    assert re.fullmatch(rf".*checkpoint_last\.pt: cut short \(no zip directory at its end\); set aside as "
+                        rf"checkpoint_last\.pt\.bad-\d{{8}}-\d{{6}}; resuming {tmp_path} from checkpoint_1_4\.pt "
+                        rf"\(update 4\)", line), line
+    assert (tmp_path / "checkpoint_last.pt").read_bytes() == good
+    assert prelaunch.resume(str(tmp_path)) == f"resuming {tmp_path} from checkpoint_last.pt (update 4)"
+
+    def no_torch(module):
+        raise prelaunch.Stop(f"PYTHON=x cannot import {module}")
+
+    monkeypatch.setattr(prelaunch, "need", no_torch)
+    before = sorted(os.listdir(tmp_path))
+    with pytest.raises(prelaunch.Stop, match="cannot import torch"):
+        prelaunch.resume(str(tmp_path))
+    assert sorted(os.listdir(tmp_path)) == before
+
+
 def test_rerun_of_finished_or_changed_run(glue):
     """A finished run is not trained again; another command for a started run stops, naming RESTART=1;
     RESTART=1 starts it over."""

@@ -20,7 +20,7 @@ def test_core_import_leaves_fairseq_and_logging_alone():
             "before = (logging.getLogger().level, list(logging.getLogger().handlers))\n"
             "import recadam_fairseq\n"
             "from recadam_fairseq import RecAdam, anneal_lambda\n"
-            "import recadam_fairseq.sam  # the SAM family's core is pure torch too\n"
+            "import recadam_fairseq.core.sam  # the SAM family's core is pure torch too\n"
             "assert 'fairseq' not in sys.modules, sorted(m for m in sys.modules if m.startswith('fairseq'))\n"
             "assert (logging.getLogger().level, list(logging.getLogger().handlers)) == before\n"
             "print('ok')\n")

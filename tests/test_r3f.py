@@ -24,7 +24,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
-from recadam_fairseq import r3f
+from recadam_fairseq.core import r3f
 
 import fairseq
 
@@ -205,9 +205,11 @@ def test_noise_reaches_a_stock_roberta_encoder(dtype):
     via_model = [model(**sample["net_input"], classification_head_name=head, token_embeddings=x)[0]
                  for x in (emb, noised)]
     assert torch.equal(via_model[0], via_model[1]), "fairseq passes token_embeddings on now: revisit"
-    clean = crit._logits_from_embeddings(model, sample["net_input"], emb)
+    from recadam_fairseq.criterions.r3f_term import logits_from_embeddings
+
+    clean = logits_from_embeddings(model, sample["net_input"], emb, head)
     assert torch.equal(clean, via_model[0])  # the clean pass is RobertaModel.forward's, bit for bit
-    diff = (crit._logits_from_embeddings(model, sample["net_input"], noised) - clean).abs().max().item()
+    diff = (logits_from_embeddings(model, sample["net_input"], noised, head) - clean).abs().max().item()
     print(f"{dtype}: max |noised - clean| logits {diff:.3g}")
     assert diff > 0
     if dtype == torch.float32:  # fp16, 1e-5: symm_kl ~ diff² is below fp32 cancellation; the logits show it
@@ -221,7 +223,7 @@ def test_symm_kl_is_one_value_per_update():
     """Micro-batches (--update-freq) and ranks each log Σ-over-sentences; reduce divides by all sentences."""
     from fairseq.logging import metrics
 
-    from recadam_fairseq.criterions.sentence_prediction_recadam import SentencePredictionR3FCriterion
+    from recadam_fairseq.criterions.sentence_prediction_r3f import SentencePredictionR3FCriterion
 
     logs = [{"loss": torch.tensor(3.0), "target_loss": torch.tensor(2.0), "symm_kl": torch.tensor(s),
              "sample_size": n, "nsentences": n, "ntokens": 10 * n, "ncorrect": torch.tensor(1)}
@@ -449,6 +451,11 @@ def test_coupled_objective_with_r3f_under_fp16_and_update_freq(runs):
     assert [int(x["num_updates"]) for x in inner] == list(range(1, 7))
     assert all({"recadam_lambda", "recadam_penalty", "symm_kl", "target_loss"} <= x.keys() for x in inner)
     assert all(float(x["symm_kl"]) > 0 and float(x["loss"]) != float(x["target_loss"]) for x in inner)
+    # λ of update n (fairseq's update number, events.update_number, + 1), both micro-batches of each update
+    from recadam_fairseq import anneal_lambda
+
+    assert [float(x["recadam_lambda"]) for x in inner] == pytest.approx(
+        [anneal_lambda("sigmoid", n, 0.5, 250) for n in range(1, 7)], rel=1e-3)
     valid = json_records(log, "valid")
     assert valid and all({"valid_accuracy", "valid_mcc", "valid_f1"} <= v.keys() for v in valid)
     assert float(valid[-1]["valid_accuracy"]) > 1, "accuracy in percent"

@@ -10,8 +10,9 @@ import torch.nn.functional as F
 from fairseq.criterions import FairseqCriterion
 from torch.func import functional_call
 
-from recadam_fairseq.optim.sam_hook import SAMController
-from recadam_fairseq.sam import SAM_TYPES, Perturbed, gsam_rho, validate_sam_hparams
+from recadam_fairseq.core.sam_controller import SAMController
+from recadam_fairseq.optim.sam_support import connect
+from recadam_fairseq.core.sam import SAM_TYPES, Perturbed, gsam_rho, validate_sam_hparams
 
 
 
@@ -50,12 +51,13 @@ class TinyNet(torch.nn.Module):
 class SumCE(FairseqCriterion):
     def __init__(self):
         super().__init__(task=None)
-        self.classification_head_name, self.regression_target = "head", False
 
     def forward(self, model, sample, reduce=True):
+        return self.per_example_loss(model, sample).sum(), sample["target"].numel(), {}
+
+    def per_example_loss(self, model, sample):  # what ESAM's selection reads (criterions/glue_core.py)
         logits, _ = model(**sample["net_input"])
-        loss = F.cross_entropy(logits, sample["target"], reduction="sum")
-        return loss, sample["target"].numel(), {}
+        return F.cross_entropy(logits, sample["target"], reduction="none")
 
 
 def make(seed=0):
@@ -71,6 +73,7 @@ def one_update(sam_type, lr=1e-3, seed=0, **kw):
     model, sample = make(seed)
     crit = SumCE()
     ctl = SAMController({**H, "sam_type": sam_type, **kw}, lr_of=lambda: lr, lr_max=2e-3, seed=ESAM_SEED)
+    connect(ctl)  # as --sam-type does: the controller meets the criterion at its first training call
     theta = {n: p.detach().clone() for n, p in model.named_parameters()}
     seen = {}
     crit.register_forward_hook(lambda m, a, out: seen.setdefault("sample", a[1]) and None)

@@ -53,8 +53,9 @@ def adam_run(tiny, tmp_path_factory):
     return load_ckpt(save / "checkpoint_last.pt")
 
 
-# ρ 0 skips the second pass (tests/test_one_line_errors.py); ρ 1e-30 runs it with an ε below every weight's
-# rounding step, so θ + ε = θ in fp32 and the SAM run must equal its base bit for bit.
+# ρ 0 skips the second pass (tests/test_one_line_errors.py); ρ 1e-30 runs it with an ε below every nonzero
+# weight's rounding step, so θ + ε = θ in fp32 there (a zero weight, such as a fresh head bias, moves by at
+# most 1e-30, which the next sum rounds away): the SAM run must equal its base bit for bit.
 TINY_RHO = "1e-30"
 
 

@@ -72,8 +72,8 @@ def _exit_after_saves(n):
 
 
 def _sam_test_hooks(check_restore, poison):
-    """Wrap OUR controller (recadam_fairseq.optim.sam_hook), not fairseq."""
-    from recadam_fairseq.optim.sam_hook import SAMController
+    """Wrap OUR controller (recadam_fairseq.core.sam_controller), not fairseq."""
+    from recadam_fairseq.core.sam_controller import SAMController
 
     calls, checks = [0], [0]
     pass1, before_reduce = SAMController._pass1, SAMController.before_reduce
@@ -112,14 +112,14 @@ def _sam_test_hooks(check_restore, poison):
 
 if __name__ == "__main__":
     if os.environ.get("RECADAM_SAM_CHECK_RESTORE") or os.environ.get("RECADAM_SAM_POISON"):
-        import recadam_fairseq.optim.sam_hook  # noqa: F401  (the module --user-dir registers)
+        import recadam_fairseq.core.sam_controller  # noqa: F401  (the module --user-dir registers)
 
         _sam_test_hooks(bool(os.environ.get("RECADAM_SAM_CHECK_RESTORE")),
                         {int(x) for x in os.environ.get("RECADAM_SAM_POISON", "").split(",") if x})
     if os.environ.get("RECADAM_FUSED_MIN_SEGMENT"):
-        import recadam_fairseq.fused  # the module --user-dir registers: fairseq finds it in sys.modules
+        import recadam_fairseq.core.fused  # the module --user-dir registers: fairseq finds it in sys.modules
 
-        recadam_fairseq.fused.MIN_SEGMENT = int(os.environ["RECADAM_FUSED_MIN_SEGMENT"])
+        recadam_fairseq.core.fused.MIN_SEGMENT = int(os.environ["RECADAM_FUSED_MIN_SEGMENT"])
     if os.environ.get("RECADAM_EXIT_AFTER_SAVES"):
         _exit_after_saves(int(os.environ["RECADAM_EXIT_AFTER_SAVES"]))
     if os.environ.get("RECADAM_DUMP_DIR"):

@@ -9,7 +9,7 @@ through its encoder and decoder called directly; the flags are checked at start;
 """
 
 import inspect
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 from fairseq.criterions.label_smoothed_cross_entropy import (
@@ -17,21 +17,17 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 from fairseq.dataclass import ChoiceEnum
-from fairseq.logging import metrics
 
-from .. import r3f
+from ..config import R3FHyperparams, redefault
+from ..core import r3f
 from ..core.errors import ConfigError
-from ..config import R3FHyperparams
+from .r3f_term import reduce_symm_kl
 
 
 @dataclass
 class LabelSmoothedCrossEntropyR3FConfig(LabelSmoothedCrossEntropyCriterionConfig, R3FHyperparams):
-    r3f_lambda: float = field(
-        default=1.0, metadata={"help": "R3F: weight λ of the symmetric KL of clean and noised outputs; 0 turns R3F off"}
-    )
-    noise_type: ChoiceEnum(list(r3f.NOISE_TYPES)) = field(
-        default="normal", metadata={"help": "R3F: noise distribution, U(-eps, eps) or N(0, eps^2)"}
-    )
+    r3f_lambda: float = redefault(R3FHyperparams, "r3f_lambda", 1.0)  # fairseq's seq2seq defaults
+    noise_type: ChoiceEnum(list(r3f.NOISE_TYPES)) = redefault(R3FHyperparams, "noise_type", "normal")
 
 
 @register_criterion("label_smoothed_cross_entropy_r3f", dataclass=LabelSmoothedCrossEntropyR3FConfig)
@@ -85,7 +81,4 @@ class LabelSmoothedCrossEntropyR3FCriterion(LabelSmoothedCrossEntropyCriterion):
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
-        if any("symm_kl" in log for log in logging_outputs):
-            sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
-            symm = sum(log.get("symm_kl", 0) for log in logging_outputs)
-            metrics.log_scalar("symm_kl", symm / max(sample_size, 1), sample_size, round=3)
+        reduce_symm_kl(logging_outputs)

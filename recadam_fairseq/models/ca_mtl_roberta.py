@@ -30,7 +30,7 @@ from torch import Tensor
 
 from ..core.errors import ConfigError
 from ..core.layers import parse_layers
-from ..conditional_modules import (
+from ..core.conditional_modules import (
     ConditionalAlignment,
     ConditionalAttentionBias,
     ConditionalBottleneck,
@@ -231,8 +231,9 @@ class CaMtlRobertaModel(RobertaModel):
     def add_args(parser):
         RobertaModel.add_args(parser)
         parser.add_argument("--ca-mtl-cln-layers", type=str, metavar="LAYERS",
-                            help="layers whose two layer norms are conditional (FiLM-modulated gain): all, none, "
-                                 "upper (the upper half, the paper's choice; default), top, or indices like 6-11")
+                            help="layers whose two layer norms are conditional (FiLM-modulated gain), in the "
+                                 "plug-in's layer syntax: all, none, lower, upper (the upper half, the paper's "
+                                 "choice; default), top, or indices like 6-11")
         parser.add_argument("--ca-mtl-attn-layers", type=str, metavar="LAYERS",
                             help="layers with the conditional block-diagonal attention bias (default: all, "
                                  "as the authors' code); same syntax as --ca-mtl-cln-layers")

@@ -1,30 +1,29 @@
 """``--optimizer recadam``: the fairseq adapter around :class:`recadam_fairseq.RecAdam`.
 
 fairseq builds the optimizer from unnamed tensors (possibly one flat fp32 copy of all of them),
-so the anchor cannot be placed at construction. fairseq's Trainer calls
-``optimizer.all_reduce_grads(model)`` before every update, forwarded through its fp16 wrappers:
-on the first call we learn the parameter names, decide which tensors are pretrained and attach
-θ* to them, before the first step.
+so the anchor cannot be placed at construction: :class:`Anchoring` attaches θ* at the first
+gradient reduction (``events.py``), before the first step.
 """
 
 import logging
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any, List
 
 import torch
 from fairseq.dataclass import ChoiceEnum
 from fairseq.optim import FairseqOptimizer, register_optimizer
+from fairseq.optim.adam import FairseqAdamConfig
 from omegaconf import II, OmegaConf
 
-from ..anchor import build_anchors, pretrained_model_state
-from ..anneal import anneal_lambda
-from ..core.errors import ConfigError
 from ..config import (ANCHOR_DTYPES, FLAG_NAMES, RecAdamHyperparams, SAMHyperparams, check_anneal,
-                      check_checkpoint_paths)
-from ..recadam import RecAdam, validate_hparams
+                      check_checkpoint_paths, lr_values, redefault)
+from ..core.anchor import build_anchors, pretrained_model_state
+from ..core.anneal import anneal_lambda
+from ..core.errors import ConfigError
+from ..core.recadam import RecAdam, validate_hparams
+from ..events import LoopOptimizer
 from ..report import log_recadam_metrics
-from .sam_mixin import SAMOptimizerMixin
+from .sam_support import add_sam
 
 logger = logging.getLogger(__name__)
 
@@ -34,11 +33,10 @@ FUSED = {"auto": None, "on": True, "off": False}
 
 @dataclass
 class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams):
-    adam_betas: Any = field(default=(0.9, 0.999), metadata={"help": "betas for Adam optimizer"})
-    adam_eps: float = field(default=1e-8, metadata={"help": "epsilon for Adam optimizer"})
-    weight_decay: float = field(
-        default=0.0, metadata={"help": "decoupled weight decay, applied after the RecAdam update"}
-    )
+    # fairseq's adam flags, as its FairseqAdamConfig declares them (weight decay: decoupled, applied last)
+    adam_betas: Any = redefault(FairseqAdamConfig, "adam_betas", (0.9, 0.999))
+    adam_eps: float = redefault(FairseqAdamConfig, "adam_eps")
+    weight_decay: float = redefault(FairseqAdamConfig, "weight_decay")
     recadam_fused: ChoiceEnum(list(FUSED)) = field(
         default="auto",
         metadata={"help": "one-pass torch.compile'd update: auto (models of >= 4M elements, falling back to the "
@@ -51,19 +49,18 @@ class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams):
     seed: int = II("common.seed")
 
 
-def check_pull_stability(cfg, h) -> None:
+def check_pull_stability(cfg, hp) -> None:
     """The pull p ← p − c·(p − p*), c = lr·(w−λ(t))·γ, overshoots θ* for c > 1 and diverges for c ≥ 2.
 
     λ(t) never decreases, so c is largest at the first step.
     """
-    lrs = cfg.lr if isinstance(cfg.lr, Collection) else [cfg.lr]
-    lr, w = max(lrs), h["anneal_w"]
-    c = lr * h["pretrain_cof"] * (w - anneal_lambda(h["anneal_fun"], 1, h["anneal_k"], h["anneal_t0"], w))
+    lr, w = max(lr_values(cfg)), hp["anneal_w"]
+    c = lr * hp["pretrain_cof"] * (w - anneal_lambda(hp["anneal_fun"], 1, hp["anneal_k"], hp["anneal_t0"], w))
     if c >= 2:
         raise ConfigError(
-            f"recadam: --lr {lr:g} x --recadam-pretrain-cof {h['pretrain_cof']:g} x (w - λ(1)) = {c:g} >= 2: "
+            f"recadam: --lr {lr:g} x --recadam-pretrain-cof {hp['pretrain_cof']:g} x (w - λ(1)) = {c:g} >= 2: "
             f"the pull toward the pretrained weights overshoots them and diverges. Lower --recadam-pretrain-cof "
-            f"below {2 * h['pretrain_cof'] / c:g} (the authors use 5000 with lr 1e-5 to 2e-5)"
+            f"below {2 * hp['pretrain_cof'] / c:g} (the authors use 5000 with lr 1e-5 to 2e-5)"
         )
     if c > 1:
         logger.warning(f"recadam: lr x pretrain_cof x (w - λ(1)) = {c:g} > 1: the pull overshoots θ* and oscillates")
@@ -82,27 +79,25 @@ def check_sharding(cfg) -> None:
 
 
 @register_optimizer("recadam", dataclass=FairseqRecAdamConfig)
-class FairseqRecAdam(SAMOptimizerMixin, FairseqOptimizer):
+class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
     """RecAdam for fairseq: Adam with λ(t) and a decoupled pull toward the pretrained weights.
 
     Like fairseq's ``adam`` this is the AdamW variant (decoupled weight decay). ``--sam-type`` adds a
-    sharpness-aware gradient (:mod:`.sam_hook`); the RecAdam step is unchanged.
+    sharpness-aware gradient (``sam_support.py``); the RecAdam step is unchanged.
     """
 
     def __init__(self, cfg: FairseqRecAdamConfig, params):
         super().__init__(cfg)
-        h = self.optimizer_config
-        validate_hparams(h, names=FLAG_NAMES)
+        hp = self.optimizer_config
+        validate_hparams(hp, names=FLAG_NAMES)
         check_anneal(cfg)
         check_checkpoint_paths(cfg)
-        check_pull_stability(cfg, h)
+        check_pull_stability(cfg, hp)
         check_sharding(cfg)
-        self._bound = False
-        self._pretrained = None
-        if cfg.recadam_pretrained_path:  # fail before training, and read the file once
-            self._pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
-        self._optimizer = RecAdam(params, **h, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
-        self.init_sam(cfg, seed=cfg.seed)
+        self._optimizer = RecAdam(params, **hp, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
+        add_sam(self, cfg, seed=cfg.seed)  # first: θ is restored before the anchor reads the weights
+        self.anchoring = Anchoring(self._optimizer, cfg)
+        self.listen("anchoring", self.anchoring)
 
     @property
     def optimizer_config(self):
@@ -110,7 +105,7 @@ class FairseqRecAdam(SAMOptimizerMixin, FairseqOptimizer):
         betas = cfg.adam_betas
         betas = eval(betas) if isinstance(betas, str) else OmegaConf.to_container(betas) if OmegaConf.is_config(betas) else betas
         return {
-            "lr": cfg.lr[0] if isinstance(cfg.lr, Collection) else cfg.lr,
+            "lr": lr_values(cfg)[0],
             "betas": tuple(betas),
             "eps": cfg.adam_eps,
             "weight_decay": cfg.weight_decay,
@@ -121,54 +116,65 @@ class FairseqRecAdam(SAMOptimizerMixin, FairseqOptimizer):
             "pretrain_cof": cfg.recadam_pretrain_cof,
         }
 
-    # ------------------------------------------------------------- binding the anchor
-    def all_reduce_grads(self, module):
-        if getattr(self, "_sam", None) is not None:
-            self._sam.pert.restore()  # bind may read the model's weights: θ, not θ + ε
-        if not self._bound:
-            self.bind(module)
-        super().all_reduce_grads(module)
-
-    def bind(self, model: torch.nn.Module) -> None:
-        """Attach θ* to the optimizer's tensors, by the names of ``model``'s parameters."""
-        opt = self._optimizer
-        tensors = [p for g in opt.param_groups for p in g["params"]]
-        if any(opt.anchor_of(t) is not None for t in tensors):
-            logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")
-            self._bound = True
-            return
-        dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
-        line, anchors = build_anchors(tensors, model, self.cfg, self._pretrained, dtype)
-        for t, anchor, runs in anchors:
-            opt.set_anchor(t, anchor, runs)
-        self._pretrained = None  # the anchor holds what is needed; free the mapping
-        logger.info(f"recadam: {line}")
-        self._bound = True
-
     def load_state_dict(self, state_dict, optimizer_overrides=None):
         try:
             super().load_state_dict(state_dict, optimizer_overrides)
         except ValueError as e:  # another model size, or another layout (e.g. --fp16 vs fp32)
+            if not any(s in str(e) for s in ("parameter group", "RecAdam")):  # torch's and the core's checks
+                raise
             raise ConfigError(
                 f"recadam: the checkpoint's optimizer state does not fit this model: {e}. Start with "
                 f"--reset-optimizer (θ* then comes from --restore-file or --recadam-pretrained-path)"
             ) from e
 
     def step(self, closure=None, scale=1.0, groups=None):
-        if not self._bound:
+        if not self.anchoring.bound:
             raise RuntimeError(
                 "recadam: step() before all_reduce_grads(model): the anchor is bound to the "
                 "model's parameter names there (fairseq's Trainer calls it before every update)"
             )
         super().step(closure, scale, groups)
-        t = self._optimizer.anchored_step()
-        if t and t % max(1, int(self.cfg.log_interval)) == 0:
-            self.log_metrics()
 
-    def log_metrics(self) -> None:
+
+class Anchoring:
+    """θ*, attached to the optimizer's tensors at the first gradient reduction: fairseq builds the
+    optimizer from unnamed tensors (possibly one flat fp32 copy of all of them), and
+    ``all_reduce_grads(model)`` is the first call that shows the parameters' names. Then, on log
+    steps, λ(t) and the distance to θ* in fairseq's logs."""
+
+    def __init__(self, optimizer: RecAdam, cfg):
+        self.opt, self.cfg = optimizer, cfg
+        self.bound = False
+        self.pretrained = None
+        if cfg.recadam_pretrained_path:  # fail before training, and read the file once
+            self.pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
+
+    def before_reduce(self, model: torch.nn.Module) -> None:
+        if not self.bound:
+            self.bind(model)
+
+    def bind(self, model: torch.nn.Module) -> None:
+        """Attach θ* to the optimizer's tensors, by the names of ``model``'s parameters."""
+        opt = self.opt
+        tensors = [p for g in opt.param_groups for p in g["params"]]
+        if any(opt.anchor_of(t) is not None for t in tensors):
+            logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")
+            self.bound = True
+            return
+        dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
+        line, anchors = build_anchors(tensors, model, self.cfg, self.pretrained, dtype)
+        for t, anchor, runs in anchors:
+            opt.set_anchor(t, anchor, runs)
+        self.pretrained = None  # the anchor holds what is needed; free the mapping
+        logger.info(f"recadam: {line}")
+        self.bound = True
+
+    def after_step(self) -> None:
         """λ(t) and the distance to θ*, on log steps only: the distance costs a pass over the weights.
 
         Every rank holds the same weights and anchor: each logs the same value (no sum over ranks).
         """
-        dist = self._optimizer.anchor_distance().item()
-        log_recadam_metrics(self._optimizer.current_lambda(), dist, 0.5 * self.cfg.recadam_pretrain_cof * dist)
+        t = self.opt.anchored_step()
+        if t and t % max(1, int(self.cfg.log_interval)) == 0:
+            dist = self.opt.anchor_distance().item()
+            log_recadam_metrics(self.opt.current_lambda(), dist, 0.5 * self.cfg.recadam_pretrain_cof * dist)

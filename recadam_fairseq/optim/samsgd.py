@@ -2,7 +2,7 @@
 
 The base optimizer is fairseq's own ``adam`` (the authors' samsgd wraps Adam too: torch.optim.Adam,
 whose weight decay is L2; fairseq's is decoupled, AdamW): with ``--sam-type none`` or ``--rho 0``
-this is ``--optimizer adam`` bit for bit. The perturbation comes from :mod:`.sam_hook`.
+this is ``--optimizer adam`` bit for bit. The perturbation comes from ``sam_support.py``.
 """
 
 import logging
@@ -13,7 +13,8 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
 from ..config import CheckpointPaths, SAMHyperparams, check_checkpoint_paths
-from .sam_mixin import SAMOptimizerMixin
+from ..events import LoopOptimizer
+from .sam_support import add_sam
 
 logger = logging.getLogger(__name__)
 
@@ -24,12 +25,12 @@ class SAMSGDConfig(SAMHyperparams, CheckpointPaths, FairseqAdamConfig):
 
 
 @register_optimizer("samsgd", dataclass=SAMSGDConfig)
-class SAMSGD(SAMOptimizerMixin, FairseqAdam):
+class SAMSGD(LoopOptimizer, FairseqAdam):
     """fairseq's Adam with a sharpness-aware gradient (SAM, ESAM, GSAM, and their Fisher-masked forms)."""
 
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
         check_checkpoint_paths(cfg)
-        self.init_sam(cfg, seed=cfg.seed)
+        add_sam(self, cfg, seed=cfg.seed)
         if str(cfg.sam_type) == "none":
             logger.warning("samsgd with --sam-type none: plain Adam (set --sam-type sam, esam, gsam, fisher-sam, ...)")

@@ -27,12 +27,13 @@ from fairseq.tasks import FairseqTask, register_task
 from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
-from .. import mt_sampling as sampling
+from ..core import mt_sampling as sampling
+from ..config import redefault
 from ..core import glue_tasks
 from ..core.errors import ConfigError
 from ..core.glue_tasks import head_name
 from ..core.layers import parse_layers
-from ..multitask_data import MultiTaskDataset
+from .multitask_data import MultiTaskDataset
 
 logger = logging.getLogger(__name__)
 
@@ -59,11 +60,10 @@ class GlueMultitaskConfig(FairseqDataclass):
                                                                      "upper, top; empty: none"})
     freeze_embeddings: bool = field(default=False, metadata={"help": "freeze the token and position embeddings "
                                                                      "and the embedding layer norm"})
-    init_token: Optional[int] = field(default=0, metadata={"help": "token added at the beginning of each example "
-                                                                   "(RoBERTa: 0 = <s>)"})
-    separator_token: Optional[int] = field(default=2, metadata={"help": "token between the two sentences of a "
-                                                                        "pair (RoBERTa: 2 = </s>)"})
-    max_positions: int = field(default=512, metadata={"help": "max tokens per example"})
+    # sentence_prediction's own flags (each task is loaded by it)
+    init_token: Optional[int] = redefault(SentencePredictionConfig, "init_token", 0)
+    separator_token: Optional[int] = redefault(SentencePredictionConfig, "separator_token", 2)
+    max_positions: int = redefault(SentencePredictionConfig, "max_positions")
     seed: int = II("common.seed")
     train_subset: str = II("dataset.train_subset")
 
@@ -273,11 +273,11 @@ class GlueMultitaskTask(FairseqTask):
         model.eval()
         with torch.no_grad():
             feats = self.forward_features(model, sample)
-            h = torch.empty(len(sample["task_ids"]), device=feats.device)
+            entropy = torch.empty(len(sample["task_ids"]), device=feats.device)
             for t, pos, logits in self.head_logits(model, feats, sample["task_ids"]):
-                h[pos] = sampling.normalized_entropy(logits).to(h)
+                entropy[pos] = sampling.normalized_entropy(logits).to(entropy)
         model.train(was_training)
-        scores = sampling.uncertainty_scores(h, sample["task_ids"], len(self.mt_task_names))
+        scores = sampling.uncertainty_scores(entropy, sample["task_ids"], len(self.mt_task_names))
         keep = sampling.select_uncertain(scores, self.batch_size)
         return subsample(sample, keep, self.dictionary.pad(), scored=len(sample["task_ids"]))
 

@@ -1,20 +1,29 @@
 # Shared by finetune.sh and multitask.sh (sourced): asking Python, fp16, the architecture, the run directory.
 # The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
 
-# The Python that runs fairseq-train: the first word if it is a python, else the command's shebang.
+# The Python that runs fairseq-train: the first word if it is a python, else the command's shebang
+# (#!/path/python, or #!/usr/bin/env [-S] python3).
 python_of() {
-  local cmd=$1 path line
+  local cmd=$1 path line words w
   case "$(basename "$cmd")" in python*) echo "$cmd"; return ;; esac
   path=$(command -v "$cmd" 2>/dev/null) || { echo python3; return; }
   IFS= read -r line < "$path" || true
-  case "$line" in "#!"*python*) line=${line#\#!}; echo "${line%% *}" ;; *) echo python3 ;; esac
+  [[ $line == "#!"*python* ]] || { echo python3; return; }
+  read -r -a words <<< "${line#\#!}"
+  for w in "${words[@]}"; do
+    case "$w" in */env|env|-*) ;; *) echo "$w"; return ;; esac
+  done
+  echo python3
 }
 
-# ask_python ARGS: eval prelaunch.py's KEY=value lines (the recipe, the checkpoint, the machine).
+# ask_python ARGS: eval prelaunch.py's KEY=value lines (the recipe, the checkpoint, the machine); its
+# stderr (library warnings, or its one-line error) is never evaluated.
 ask_python() {
-  local out
-  if ! out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan "$@" 2>&1); then
-    out=${out##*error: }
+  local out err=$(mktemp)
+  if ! out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan "$@" 2> "$err"); then
+    out=$(grep '^error: ' "$err" | tail -1 || true); out=${out#error: }
+    [ -n "$out" ] || out="$PYTHON $SCRIPT_DIR/prelaunch.py failed: $(tail -1 "$err" || true)"
+    rm -f "$err"
     [ "$DRY_RUN" = 1 ] && [[ $out == ROBERTA_PATH=* ]] || die "$out"
     echo "$(basename "$0"): warning: $out" >&2  # a dry run only writes the command: ask without the checkpoint
     local args=() a skip=0
@@ -22,8 +31,9 @@ ask_python() {
       if [ "$skip" = 1 ]; then skip=0; continue; fi
       case "$a" in --checkpoint|--freeze) skip=1 ;; --cuda) ;; *) args+=("$a") ;; esac
     done
-    out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan "${args[@]}" 2>&1) || die "${out##*error: }"
+    out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan "${args[@]}" 2>/dev/null) || die "prelaunch.py plan failed"
   fi
+  rm -f "$err"
   eval "$out"
 }
 
@@ -65,15 +75,18 @@ arch_flags() {
 has_checkpoints() { compgen -G "$1/checkpoint*.pt" > /dev/null; }
 
 # write_command RUN TITLE SETTINGS N_TRAIN_WORDS CMD...: RUN/command.sh, after deciding what RUN holds:
-# RESTART=1 clears it; a finished run stops here (exit 0); another command for a started run is an error.
+# RESTART=1 clears it; a finished run stops here (exit 0); another command for a started run is an error
+# (the comparison includes command.sh's `cd` line: relative paths mean another thing from elsewhere).
 write_command() {
   local run=$1 title=$2 settings=$3 n=$4
   shift 4
   local cmd=("$@") body
   body=$(render_command "$n" "${cmd[@]}")
-  if [ "${RESTART:-0}" = 1 ] && [ "$DRY_RUN" != 1 ] && [ -d "$run" ]; then
-    note "RESTART=1: starting $run over"
-    rm -f "$run"/checkpoint*.pt "$run"/checkpoint_last.pt.bad-* "$run/done" "$run/train.log"
+  if [ "${RESTART:-0}" = 1 ] && [ -d "$run" ]; then
+    if [ "$DRY_RUN" != 1 ]; then
+      note "RESTART=1: starting $run over"
+      rm -f "$run"/checkpoint*.pt "$run"/checkpoint*.pt.tmp "$run"/checkpoint_last.pt.bad-* "$run/done" "$run/train.log"
+    fi
   elif [ -f "$run/command.sh" ] && { has_checkpoints "$run" || [ -f "$run/done" ]; } &&
        [ "$(grep -v '^#' "$run/command.sh")" != "$body" ]; then
     die "$run was started with another command (see $run/command.sh): RESTART=1 starts it over with this one, or choose another SAVE_DIR"

@@ -33,6 +33,7 @@ import shutil
 import struct
 import sys
 import time
+import zipfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: recadam_fairseq without install
@@ -51,20 +52,30 @@ class Stop(Exception):
 
 
 # --------------------------------------------------------------------------- checkpoints
+class Truncated(Stop):
+    """The file is cut short or empty (a kill during fairseq's copy): safe to set aside."""
+
+
 def load(path: str, what: str):
-    """A fairseq checkpoint, memory-mapped (tensors are not read); Stop if it does not load."""
+    """A fairseq checkpoint, memory-mapped (tensors are not read). Truncated if the file is cut short or
+    empty; Stop if it cannot be read for another reason (this Python lacks torch, an unknown pickled type)."""
     if not os.path.isfile(path):
         raise Stop(f"{what}: no such file")
     if os.path.getsize(path) == 0:
-        raise Stop(f"{what}: an empty file")
+        raise Truncated(f"{what}: an empty file")
     torch = need("torch")
     need("recadam_fairseq.safe_globals")  # the types fairseq pickles
-
+    if not zipfile.is_zipfile(path):  # torch.save's format: the zip directory is written last
+        raise Truncated(f"{what}: cut short (no zip directory at its end)")
     try:
         return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any failure: the file cannot be used
+    except (EOFError, zipfile.BadZipFile) as e:
+        raise Truncated(f"{what}: cut short ({type(e).__name__})") from None
+    except Exception as e:  # noqa: BLE001 - any other failure: say what it is, do not guess
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        raise Stop(f"{what}: not a loadable checkpoint (truncated?): {first[:200]}") from None
+        if "PytorchStreamReader failed" in first:
+            raise Truncated(f"{what}: cut short ({first[:120]})") from None
+        raise Stop(f"{what}: cannot be read: {first[:200]}") from None
 
 
 def model_config(state: dict) -> dict:
@@ -118,13 +129,17 @@ def rank(path: str) -> int:
 
 
 def resume(run_dir: str) -> str:
-    """Make checkpoint_last.pt in RUN_DIR loadable, or absent; return the one line to print."""
+    """Make checkpoint_last.pt in RUN_DIR loadable, or absent; return the one line to print.
+
+    Only a file that is cut short is set aside: any other failure to read a checkpoint stops (a
+    good checkpoint must never be traded for a restart from the pretrained model)."""
     last = os.path.join(run_dir, "checkpoint_last.pt")
+    need("torch")
     note = ""
     if os.path.exists(last):
         try:
             return f"resuming {run_dir} from checkpoint_last.pt (update {num_updates(load(last, last))})"
-        except Stop as e:
+        except Truncated as e:
             aside = f"{last}.bad-{time.strftime('%Y%m%d-%H%M%S')}"
             os.replace(last, aside)
             note = f"{e}; set aside as {os.path.basename(aside)}; "
@@ -134,7 +149,7 @@ def resume(run_dir: str) -> str:
             continue
         try:
             found.append((num_updates(load(path, path)), rank(path), path))
-        except Stop:
+        except Truncated:
             continue
     if not found:
         return f"{note}no complete checkpoint in {run_dir}: starting from the pretrained model"

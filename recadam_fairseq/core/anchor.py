@@ -20,20 +20,14 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
-from .core.errors import ConfigError
+from .errors import ConfigError
+from .wrappers import unwrap_model
 
 logger = logging.getLogger(__name__)
 
 
 class AnchorError(ConfigError):
     """The anchor cannot be built: a bad checkpoint file, or a model that does not match it."""
-
-
-def unwrap_model(module: torch.nn.Module) -> torch.nn.Module:
-    """Strip DDP / fairseq wrappers (they keep the model in ``.module``)."""
-    while isinstance(getattr(module, "module", None), torch.nn.Module):
-        module = module.module
-    return module
 
 
 def trainable_named_parameters(model: torch.nn.Module) -> List[Tuple[str, Tensor]]:
@@ -68,7 +62,9 @@ def load_checkpoint(path: str) -> dict:
     return state
 
 
-RECADAM_CLASSES = ("FairseqRecAdam", "SentencePredictionRecAdamCriterion")
+# Components whose checkpoints hold fine-tuned weights that a RecAdam objective could take for θ*.
+RECADAM_CLASSES = ("FairseqRecAdam", "SentencePredictionRecAdamCriterion", "SentencePredictionR3FCriterion",
+                   "GlueMultitaskCriterion")
 
 
 def recadam_updates(state: dict) -> int:
@@ -101,6 +97,11 @@ def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_i
         state = preloaded if preloaded is not None else pretrained_model_state(cfg.recadam_pretrained_path)
         return f"--recadam-pretrained-path {cfg.recadam_pretrained_path}", state, True
     path = restore_path(cfg)
+    resuming = path == os.path.join(cfg.save_dir, "checkpoint_last.pt") and os.path.exists(path)
+    if resuming and cfg.finetune_from_model and os.path.exists(cfg.finetune_from_model):
+        # fairseq resumes from checkpoint_last.pt (fine-tuned); the pretrained file is still named
+        f = cfg.finetune_from_model
+        return f"--finetune-from-model {f}", _load(f, "--finetune-from-model")["model"], True
     if not os.path.exists(path):
         raise AnchorError(
             f"recadam has no pretrained weights to pull toward: no checkpoint was loaded ({path} does not "
@@ -109,10 +110,6 @@ def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_i
         )
     ckpt = _load(path, "--restore-file")
     done = recadam_updates(ckpt)
-    if done and cfg.finetune_from_model and os.path.exists(cfg.finetune_from_model):
-        # a relaunch that resumes from checkpoint_last.pt: the pretrained file is still named
-        f = cfg.finetune_from_model
-        return f"--finetune-from-model {f}", _load(f, "--finetune-from-model")["model"], True
     if done:
         msg = (f"{path} was written by recadam after {done} updates: θ* would be these FINE-TUNED weights, "
                f"not the pretrained ones. Pass --recadam-pretrained-path PRETRAINED.pt")

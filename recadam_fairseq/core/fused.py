@@ -20,7 +20,7 @@ from torch import Tensor
 
 logger = logging.getLogger(__name__)
 
-_HALF = (torch.float16, torch.bfloat16)
+HALF = (torch.float16, torch.bfloat16)  # computed in fp32
 # Segments smaller than this stay on the eager path: a compiled call costs ~0.1 ms of Python.
 MIN_SEGMENT = 1 << 16
 # With fused=None (auto), groups with fewer elements stay eager: compiling takes seconds

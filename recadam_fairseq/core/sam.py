@@ -24,38 +24,32 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .core.errors import ConfigError
+from .errors import ConfigError
 
 SAM_TYPES = ("none", "sam", "esam", "gsam", "fisher-sam", "fisher-esam", "fisher-gsam")
 NORM_EPS = 1e-12  # added to ‖g‖ (Foret et al.'s reference code); ρ = 0 gives ε = 0 exactly
 
-# How users know each hyperparameter: error messages name the flag.
-SAM_FLAGS = {k: "--" + k.replace("_", "-") for k in
-             ("sam_type", "rho", "beta", "gamma", "keep_ratio", "num_samples", "mask_iter_e", "gsam_alpha",
-              "rho_min")}
-
-
-def validate_sam_hparams(h: Dict, names: Optional[Dict[str, str]] = None) -> None:
-    """Raise ValueError naming the flag for any out-of-range SAM hyperparameter."""
-    n = {**SAM_FLAGS, **(names or {})}
-    st = str(h["sam_type"])
+def validate_sam_hparams(hp: Dict, names: Optional[Dict[str, str]] = None) -> None:
+    """Raise ConfigError naming the flag (``--key-name`` unless ``names`` says) of an out-of-range hyperparameter."""
+    n = {k: (names or {}).get(k, "--" + k.replace("_", "-")) for k in hp}
+    st = str(hp["sam_type"])
     if st not in SAM_TYPES:
         raise ConfigError(f"{n['sam_type']} {st!r} is unknown: choose one of {', '.join(SAM_TYPES)}")
-    if not h["rho"] >= 0:
-        raise ConfigError(f"{n['rho']} must be >= 0 (the radius of the perturbation), got {h['rho']}")
+    if not hp["rho"] >= 0:
+        raise ConfigError(f"{n['rho']} must be >= 0 (the radius of the perturbation), got {hp['rho']}")
     for k in ("beta", "gamma", "keep_ratio"):
-        if not 0 < h[k] <= 1:
-            raise ConfigError(f"{n[k]} must be in (0, 1], got {h[k]}")
-    if not (h["mask_iter_e"] >= 1 and float(h["mask_iter_e"]).is_integer()):
+        if not 0 < hp[k] <= 1:
+            raise ConfigError(f"{n[k]} must be in (0, 1], got {hp[k]}")
+    if not (hp["mask_iter_e"] >= 1 and float(hp["mask_iter_e"]).is_integer()):
         raise ConfigError(f"{n['mask_iter_e']} must be an integer >= 1 (updates between Fisher masks), "
-                         f"got {h['mask_iter_e']}")
-    if not h["num_samples"] >= 1:
-        raise ConfigError(f"{n['num_samples']} must be >= 1, got {h['num_samples']}")
-    if not h["gsam_alpha"] >= 0:
-        raise ConfigError(f"{n['gsam_alpha']} must be >= 0, got {h['gsam_alpha']}")
-    if not 0 <= h["rho_min"] <= h["rho"]:
+                         f"got {hp['mask_iter_e']}")
+    if not hp["num_samples"] >= 1:
+        raise ConfigError(f"{n['num_samples']} must be >= 1, got {hp['num_samples']}")
+    if not hp["gsam_alpha"] >= 0:
+        raise ConfigError(f"{n['gsam_alpha']} must be >= 0, got {hp['gsam_alpha']}")
+    if not 0 <= hp["rho_min"] <= hp["rho"]:
         raise ConfigError(f"{n['rho_min']} must be in [0, {n['rho']}] (GSAM's ρ_t runs from {n['rho']} at the "
-                         f"peak learning rate down to {n['rho_min']}), got {h['rho_min']} with {n['rho']} {h['rho']}")
+                         f"peak learning rate down to {n['rho_min']}), got {hp['rho_min']} with {n['rho']} {hp['rho']}")
 
 
 def uses_mask(sam_type: str) -> bool:
@@ -67,7 +61,8 @@ def base_type(sam_type: str) -> str:
     return sam_type[len("fisher-"):] if uses_mask(sam_type) else sam_type
 
 
-def _acc_dtype(t: torch.Tensor) -> torch.dtype:
+def accumulation_dtype(t: torch.Tensor) -> torch.dtype:
+    """At least fp32 (fp64 stays fp64): where sums and norms of gradients are taken."""
     return torch.promote_types(t.dtype, torch.float32)
 
 
@@ -76,7 +71,7 @@ def global_norm(tensors: Sequence[Optional[torch.Tensor]]) -> torch.Tensor:
     ts = [t for t in tensors if t is not None]
     if not ts:
         return torch.zeros(())
-    norms = [torch.linalg.vector_norm(t, dtype=_acc_dtype(t)) for t in ts]
+    norms = [torch.linalg.vector_norm(t, dtype=accumulation_dtype(t)) for t in ts]
     dt = norms[0].dtype
     return torch.linalg.vector_norm(torch.stack([x.to(dt) for x in norms]))
 
@@ -96,7 +91,7 @@ def perturbation(grads: Sequence[Optional[torch.Tensor]], rho: float, divisor: f
         if g is None:
             eps.append(None)
             continue
-        e = g.to(_acc_dtype(g)) * scale
+        e = g.to(accumulation_dtype(g)) * scale
         m = None if masks is None else masks[i]
         if m is not None:
             e = e * m
@@ -137,7 +132,7 @@ def fisher_mask(fisher: Sequence[Optional[torch.Tensor]], keep_ratio: float) -> 
     out: List[Optional[torch.Tensor]] = [None] * len(fisher)
     if not idx:
         return out
-    flat = torch.cat([fisher[i].reshape(-1).to(_acc_dtype(fisher[i])) for i in idx])
+    flat = torch.cat([fisher[i].reshape(-1).to(accumulation_dtype(fisher[i])) for i in idx])
     k = max(1, int(flat.numel() * keep_ratio))
     keep = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
     keep[torch.topk(flat, k, sorted=False).indices] = True
@@ -166,7 +161,7 @@ def gsam_decompose(g_h: Sequence[Optional[torch.Tensor]], g: Sequence[Optional[t
     pairs = [(a, b) for a, b in zip(g_h, g) if a is not None and b is not None]
     if not pairs or alpha == 0:
         return
-    dt = _acc_dtype(pairs[0][0])
+    dt = accumulation_dtype(pairs[0][0])
     dot = sum((a.to(dt) * b.to(dt)).sum() for a, b in pairs)
     nh2 = sum((a.to(dt) * a.to(dt)).sum() for a, _ in pairs)
     coef = (dot / (nh2 + NORM_EPS ** 2)).item()

@@ -10,7 +10,7 @@ then moved to the embeddings' device), so a run with the same seed sees the same
 import torch
 import torch.nn.functional as F
 
-from .core.errors import ConfigError
+from .errors import ConfigError
 
 NOISE_TYPES = ("uniform", "normal")
 

@@ -28,11 +28,10 @@ from torch.optim import Optimizer
 
 from . import fused as _fused
 from .anneal import ANNEAL_FUNS, anneal_lambda
-from .core.errors import ConfigError
+from .errors import ConfigError
 
 __all__ = ["RecAdam"]
 
-_HALF = (torch.float16, torch.bfloat16)
 # Elements per batch of work. Bounds every temporary (the Adam denominator, fp32 copies of
 # half-precision tensors) to a few buffers of this size instead of the model's size.
 CHUNK = 1 << 21
@@ -356,7 +355,7 @@ class RecAdam(Optimizer):
             state = self.state[p]
             if "step" not in state:
                 state["step"] = 0
-                work = torch.float32 if p.dtype in _HALF else p.dtype
+                work = torch.float32 if p.dtype in _fused.HALF else p.dtype
                 state["exp_avg"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
                 state["exp_avg_sq"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
             for n in _STATE_TENSORS:  # e.g. left on CPU by fairseq's memory-efficient fp16 loading
@@ -384,18 +383,18 @@ class RecAdam(Optimizer):
 
         kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
         for key, segs in whole.items():
-            sc = self._scalars(group, *key[:2])
-            s = _fused.scalars(**sc, dtype=segs[0][2].dtype, device=key[-1])
-            if sc["pull"] == 0.0:
+            scalars = self._scalars(group, *key[:2])
+            s = _fused.scalars(**scalars, dtype=segs[0][2].dtype, device=key[-1])
+            if scalars["pull"] == 0.0:
                 segs = [(p, g, m, v, None) for p, g, m, v, _ in segs]
             # separate tensors (a per-tensor layout): one compiled call for all; else one per segment
             many = (len(segs) >= _fused.MULTI_MIN_SEGMENTS
                     and len({seg[0].untyped_storage().data_ptr() for seg in segs}) == len(segs))
             if many:  # a new set of tensors compiles a new program: a bounded number of them
-                mk = _fused.many_key(segs)
-                many = mk in self._many_keys or len(self._many_keys) < _fused.MULTI_MAX_PROGRAMS
+                program = _fused.many_key(segs)
+                many = program in self._many_keys or len(self._many_keys) < _fused.MULTI_MAX_PROGRAMS
                 if many:
-                    self._many_keys.add(mk)
+                    self._many_keys.add(program)
             for i, seg in enumerate([segs] if many else segs):
                 try:
                     if many:
@@ -413,9 +412,9 @@ class RecAdam(Optimizer):
                     batches[key] += [c for seg in segs[i:] for c in _chunked(seg)]
                     break
         for key, segs in batches.items():
-            sc = self._scalars(group, *key[:2])
+            scalars = self._scalars(group, *key[:2])
             for batch in _batched(segs):
-                kernel(*zip(*batch), **sc)
+                kernel(*zip(*batch), **scalars)
 
     def _fused_here(self, group: dict) -> bool:
         """Whether this group's large segments take the fused kernel on this step."""
@@ -485,12 +484,12 @@ def _batched(segs):
 
 
 def _fp32(xs):
-    return [x.float() if x.dtype in _HALF else x for x in xs]
+    return [x.float() if x.dtype in _fused.HALF else x for x in xs]
 
 
 def _foreach_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, pull, decay):
     """One batch of segments with identical scalars, with multi-tensor kernels."""
-    half_p = ps[0].dtype in _HALF
+    half_p = ps[0].dtype in _fused.HALF
     ps32, gs = (_fp32(ps) if half_p else list(ps)), _fp32(gs)
     ms, vs = list(ms), list(vs)
     torch._foreach_mul_(ms, beta1)
@@ -515,8 +514,8 @@ def _foreach_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, p
 def _single_tensor_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, pull, decay):
     """The same batch, one tensor at a time (reference for the multi-tensor path)."""
     for p, g, m, v, a in zip(ps, gs, ms, vs, anchors):
-        p32 = p.float() if p.dtype in _HALF else p
-        g = g.float() if g.dtype in _HALF else g
+        p32 = p.float() if p.dtype in _fused.HALF else p
+        g = g.float() if g.dtype in _fused.HALF else g
         m.mul_(beta1).add_(g, alpha=1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         p32.addcdiv_(m, v.sqrt().add_(eps), value=-adam_scale)

@@ -1,0 +1,47 @@
+"""The RecAdam paper's coupled objective as a term of a criterion's loss (``--recadam-objective coupled``).
+
+Loss = λ(t)·Loss_T + (w − λ(t))·γ/2·Σ(θ − θ*)², for any optimizer: the baseline the paper improves on
+by decoupling the pull (``--optimizer recadam``). θ* and λ(t) come from the same code as the
+optimizer's (``core/anchor.py``, ``core/anneal.py``); t is fairseq's update number (``events.py``).
+"""
+
+import logging
+
+from .. import events
+from ..core.anchor import build_anchors
+from ..core.anneal import anneal_lambda
+from ..report import RECADAM_METRICS, log_recadam_metrics
+
+logger = logging.getLogger(__name__)
+
+
+class CoupledObjective:
+    """``cfg``: the criterion's config (the ``--recadam-*`` flags and the checkpoint paths)."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        self.anchors = None
+
+    def __call__(self, model, target_loss, sample_size: int, logging_output: dict):
+        cfg = self.cfg
+        if self.anchors is None:  # first training forward: fairseq has loaded --restore-file
+            params = [p for _, p in model.named_parameters() if p.requires_grad]
+            line, anchors = build_anchors(params, model, cfg, resuming_is_error=True)
+            self.anchors = [(p, a) for p, a, _ in anchors if a is not None]
+            logger.info(f"recadam (coupled objective): {line}")
+        dist = sum(((p.float() - a.float()) ** 2).sum() for p, a in self.anchors)
+        penalty = 0.5 * cfg.recadam_pretrain_cof * dist
+        w = cfg.recadam_anneal_w
+        lam = anneal_lambda(str(cfg.recadam_anneal_fun), events.update_number() + 1, cfg.recadam_anneal_k,
+                            cfg.recadam_anneal_t0, w)
+        logging_output.update(recadam_lambda=lam, recadam_dist=dist.item(), recadam_penalty=penalty.item(),
+                              recadam_count=1)
+        # fairseq divides gradients by the summed sample size: scale the penalty to survive that
+        return lam * target_loss + (w - lam) * penalty * sample_size
+
+
+def reduce(logging_outputs) -> None:
+    """λ, the distance and the penalty: the same value on every worker and micro-batch, averaged back."""
+    count = sum(x.get("recadam_count", 0) for x in logging_outputs)
+    if count:
+        log_recadam_metrics(**{k: sum(x.get(k, 0) for x in logging_outputs) / count for k in RECADAM_METRICS})

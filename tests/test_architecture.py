@@ -1,0 +1,165 @@
+"""The shape ARCHITECTURE.md describes, checked: the core imports no fairseq, every flag is declared
+once, and nothing in the package patches fairseq or leaves a global torch hook in place."""
+
+import ast
+import dataclasses
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT
+
+PACKAGE = os.path.join(ROOT, "recadam_fairseq")
+CORE = sorted(os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
+              for p in glob.glob(os.path.join(PACKAGE, "core", "*.py")))
+
+
+def sources():
+    for path in sorted(glob.glob(os.path.join(PACKAGE, "**", "*.py"), recursive=True)):
+        with open(path, encoding="utf-8") as f:
+            yield os.path.relpath(path, ROOT), ast.parse(f.read(), path)
+
+
+def test_every_core_module_imports_without_fairseq():
+    """Each module of recadam_fairseq/core in a fresh interpreter where ``import fairseq`` fails."""
+    assert len(CORE) >= 15, CORE
+    code = ("import importlib, sys\n"
+            "sys.modules['fairseq'] = None  # import fairseq -> ImportError\n"
+            f"for name in {CORE!r}:\n"
+            "    importlib.import_module(name)\n"
+            "assert not [m for m in sys.modules if m.startswith('fairseq.')]\n"
+            "print('ok')\n")
+    env = {**os.environ, "PYTHONPATH": ROOT + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=ROOT)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def _field_declarations():
+    """(file, class, flag name, how) for every dataclass field of the adapters (the core has no flags: it
+    imports no fairseq): how = "field" for a declaration with its own metadata, "redefault" for one taken
+    from another dataclass, "II" for a value read from another config node."""
+    for path, tree in sources():
+        if path.startswith(os.path.join("recadam_fairseq", "core")):
+            continue
+        for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
+            for stmt in cls.body:
+                if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
+                    call = stmt.value
+                    how = call.func.id if isinstance(call, ast.Call) and isinstance(call.func, ast.Name) else "value"
+                    yield path, cls.name, stmt.target.id, how
+
+
+def test_every_flag_is_declared_once():
+    """A flag (a dataclass field with help) is declared with field(...) in one place; a component whose
+    default differs, or that takes another's flag, uses config.redefault (same help, one declaration);
+    fairseq's own flags (fairseq's dataclasses) are never declared again here."""
+    from fairseq.criterions.sentence_prediction import SentencePredictionConfig
+    from fairseq.dataclass.configs import FairseqConfig
+    from fairseq.optim.adam import FairseqAdamConfig
+    from fairseq.tasks.sentence_prediction import SentencePredictionConfig as SentencePredictionTaskConfig
+
+    fairseq_names = set()
+    for dc in (SentencePredictionConfig, SentencePredictionTaskConfig, FairseqAdamConfig):
+        fairseq_names |= {f.name for f in dataclasses.fields(dc)}
+    for group in dataclasses.fields(FairseqConfig):
+        if dataclasses.is_dataclass(group.default_factory if group.default_factory is not dataclasses.MISSING
+                                    else None):
+            fairseq_names |= {f.name for f in dataclasses.fields(group.default_factory)}
+    # glue_multitask's data is a directory of <TASK>-bin directories, not sentence_prediction's one: its own help
+    meaning_differs = {"data"}
+    own = {}
+    problems = []
+    for path, cls, name, how in _field_declarations():
+        if how == "field":
+            if name in own:
+                problems.append(f"{name}: declared in {own[name]} and {path}:{cls}")
+            own[name] = f"{path}:{cls}"
+            if name in fairseq_names and name not in meaning_differs:
+                problems.append(f"{name} ({path}:{cls}) is fairseq's flag: take it with config.redefault")
+        elif how not in ("redefault", "II"):
+            problems.append(f"{name} ({path}:{cls}): declared with {how}, not field/redefault/II")
+    assert not problems, "\n".join(problems)
+    assert {"recadam_anneal_k", "sam_type", "r3f_lambda", "mt_tasks"} <= set(own)
+
+
+def test_every_registered_component_parses_and_flags_agree():
+    """Every component the plug-in registers, built from fairseq's argparse: the help of a flag that several
+    components share is one text (one declaration)."""
+    from fairseq import options
+
+    import recadam_fairseq
+
+    recadam_fairseq.register()
+    combos = [["--optimizer", "recadam", "--criterion", "sentence_prediction_recadam"],
+              ["--optimizer", "samsgd", "--criterion", "sentence_prediction_r3f"],
+              ["--optimizer", "recadam", "--criterion", "glue_multitask", "--task", "glue_multitask", "--mt-tasks",
+               "RTE", "--arch", "ca_mtl_roberta_tiny"],
+              ["--optimizer", "adam", "--criterion", "label_smoothed_cross_entropy_r3f", "--task", "translation",
+               "--arch", "transformer"]]
+    helps = {}
+    for extra in combos:
+        parser = options.get_training_parser()
+        argv = ["data", "--task", "sentence_prediction", "--arch", "roberta", *extra]
+        args = options.parse_args_and_arch(parser, input_args=argv, parse_known=True)[0]
+        assert args.optimizer == extra[1]
+        for action in parser._actions:
+            for opt in action.option_strings:
+                if opt.startswith("--"):
+                    helps.setdefault(opt, set()).add(action.help)
+    shared = {k: v for k, v in helps.items() if len(v) > 1 and k.startswith(("--recadam", "--r3f", "--rho",
+                                                                               "--sam", "--eps", "--noise"))}
+    assert not shared, shared
+
+
+# fairseq objects' methods that a plug-in could be tempted to replace on an instance or class
+def _fairseq_method_names():
+    import torch
+    from fairseq.criterions import FairseqCriterion
+    from fairseq.models import BaseFairseqModel
+    from fairseq.optim import FairseqOptimizer
+    from fairseq.tasks import FairseqTask
+    from fairseq.trainer import Trainer
+
+    names = set()
+    for cls in (FairseqCriterion, BaseFairseqModel, FairseqOptimizer, FairseqTask, Trainer, torch.nn.Module):
+        names |= {n for n in dir(cls) if not n.startswith("__") and callable(getattr(cls, n, None))}
+    return names
+
+
+GLOBAL_HOOKS = ("register_module_forward_pre_hook", "register_module_forward_hook", "register_module_full_backward_hook",
+                "register_module_full_backward_pre_hook", "register_module_backward_hook",
+                "register_module_buffer_registration_hook", "register_module_module_registration_hook",
+                "register_module_parameter_registration_hook", "register_optimizer_step_pre_hook",
+                "register_optimizer_step_post_hook")
+
+
+def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
+    """No assignment to a method of another object (``task.train_step = ...``) anywhere in the package; torch's
+    process-global hooks only in events.py, inside the function that removes its hook on first use."""
+    methods = _fairseq_method_names()
+    problems = []
+    for path, tree in sources():
+        functions = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Attribute) and node.attr in GLOBAL_HOOKS:
+                if path != os.path.join("recadam_fairseq", "events.py"):
+                    problems.append(f"{path}:{node.lineno}: {node.attr} outside events.py")
+            if not isinstance(node, ast.Assign):
+                continue
+            value = node.value  # a function put in place of a method: a lambda, a def of this file, a partial
+            is_function = isinstance(value, ast.Lambda) or (isinstance(value, ast.Name) and value.id in functions) or (
+                isinstance(value, ast.Call) and "partial" in ast.unparse(value.func))
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and t.attr in methods and is_function and not (
+                        isinstance(t.value, ast.Name) and t.value.id == "self"):
+                    problems.append(f"{path}:{t.lineno}: assigns {ast.unparse(t)} = {ast.unparse(value)}")
+    assert not problems, "\n".join(problems)
+    # events.py: the global hook is registered inside on_first_training_call and removed by its own first call
+    events = dict(sources())[os.path.join("recadam_fairseq", "events.py")]
+    funcs = [n for n in events.body if isinstance(n, ast.FunctionDef) and any(
+        isinstance(x, ast.Attribute) and x.attr in GLOBAL_HOOKS for x in ast.walk(n))]
+    assert [f.name for f in funcs] == ["on_first_training_call"]
+    assert "remove" in ast.unparse(funcs[0])
