@@ -47,43 +47,20 @@ import urllib.request
 import zipfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Tuple
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python)
+from recadam_fairseq.core.glue_tasks import GlueTask as Task  # noqa: E402
 
 
 class PrepError(Exception):
     """Bad input or environment; main() prints it and exits 1."""
 
 
-@dataclass(frozen=True)
-class Task:
-    name: str
-    text_cols: Tuple[int, ...]  # 0-based columns fed to input0 (, input1)
-    label_col: int
-    columns: int  # expected columns in train (and dev unless dev_columns)
-    labels: Optional[Tuple[str, ...]]  # None: regression (STS-B)
-    header: bool = True
-    dev_files: Tuple[str, ...] = ("dev.tsv",)
-    dev_columns: Optional[int] = None
-    skip_malformed: bool = False  # skip+report rows with a wrong column count instead of failing
-    meaning: Dict[str, str] = field(default_factory=dict)  # what the 0/1 labels stand for
-
-
-NLI2 = ("entailment", "not_entailment")
-TASKS = {t.name: t for t in [
-    Task("CoLA", (3,), 1, 4, ("0", "1"), header=False,
-         meaning={"0": "unacceptable", "1": "acceptable"}),
-    Task("SST-2", (0,), 1, 2, ("0", "1"), meaning={"0": "negative", "1": "positive"}),
-    Task("MRPC", (3, 4), 0, 5, ("0", "1"), meaning={"0": "not_equivalent", "1": "equivalent"}),
-    Task("QQP", (3, 4), 5, 6, ("0", "1"), skip_malformed=True,
-         meaning={"0": "not_duplicate", "1": "duplicate"}),
-    Task("STS-B", (7, 8), 9, 10, None),
-    # train has label1 + gold_label (12 columns), dev label1..label5 + gold_label (16)
-    Task("MNLI", (8, 9), -1, 12, ("contradiction", "entailment", "neutral"),
-         dev_files=("dev_matched.tsv", "dev_mismatched.tsv"), dev_columns=16),
-    Task("QNLI", (1, 2), 3, 4, NLI2),
-    Task("RTE", (1, 2), 3, 4, NLI2),
-    Task("WNLI", (1, 2), 3, 4, ("0", "1"), meaning={"0": "not_entailment", "1": "entailment"}),
-]}
+# The GLUE tasks' columns, labels and dev files: recadam_fairseq/core/glue_tasks.py (one table for the
+# task, the criterion, this script and the GLUE scripts).
+TASKS = glue_tasks.TASKS
 BPE_FILES = ("encoder.json", "vocab.bpe", "dict.txt")
 STSB_MAX = 5.0
 

@@ -463,18 +463,6 @@ def summary_table(info: dict, rows: List[dict], e2e: List[dict], full_table: str
     return "\n".join(lines)
 
 
-def check_doc(path: str, flag: str = "--doc") -> Optional[str]:
-    """Why the summary cannot go into ``path`` (missing file or markers), or None."""
-    try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        return f"{flag} {path}: {e.strerror}"
-    if README_START not in text or README_END not in text:
-        return f"{flag} {path}: no {README_START} ... {README_END} markers"
-    return None
-
-
 def update_doc(path: str, text: str, flag: str = "--doc") -> None:
     """Replace what lies between the benchmark markers of ``path`` (docs/performance.md)."""
     _script("readme_block").replace_block(path, README_START, README_END, text, flag=flag)
@@ -582,23 +570,15 @@ def parse_args(argv=None):
                     help="also time fairseq-train on the tiny generated RoBERTa (CPU), adam vs recadam, "
                          "UPDATES updates per run (0: skip, the default)")
     ap.add_argument("--e2e-rounds", type=int, default=3, help="fairseq-train runs per optimizer (alternating)")
-    ap.add_argument("--doc", metavar="PATH",
-                    help="also write the summary table into PATH between its <!-- benchmark:start/end --> markers "
-                         "(make bench: docs/performance.md)")
-    ap.add_argument("--readme", metavar="PATH", help="deprecated alias of --doc")
+    doc_block = _script("readme_block")
+    doc_block.add_doc_options(ap, "also write the summary table into PATH between its <!-- benchmark:start/end --> "
+                                  "markers (make bench: docs/performance.md)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny size, 3 short rounds (well under 30 s on CPU): a smoke test")
     ap.add_argument("--out-md", default="bench.md", help="markdown report (default: bench.md)")
     ap.add_argument("--out-json", default="bench.json", help="JSON results (default: bench.json)")
     args = ap.parse_args(argv)
-    args.doc_flag = "--doc"
-    if args.readme:
-        if args.doc:
-            ap.error("--readme is a deprecated alias of --doc: give one of them")
-        print("benchmark: --readme is deprecated, use --doc", file=sys.stderr)
-        args.doc, args.doc_flag = args.readme, "--readme"
-    if args.doc and (err := check_doc(args.doc, args.doc_flag)):
-        ap.error(err)  # before minutes of timing, not after
+    args.doc, args.doc_flag = doc_block.doc_target(ap, args, "benchmark", README_START, README_END)  # before timing
     args.warmup = max(1, args.warmup)  # the first step allocates the state; its time sizes a round
     if args.quick:
         args.sizes, args.rounds, args.warmup, args.round_time = ["tiny"], 3, 1, 0.05

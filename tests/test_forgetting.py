@@ -325,7 +325,7 @@ def test_results_md_without_markers_stops_before_running(tmp_path, capsys):
         forgetting.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), "--updates", "20"])
     assert e.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert f"error: --results: {tmp_path / 'results.md'} has no {START} ... {END} markers" in last
+    assert f"error: --results {tmp_path / 'results.md'}: no {START} ... {END} markers" in last
     assert sorted(os.listdir(tmp_path)) == ["results.md"]
     assert (tmp_path / "results.md").read_text() == "# prose, no markers\n"
 

@@ -94,7 +94,7 @@ def test_missing_doc_markers_stop_before_any_run(tmp_path, flag):
     (tmp_path / "page.md").write_text("no markers\n")
     proc = _e2e("--device", "cpu", "--precision", "fp32", flag, str(tmp_path / "page.md"),
                 "--work", str(tmp_path / "work"), cwd=str(tmp_path))
-    assert proc.returncode != 0 and f"{flag} {tmp_path / 'page.md'}: no <!-- gpu-e2e:start --> marker" in proc.stderr
+    assert proc.returncode != 0 and f"{flag} {tmp_path / 'page.md'}: no <!-- gpu-e2e:start --> ... <!-- gpu-e2e:end --> markers" in proc.stderr
     assert not (tmp_path / "work").exists()
 
 

@@ -259,12 +259,8 @@ def table_target_error(path, flag):
     """Why the table cannot go into ``path`` (an existing file without the markers), or None."""
     if not os.path.exists(path):
         return None
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
-    if README_START in text and README_END in text:
-        return None
-    return (f"{flag}: {path} has no {README_START} ... {README_END} markers (the table goes between them; "
-            f"add them where it belongs, or move the file away to have it created)")
+    err = readme_block.marker_problem(path, README_START, README_END, flag)
+    return err and err + " (the table goes between them; add them where it belongs, or move the file away)"
 
 
 def write_table(path, md, flag):

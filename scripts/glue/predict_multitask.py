@@ -27,10 +27,8 @@ import sys
 HERE = os.path.dirname(os.path.abspath(__file__))
 REPO = os.path.dirname(os.path.dirname(HERE))
 
-# test file -> submission name, and the text columns of GLUE's test files (column 0 is the index)
-TEST_FILES = {"MNLI": {"test_matched.tsv": "MNLI-m.tsv", "test_mismatched.tsv": "MNLI-mm.tsv"}}
-TEST_TEXT_COLS = {"CoLA": (1,), "SST-2": (1,), "MRPC": (3, 4), "QQP": (1, 2), "STS-B": (7, 8),
-                  "MNLI": (8, 9), "QNLI": (1, 2), "RTE": (1, 2), "WNLI": (1, 2)}
+sys.path.insert(0, REPO)
+from recadam_fairseq.core import glue_tasks  # noqa: E402  (test files, their text columns, submission names)
 
 
 def load_prepare_glue():
@@ -104,8 +102,9 @@ def main(argv=None):
         if meta["regression"]:
             m = re.fullmatch(r"score / ([0-9.]+)", meta.get("target", "score / 1"))
             scale = float(m.group(1)) if m else 1.0
-        for fname, outname in TEST_FILES.get(name, {"test.tsv": f"{name}.tsv"}).items():
-            rows = read_test(os.path.join(args.glue_dir, name, fname), name, TEST_TEXT_COLS[name])
+        gt = glue_tasks.TASKS[name]
+        for fname, outname in gt.submission_names().items():
+            rows = read_test(os.path.join(args.glue_dir, name, fname), name, gt.test_text_cols)
             columns = list(zip(*[texts for _, texts in rows])) if rows else []
             encoded = [pg.bpe_encode(list(col), args.bpe_dir, 1) for col in columns]
             examples = []

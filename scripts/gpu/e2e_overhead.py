@@ -244,17 +244,10 @@ def parse_args(argv=None):
     ap.add_argument("--work", help="work directory (default: a new temporary one)")
     ap.add_argument("--out-md", default="e2e.md")
     ap.add_argument("--out-json", default="e2e.json")
-    ap.add_argument("--doc", metavar="PATH",
-                    help=f"also write the table between the {README_START} / {README_END} lines of PATH "
-                         "(docs/performance.md)")
-    ap.add_argument("--readme", metavar="PATH", help="deprecated alias of --doc")
+    readme_block.add_doc_options(ap, f"also write the table between the {README_START} / {README_END} lines of "
+                                     "PATH (docs/performance.md)")
     args = ap.parse_args(argv)
-    args.doc_flag = "--doc"
-    if args.readme:
-        if args.doc:
-            ap.error("--readme is a deprecated alias of --doc: give one of them")
-        print("e2e_overhead: --readme is deprecated, use --doc", file=sys.stderr)
-        args.doc, args.doc_flag = args.readme, "--readme"
+    args.doc, args.doc_flag = readme_block.doc_target(ap, args, "e2e_overhead", README_START, README_END)
     for flag in ("updates", "log_interval", "batch_size", "train_size", "rounds"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -281,14 +274,6 @@ def main(argv=None) -> int:
     if args.device == "cpu" and args.precision != "fp32":
         sys.exit(f"e2e_overhead: --precision {args.precision} needs a GPU (fairseq's half precision does not "
                  "run with --cpu); use --precision fp32")
-    if args.doc:  # fail before any run, not after
-        try:
-            with open(args.doc, encoding="utf-8") as f:
-                text = f.read()
-        except OSError as e:
-            sys.exit(f"e2e_overhead: {args.doc_flag} {args.doc}: {e.strerror}")
-        if README_START not in text or README_END not in text:
-            sys.exit(f"e2e_overhead: {args.doc_flag} {args.doc}: no {README_START} marker (or no {README_END})")
     args.device_flags = ["--cpu"] if args.device == "cpu" else []
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="recadam-e2e-gpu-"))
     info = machine_info()
