@@ -549,7 +549,7 @@ def test_bad_sampling_mode_and_freeze_range(mt, capsys):
 
 
 def test_multitask_script_dry_run(mt, tmp_path):
-    env = dict(os.environ, DRY_RUN="1", DATA_DIR=str(mt.data), TASKS="CoLA,STS-B,MNLI", ROBERTA_PATH=mt.pretrained,
+    env = dict(os.environ, DRY_RUN="1", DATA_DIR=str(mt.data), TASKS="cola,sts-b,MNLI", ROBERTA_PATH=mt.pretrained,
                SAVE_DIR=str(tmp_path), PYTHON=sys.executable, BATCH="4", ARCH="roberta_large", METHOD="recadam")
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh"), "--seed", "5"], env=env,
                          capture_output=True, text=True)
@@ -565,6 +565,13 @@ def test_multitask_script_dry_run(mt, tmp_path):
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
                          env=dict(env, SAMPLING="roundrobin"), capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown SAMPLING 'roundrobin'" in bad.stderr
+    # FREEZE is checked against the model the checkpoint holds (2 layers), naming FREEZE, before anything is written
+    bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
+                         env=dict(env, ARCH="", FREEZE="0-5", SAVE_DIR=str(tmp_path / "x")), capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "multitask.sh: error: FREEZE '0-5': layer 2 does not exist, the model has 2 encoder layers (0-1)"), bad.stderr
+    assert not (tmp_path / "x").exists()
 
 
 def test_summarize_reads_multitask_logs(run, tmp_path):
