@@ -36,7 +36,7 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then the cost of
-# R3F (README "R3F / R4F") and of the SAM family (docs/bench_sam.md) against their base, on CPU.
+# R3F (docs/r3f.md) and of the SAM family (docs/bench_sam.md) against their base, on CPU.
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --doc docs/performance.md --out-md docs/benchmark.md --out-json docs/benchmark.json
 	$(PY) scripts/bench_r3f.py --sizes tiny minilm

@@ -13,7 +13,8 @@ Used by `make demo` and the tests (real RoBERTa weights and GLUE cannot be downl
 
 The classification label is 1 when a sentence holds three "positive" words and one "negative"
 one, 0 for the reverse, so a tiny model learns it in a few dozen updates. A pair is "entailment"
-(RTE) when both sentences lean the same way; its STS-B score is 0.8 then, 0.2 otherwise, plus noise.
+(RTE) when its second sentence leans positive; its STS-B score is 0.2, plus 0.3 per sentence that
+leans positive, plus noise.
 """
 
 import argparse
@@ -87,17 +88,18 @@ def write_glue(out, raw, rng, vocab, pos, neg, cls_raw, sizes):
             else:
                 first = polar_sentences(rng, vocab, pos, neg, n)
                 second = polar_sentences(rng, vocab, pos, neg, n)
-                rows = [(int(a == b), s1, s2) for (a, s1), (b, s2) in zip(first, second)]
+                rows = [((a, b), s1, s2) for (a, s1), (b, s2) in zip(first, second)]
             stem = os.path.join(raw, f"{task}.{split}")
             for k in range(2 if pair else 1):
                 write_lines(f"{stem}.input{k}", [r[1 + k] for r in rows])
             if labels is None:  # STS-B: float targets beside the binarized inputs
                 os.makedirs(os.path.join(dest, "label"), exist_ok=True)
                 write_lines(os.path.join(dest, "label", f"{split}.label"),
-                            [f"{0.2 + 0.6 * r[0] + rng.uniform(-0.1, 0.1):.4f}" for r in rows])
+                            [f"{0.2 + 0.3 * sum(r[0]) + rng.uniform(-0.1, 0.1):.4f}" for r in rows])
+            elif pair:  # RTE: "entailment" when the second sentence leans positive
+                write_lines(f"{stem}.label", [labels[0] if r[0][1] else labels[1] for r in rows])
             else:
-                write_lines(f"{stem}.label", [labels[0] if r[0] else labels[1] if pair else labels[r[0]]
-                                              for r in rows])
+                write_lines(f"{stem}.label", [labels[r[0]] for r in rows])
         pre = ["--only-source", "--workers", "1"]
         for k in range(2 if pair else 1):
             preprocess(pre + ["--trainpref", f"{raw}/{task}.train.input{k}", "--validpref",

@@ -550,7 +550,7 @@ def test_bad_sampling_mode_and_freeze_range(mt, capsys):
 
 def test_multitask_script_dry_run(mt, tmp_path):
     env = dict(os.environ, DRY_RUN="1", DATA_DIR=str(mt.data), TASKS="cola,sts-b,MNLI", ROBERTA_PATH=mt.pretrained,
-               SAVE_DIR=str(tmp_path), PYTHON=sys.executable, BATCH="4", ARCH="roberta_large", METHOD="recadam")
+               SAVE_DIR=str(tmp_path), PYTHON=sys.executable, BATCH="4", METHOD="recadam")
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh"), "--seed", "5"], env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr
@@ -559,9 +559,16 @@ def test_multitask_script_dry_run(mt, tmp_path):
     for flag in ("--task glue_multitask", "--mt-tasks CoLA,STS-B,MNLI", "--mt-sampling uncertainty",
                  "--freeze-encoder-layers lower", "--total-num-update 85", "--warmup-updates 8", "--lr 2e-5",
                  "--optimizer recadam", "--valid-subset valid,valid1", "--best-checkpoint-metric glue_avg",
-                 "--criterion glue_multitask", "--seed 5", "--arch roberta_large", "--max-positions 64"):
+                 "--criterion glue_multitask", "--seed 5", "--max-positions 64",  # the checkpoint's arch and sizes:
+                 "--arch roberta", "--encoder-layers 2", "--encoder-embed-dim 64"):
         assert f"  {flag} \\\n" in cmd or cmd.endswith(f"  {flag}\n"), (flag, cmd)
-    assert (tmp_path / "MTL" / "roberta_large-uncertainty-recadam" / "seed1" / "command.sh").is_file()
+    assert (tmp_path / "MTL" / "roberta-uncertainty-recadam" / "seed1" / "command.sh").is_file()
+    # an ARCH that does not fit the checkpoint stops with one line
+    bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
+                         env=dict(env, ARCH="roberta_large", SAVE_DIR=str(tmp_path / "y")), capture_output=True,
+                         text=True)
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1].startswith(
+        "multitask.sh: error: ARCH=roberta_large builds 24 layers of width 1024, but ROBERTA_PATH="), bad.stderr
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
                          env=dict(env, SAMPLING="roundrobin"), capture_output=True, text=True)
     assert bad.returncode == 2 and "unknown SAMPLING 'roundrobin'" in bad.stderr

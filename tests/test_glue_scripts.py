@@ -377,7 +377,7 @@ def test_rerun_of_finished_or_changed_run(glue):
     assert f"== already done: {run_dir} (RESTART=1 trains it again)" in p.stdout
     p = run([FINETUNE, "RTE", "adam", *TINY_EXTRA], dict(env, LR="3e-5"), check=2)
     msg = [ln for ln in p.stdout.splitlines() if "error" in ln]
-    assert msg == [f"finetune.sh: error: {run_dir} was started with another command (see {run_dir}/command.sh): "
+    assert msg == [f"finetune.sh: error: {run_dir} was started with another command (was: --lr 2e-5; now: --lr 3e-5): "
                    f"RESTART=1 starts it over with this one, or choose another SAVE_DIR"], p.stdout
     assert (run_dir / "checkpoint_last.pt").stat().st_mtime_ns == before and "LR=2e-5" in \
         (run_dir / "command.sh").read_text(), "nothing touched"
@@ -815,7 +815,8 @@ def test_grid_resumes_and_reports_failures(fake):
     open(os.path.join(unfinished, "checkpoint_last.pt"), "w").close()
     open(os.path.join(unfinished, "train.log"), "w").write("before the kill\n")
     p = run([GRID, "RTE"], env)  # without the extra args: another command
-    assert p.returncode == 1 and f"{unfinished} was started with another command" in p.stdout
+    assert p.returncode == 1 and f"{unfinished} was started with another command (was: --extra x; now: nothing)" \
+        in p.stdout
     p = run([GRID, "RTE", "--extra", "x"], env, check=0)  # the same command
     assert p.stdout.count("skip ") == 5 and f"resume {unfinished} (unfinished)" in p.stdout
     assert f"checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout

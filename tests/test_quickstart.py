@@ -33,6 +33,6 @@ def test_readme_quickstart_runs_as_printed(tmp_path):
     assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
     runs = tmp_path / "tiny" / "runs"
     done = sorted(str(d.relative_to(runs)) for d in runs.glob("*/*/*") if (d / "done").exists())
-    assert done == ["RTE/adam/seed1", "RTE/recadam-k0.1-t20/seed1"], done
+    assert done == ["SST-2/adam/seed1", "SST-2/recadam-k0.1-t10/seed1"], done
     summary = (runs / "summary.md").read_text()
-    assert "| RTE | accuracy |" in summary, summary
+    assert "| SST-2 | accuracy |" in summary, summary

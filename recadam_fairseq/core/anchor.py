@@ -116,7 +116,8 @@ def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_i
         if resuming_is_error:
             raise AnchorError(msg)
         logger.warning(f"recadam: !!! {msg} to keep pulling toward the pretrained model !!!")
-    return f"--restore-file {path}", ckpt["model"], False
+    flag = "--finetune-from-model" if path == cfg.finetune_from_model else "--restore-file"
+    return f"{flag} {path}", ckpt["model"], False
 
 
 def pretrained_model_state(path: str) -> Dict[str, Tensor]:

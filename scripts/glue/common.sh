@@ -1,6 +1,9 @@
 # Shared by finetune.sh and multitask.sh (sourced): asking Python, fp16, the architecture, the run directory.
 # The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
 
+# The script's header comment (everything up to `set -euo pipefail`): its usage.
+usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+
 # The Python that runs fairseq-train: the first word if it is a python, else the command's shebang
 # (#!/path/python, or #!/usr/bin/env [-S] python3).
 python_of() {
@@ -89,7 +92,7 @@ write_command() {
     fi
   elif [ -f "$run/command.sh" ] && { has_checkpoints "$run" || [ -f "$run/done" ]; } &&
        [ "$(grep -v '^#' "$run/command.sh")" != "$body" ]; then
-    die "$run was started with another command (see $run/command.sh): RESTART=1 starts it over with this one, or choose another SAVE_DIR"
+    die "$run was started with another command ($(command_change "$(grep -v '^#' "$run/command.sh")" "$body")): RESTART=1 starts it over with this one, or choose another SAVE_DIR"
   elif [ -f "$run/done" ] && [ "$DRY_RUN" != 1 ]; then
     echo "== already done: $run (RESTART=1 trains it again)"
     exit 0
@@ -101,6 +104,15 @@ write_command() {
     echo "$body"
   } > "$run/command.sh"
   chmod +x "$run/command.sh"
+}
+
+# command_change OLD NEW: what differs between two rendered commands, in a few words ("was --lr 2e-5; now --lr 3e-5")
+command_change() {
+  local a b old new
+  a=$(echo "$1" | sed 's/ *\\$//; s/^ *//') b=$(echo "$2" | sed 's/ *\\$//; s/^ *//')  # one flag a line
+  old=$(diff <(echo "$a") <(echo "$b") | sed -n 's/^< //p' | head -3 | paste -sd ' ' - || true)
+  new=$(diff <(echo "$a") <(echo "$b") | sed -n 's/^> //p' | head -3 | paste -sd ' ' - || true)
+  echo "was: ${old:-nothing}; now: ${new:-nothing}"
 }
 
 # shell-quote readably: bare when safe, else in single quotes

@@ -28,7 +28,8 @@
 #   ARCH          [the checkpoint's --arch and sizes]  MAX_POSITIONS [the checkpoint's]
 #   LR, BATCH [the recipe's]  SEED [1]  NUM_GPUS [1]
 #   FP16          [auto: 1 with a CUDA device, else 0 (fp32)]
-#   MAX_UPDATE    total updates [the recipe's]; warmup is scaled in proportion (at least 1)
+#   MAX_UPDATE    total updates [the recipe's: 10 epochs]; warmup is scaled in proportion (at least 1), and the
+#                 run stops there however many epochs that takes
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]: a checkpoint (and validation) every N updates
 #   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
 #                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
@@ -48,16 +49,18 @@ set -euo pipefail
 
 die() { echo "finetune.sh: error: $*" >&2; exit 2; }
 note() { echo "finetune.sh: $*" >&2; }
-usage() { sed -n '2,15p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; }
-
-if [ $# -lt 2 ]; then usage; die "expected TASK METHOD"; fi
-TASK_ARG=$1 METHOD=$2
-shift 2
-EXTRA=("$@")
-
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
 source "$SCRIPT_DIR/common.sh"
+
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+if [ $# -lt 2 ]; then usage >&2; die "expected TASK METHOD"; fi
+TASK_ARG=$1 METHOD=$2
+shift 2
+EXTRA=("$@")
+for a in ${EXTRA[@]+"${EXTRA[@]}"}; do  # fairseq-train's own help: no run directory, no done marker
+  case "$a" in -h|--help) read -r -a TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"; exec "${TRAIN[@]}" --help ;; esac
+done
 
 case "$METHOD" in
   adam|recadam|recadam-coupled|r3f|r4f|recadam-r3f|sam|fsam|recadam-fsam) ;;
@@ -116,6 +119,10 @@ SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(default_save_interval "$TOTAL")
 is_uint "$SAVE_INTERVAL_UPDATES" && [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] ||
   die "SAVE_INTERVAL_UPDATES must be a positive integer, got '$SAVE_INTERVAL_UPDATES'"
 
+if [ "$IS_RECADAM" = 1 ] && awk -v t0="$T0" -v n="$TOTAL" 'BEGIN { exit !(t0 + 0 >= n + 0) }'; then
+  note "note: T0=$T0 is not before the run's end ($TOTAL updates): λ(t) stays below 1/2, so RecAdam barely moves the encoder; give T0 < MAX_UPDATE"
+fi
+
 NAME=$METHOD
 if [ "$IS_RECADAM" = 1 ]; then
   NAME="$METHOD-k$K-t$T0"
@@ -125,16 +132,6 @@ fi
 case "$METHOD" in sam|fsam|recadam-fsam) NAME="$NAME-rho$RHO" ;; esac
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
-
-# The checkpoint's architecture unless ARCH and MAX_POSITIONS say; whether there is a GPU unless FP16 says.
-FP16=${FP16:-auto}
-[[ $FP16 == 0 || $FP16 == 1 || $FP16 == auto ]] || die "FP16 must be 0, 1 or auto, got '$FP16'"
-ASK=()
-[ -n "${ARCH:-}" ] && [ -n "${MAX_POSITIONS:-}" ] || [ ! -f "${ROBERTA_PATH:-}" ] || ASK+=(--checkpoint "$ROBERTA_PATH")
-[ "$FP16" = 0 ] || { [ "$DRY_RUN" = 1 ] && [ "$FP16" = 1 ]; } || ASK+=(--cuda)
-[ ${#ASK[@]} = 0 ] || ask_python "${ASK[@]}"
-choose_fp16
-arch_flags roberta_large
 
 DATA="$DATA_DIR/$TASK-bin"
 problems=()
@@ -152,6 +149,19 @@ if [ ${#problems[@]} -gt 0 ]; then
   done
   [ "$DRY_RUN" = 1 ] || exit 2
 fi
+
+# The checkpoint's architecture unless ARCH and MAX_POSITIONS say; whether there is a GPU unless FP16 says.
+FP16=${FP16:-auto}
+[[ $FP16 == 0 || $FP16 == 1 || $FP16 == auto ]] || die "FP16 must be 0, 1 or auto, got '$FP16'"
+ASK=()
+if [ -f "${ROBERTA_PATH:-}" ] && { [ -z "${ARCH:-}" ] || [ -z "${MAX_POSITIONS:-}" ]; }; then
+  ASK+=(--checkpoint "$ROBERTA_PATH")
+  [ -z "${ARCH:-}" ] || ASK+=(--arch "$ARCH")  # checked against the checkpoint's sizes
+fi
+[ "$FP16" = 0 ] || { [ "$DRY_RUN" = 1 ] && [ "$FP16" = 1 ]; } || ASK+=(--cuda)
+[ ${#ASK[@]} = 0 ] || ask_python "${ASK[@]}"
+choose_fp16
+arch_flags roberta_large
 
 CMD=("${TRAIN[@]}" "$DATA"
   --user-dir "$USER_DIR"
@@ -188,7 +198,9 @@ if [ "$IS_RECADAM" = 1 ]; then
         --recadam-pretrain-cof "$GAMMA")
 fi
 CMD+=(--lr "$LR" --lr-scheduler polynomial_decay --total-num-update "$TOTAL" --warmup-updates "$WARMUP"
-  --max-update "$TOTAL" --max-epoch 10)
+  --max-update "$TOTAL")
+# the recipe's 10 epochs are its update count; a MAX_UPDATE of the user's is the run's length, whatever the epochs
+[ -n "${MAX_UPDATE:-}" ] || CMD+=(--max-epoch 10)
 [ "$FP16" = 0 ] || CMD+=(--fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128)
 CMD+=(--find-unused-parameters)
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")

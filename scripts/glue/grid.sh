@@ -15,7 +15,9 @@
 set -euo pipefail
 
 die() { echo "grid.sh: error: $*" >&2; exit 2; }
-[ $# -ge 1 ] || { sed -n '2,14p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//' >&2; die "expected TASK"; }
+usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
+[ $# -ge 1 ] || { usage >&2; die "expected TASK"; }
 TASK=$1
 shift
 

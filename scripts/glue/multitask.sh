@@ -29,6 +29,7 @@ note() { echo "multitask.sh: $*" >&2; }
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
 source "$SCRIPT_DIR/common.sh"
+case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 
 TASKS=${TASKS:-CoLA,SST-2,MRPC,QQP,STS-B,MNLI,QNLI,RTE}
 SAMPLING=${SAMPLING:-uncertainty}

@@ -89,7 +89,7 @@ def model_config(state: dict) -> dict:
     return dict(model) if isinstance(model, dict) else vars(model)
 
 
-def arch_of(path: str, what: str) -> dict:
+def arch_of(path: str, what: str, arch_given: str = "") -> dict:
     m = model_config(load(path, what))
     arch = m.get("arch") or m.get("_name")
     if not arch:
@@ -99,6 +99,13 @@ def arch_of(path: str, what: str) -> dict:
     for k in SIZE_KEYS:
         if k in m and m[k] is not None and str(m[k]) != str(defaults.get(k)):
             flags += [f"--{k.replace('_', '-')}", str(m[k])]
+    if arch_given:  # the model ARCH builds must be the one the checkpoint holds
+        want = arch_defaults(arch_given)
+        size = [(k, want.get(k), m.get(k)) for k in ("encoder_layers", "encoder_embed_dim")]
+        if any(w is not None and h is not None and int(w) != int(h) for _, w, h in size):
+            (_, wl, hl), (_, wd, hd) = size
+            raise Stop(f"ARCH={arch_given} builds {wl} layers of width {wd}, but {what} holds {hl} layers of width "
+                       f"{hd}: leave ARCH unset to take the checkpoint's ({arch} {' '.join(flags)})".rstrip(" )") + ")")
     return {"CKPT_ARCH": arch, "CKPT_ARCH_FLAGS": " ".join(flags),
             "CKPT_MAX_POSITIONS": int(m.get("max_positions") or m.get("tokens_per_sample") or 512),
             "CKPT_LAYERS": int(m.get("encoder_layers") or defaults.get("encoder_layers") or 0)}
@@ -212,7 +219,7 @@ def plan(args) -> dict:
             steps = sum(math.ceil(train_examples(data, n) / batch) for n in names)
             out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
     if args.checkpoint:
-        out.update(arch_of(args.checkpoint, f"ROBERTA_PATH={args.checkpoint}"))
+        out.update(arch_of(args.checkpoint, f"ROBERTA_PATH={args.checkpoint}", args.arch or ""))
     layers = out.get("CKPT_LAYERS")
     if args.arch:
         layers = arch_defaults(args.arch).get("encoder_layers", layers)

@@ -332,7 +332,7 @@ def main(argv=None):
     n_done = sum(r["status"] == "done" for r in runs)
     unfinished = [r for r in runs if r["status"] != "done"]
     md = ["# GLUE dev results", "",
-          f"`{root}`: {len(runs)} runs, {n_done} finished, {len(unfinished)} unfinished"
+          f"`{root}`: {len(runs)} run{'s' if len(runs) != 1 else ''}, {n_done} finished, {len(unfinished)} unfinished"
           + (" (counted: --include-unfinished)" if args.include_unfinished and unfinished else ""), "",
           "Best dev score over each run's validations (CoLA: mcc; MRPC, QQP: f1; STS-B: pearson; the others: "
           "accuracy; MNLI: matched, MNLI-mm: mismatched, not in the average), mean ± std over seeds of the best "
@@ -355,13 +355,12 @@ def main(argv=None):
     else:
         md += ["No finished run with a score yet.", ""]
 
-    untuned = ("adam", "r3f", "r4f")  # no (k, t0)
-    tuned = [v for v in variants if v["method"] not in untuned]
+    tuned = [v for v in variants if v["k"] not in ("", None)]  # the RecAdam methods: a (k, t0) each
     if tuned:
         md += ["## RecAdam: best (k, t0) per task", "", "Chosen by the mean over seeds.", "",
                "| task | method | k | t0 | config | mean ± std | configs tried |", "|---|---|---|---|---|---|---|"]
         for (task, method), c in sorted(cells.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
-            if method in untuned or task in (MM, "GLUE avg"):
+            if c["k"] in ("", None) or task in (MM, "GLUE avg"):
                 continue
             tried = sum(v["task"] == task and v["method"] == method for v in variants)
             md.append(f"| {task} | {method} | {c['k']} | {c['t0']} | {c['config']} | {cell_text(c)} | {tried} |")
