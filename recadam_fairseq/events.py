@@ -32,14 +32,11 @@ A new method adds a listener to its optimizer (``self.listen("name", obj)``), or
 worked example). It never assigns to a fairseq object's method.
 """
 
-import logging
 from typing import Any, Callable, Dict, List, Tuple
 
 import torch
 from fairseq.criterions import FairseqCriterion
 from fairseq.logging import metrics
-
-logger = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------- criterion side

@@ -8,8 +8,6 @@ import os
 import subprocess
 import sys
 
-import pytest
-
 from conftest import ROOT
 
 PACKAGE = os.path.join(ROOT, "recadam_fairseq")

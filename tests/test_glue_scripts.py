@@ -11,7 +11,6 @@ The real runs use the scripts' default criterion, sentence_prediction_recadam.
 import csv
 import json
 import os
-import random
 import re
 import shlex
 import shutil
@@ -23,7 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import ROOT, TRAIN_ENTRY, USER_DIR, tiny_roberta
+from conftest import ROOT, TRAIN_ENTRY, USER_DIR, _load_script, tiny_roberta
 
 GLUE = os.path.join(ROOT, "scripts", "glue")
 FINETUNE = os.path.join(GLUE, "finetune.sh")
@@ -330,21 +329,12 @@ def test_killed_run_resumes_bit_for_bit(glue):
         _assert_same_state(_final_state(d), want)
 
 
-def _prelaunch():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("prelaunch", os.path.join(GLUE, "prelaunch.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
     """A cut-short checkpoint_last.pt is set aside for the newest complete one; a checkpoint that cannot be
     read for another reason (here: this Python has no torch) stops, and nothing is moved."""
     import torch
 
-    prelaunch = _prelaunch()
+    prelaunch = _load_script("glue/prelaunch")
     for n, name in ((4, "checkpoint_1_4.pt"), (4, "checkpoint_best.pt"), (2, "checkpoint_1_2.pt")):
         torch.save({"optimizer_history": [{"num_updates": n}], "model": {}}, tmp_path / name)
     good = (tmp_path / "checkpoint_1_4.pt").read_bytes()

@@ -13,7 +13,6 @@ and the GLUE dev metrics over a whole validation, once.
   (``""`` single-task, ``"<head>_"`` multi-task).
 """
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 from fairseq.criterions.sentence_prediction import SentencePredictionCriterion

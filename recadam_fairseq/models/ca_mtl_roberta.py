@@ -13,7 +13,7 @@ None (every example is task 0, e.g. ``--task sentence_prediction``).
 """
 
 import logging
-from typing import List, Optional, Set
+from typing import List, Optional
 
 import torch
 from fairseq.distributed import fsdp_wrap
