@@ -103,7 +103,7 @@ def test_readme_is_a_short_manual():
 def test_pages_exist():
     names = {os.path.basename(p) for p in DOCS}
     want = {"recadam.md", "r3f.md", "sam.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
-            "benchmark.md", "bench_sam.md", "forgetting-adam-400.md"}
+            "benchmark.md", "bench_sam.md", "bench_baselines.md", "forgetting-adam-400.md"}
     assert want <= names, sorted(want - names)
 
 

@@ -35,7 +35,7 @@ SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR"
               "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
               "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS", "RHO", "KEEP_RATIO", "MASK_ITER_E", "MAX_POSITIONS",
               "SAVE_INTERVAL_UPDATES", "RESTART", "PYTHON", "RECADAM_EXIT_AFTER_SAVES", "TASKS", "SAMPLING",
-              "METHOD", "FREEZE", "EPOCHS"]
+              "METHOD", "FREEZE", "EPOCHS", "LLRD", "REINIT", "LORA_RANK", "LORA_ALPHA"]
 CUDA = __import__("torch").cuda.is_available()
 
 # fairseq's RoBERTa GLUE recipe: lr, batch, updates, warmup, classes, best-checkpoint metric
@@ -635,6 +635,43 @@ def test_sam_method_flags(fake):
     assert sorted(os.path.relpath(os.path.dirname(d), runs) for d in glob_done(runs)) == sorted(
         os.path.join(n, "seed1") for n in ("sam-rho0.05", "fsam-rho0.05", "recadam-fsam-k0.1-t100-rho0.05",
                                            "recadam-fsam-k0.5-t100-rho0.05"))
+
+
+def test_baseline_method_flags(fake):
+    """llrd / reinit / lora and their RecAdam forms: what each adds to adam's or recadam's command."""
+    _, _, adam = fake("RTE", "adam")
+    _, _, rec = fake("RTE", "recadam")
+    got = {m: fake("RTE", m, **kw)[1:] for m, kw in (("llrd", {}), ("recadam-llrd", {"LLRD": "0.8"}),
+                                                     ("reinit", {}), ("recadam-reinit", {"REINIT": "3"}),
+                                                     ("lora", {"LORA_RANK": "16"}))}
+    assert {m: os.path.relpath(d, fake.env["SAVE_DIR"]) for m, (d, _) in got.items()} == {
+        "llrd": "RTE/llrd-d0.9/seed1", "recadam-llrd": "RTE/recadam-llrd-k0.1-t1000-d0.8/seed1",
+        "reinit": "RTE/reinit-n2/seed1", "recadam-reinit": "RTE/recadam-reinit-k0.1-t1000-n3/seed1",
+        "lora": "RTE/lora-r16-a8/seed1"}
+
+    def diff(a, b):
+        fa, fb = flags(a)[0], flags(b)[0]
+        return {k: fb[k] for k in fb if k != "--save-dir" and fb[k] != fa.get(k)}
+
+    ft = {"--arch": [["roberta_ft_large"]]}  # ARCH=roberta_large, as the roberta_ft model's
+    assert diff(adam, got["llrd"][1]) == {"--optimizer": [["recadam"]], "--recadam-anneal-w": [["0"]],
+                                          "--layer-lr-decay": [["0.9"]]}
+    assert diff(rec, got["recadam-llrd"][1]) == {"--layer-lr-decay": [["0.8"]]}
+    assert diff(adam, got["reinit"][1]) == {**ft, "--reinit-layers": [["2"]]}
+    assert diff(rec, got["recadam-reinit"][1]) == {**ft, "--reinit-layers": [["3"]]}
+    assert diff(adam, got["lora"][1]) == {**ft, "--lora-rank": [["16"]], "--lora-alpha": [["8"]], "--lr": [["5e-4"]]}
+    assert json.load(open(os.path.join(got["lora"][0], "run.json")))["lora_rank"] == "16"
+    # an arch without a roberta_ft twin stops in one line naming ARCH
+    p, _, _ = fake("RTE", "lora", check=2, ARCH="transformer")
+    assert "has no roberta_ft twin" in p.stdout and "ARCH=roberta_ft_base" in p.stdout
+    # grid.sh takes them (recadam-* once per (k, t0)); summarize.py knows their names
+    env = dict(fake.env, KS="0.1", T0S="100", SEEDS="1", METHODS="llrd recadam-reinit lora",
+               SAVE_DIR=os.path.join(fake.tmp, "grid-baselines"))
+    run([GRID, "RTE"], env, check=0)
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    assert sorted(os.path.relpath(os.path.dirname(d), runs) for d in glob_done(runs)) == sorted(
+        os.path.join(n, "seed1") for n in ("llrd-d0.9", "recadam-reinit-k0.1-t100-n2", "lora-r8-a8"))
+    assert _summarize_module().split_name("recadam-llrd-k0.1-t100-d0.9") == ("recadam-llrd", "k0.1-t100-d0.9")
 
 
 def _summarize_module():

@@ -13,6 +13,12 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     freeze:3                  the embeddings and encoder layers 0..N-1 frozen (glue_multitask's freezing)
     ca-mtl:0   ca-mtl:3       CA-MTL's task-conditioned encoder (ca_mtl_roberta) on the target task,
                               encoder layers 0..N-1 frozen (the paper freezes the lower half)
+    llrd:0.9                  layer-wise lr decay γ (--layer-lr-decay) with plain Adam (recadam, w = 0)
+    recadam-llrd:k=0.1,t0=50,decay=0.9    RecAdam with layer-wise lr decay
+    reinit:2                  the top N encoder layers re-initialised (roberta_ft, --reinit-layers), Adam
+    recadam-reinit:k=0.1,t0=50,reinit=2   RecAdam with them (the re-initialised layers are not pulled)
+    lora:8                    LoRA of rank r on attention q and v (roberta_ft, α = 8), the encoder frozen,
+                              at LoRA's lr (LORA_LR) instead of --lr
 
 Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed);
 nothing here runs anything.
@@ -24,6 +30,7 @@ from typing import Dict, List, Tuple
 KNOBS = {
     "k": (0.1, "k"), "t0": (40.0, "t"), "gamma": (None, "g"),  # gamma None: --gamma
     "lambda": (1.0, "lambda"), "rho": (0.05, "rho"), "layers": (3, "freeze"), "freeze": (0, "freeze"),
+    "decay": (0.9, "d"), "reinit": (2, "n"), "rank": (8, "r"),
 }
 RECADAM = ("k", "t0", "gamma")
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
@@ -39,8 +46,16 @@ METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional orde
     "recadam+fsam": RECADAM + ("rho",),
     "freeze": ("layers",),
     "ca-mtl": ("freeze",),
+    "llrd": ("decay",),
+    "recadam-llrd": RECADAM + ("decay",),
+    "reinit": ("reinit",),
+    "recadam-reinit": RECADAM + ("reinit",),
+    "lora": ("rank",),
 }
-INT_KNOBS = ("layers", "freeze")
+INT_KNOBS = ("layers", "freeze", "reinit", "rank")
+# LoRA trains ~0.1-1% of the weights, from B = 0: it needs a larger lr than full fine-tuning (the
+# paper's RoBERTa-base GLUE lrs are 4e-4 to 5e-4); α fixed at the paper's 8 while r varies.
+LORA_LR, LORA_ALPHA = 5e-4, 8
 # the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
 MT_TASK = "SST-2"
 
@@ -96,7 +111,8 @@ def label(s: dict) -> str:
     """A setting in words, for tables and legends."""
     parts = []
     for k in METHODS[s["method"]]:
-        word = {"gamma": "γ", "lambda": "λ", "rho": "ρ", "layers": "frozen layers", "freeze": "frozen layers"}.get(k, k)
+        word = {"gamma": "γ", "lambda": "λ", "rho": "ρ", "layers": "frozen layers", "freeze": "frozen layers",
+                "decay": "lr decay", "reinit": "re-initialised layers", "rank": "r"}.get(k, k)
         parts.append(f"{word}={fmt(s[k])}")
     text = s["method"] + (" " + " ".join(parts) if parts else "")
     return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
@@ -123,8 +139,25 @@ def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
            "task": None, "arch": None, "restore": True, "extra": []}
     recadam = ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(s.get("k", 0.0)),
                "--recadam-anneal-t0", fmt(s.get("t0", 0.0)), "--recadam-pretrain-cof", fmt(s.get("gamma", 0.0))]
-    if m in ("recadam", "recadam-random-init", "recadam+r3f", "recadam+fsam"):
+    if m in ("recadam", "recadam-random-init", "recadam+r3f", "recadam+fsam", "recadam-llrd", "recadam-reinit"):
         out["optimizer"] = ["--optimizer", "recadam", *recadam]
+    if m == "llrd":  # recadam with w = 0 is fairseq's adam, bit for bit, and takes --layer-lr-decay
+        out["optimizer"] = ["--optimizer", "recadam", "--recadam-anneal-w", "0"]
+    if m in ("llrd", "recadam-llrd"):
+        if not 0 < s["decay"] <= 1:
+            raise MethodError(f"--methods {setting_name(s)}: the lr decay must be in (0, 1]")
+        out["optimizer"] += ["--layer-lr-decay", fmt(s["decay"])]
+    if m in ("reinit", "recadam-reinit"):
+        if not 0 < s["reinit"] <= num_layers:
+            raise MethodError(f"--methods {setting_name(s)}: {s['reinit']} re-initialised layers, the encoder "
+                              f"has {num_layers}")
+        out["arch"] = "roberta_ft"
+        out["extra"] += ["--reinit-layers", str(s["reinit"])]
+    if m == "lora":
+        if s["rank"] < 1:
+            raise MethodError(f"--methods {setting_name(s)}: the rank must be >= 1")
+        out["arch"] = "roberta_ft"
+        out["extra"] += ["--lora-rank", str(s["rank"]), "--lora-alpha", fmt(LORA_ALPHA), "--lr", fmt(LORA_LR)]
     if m == "recadam-random-init":
         out["restore"] = False
     if m == "recadam-coupled":

@@ -81,6 +81,9 @@ DEFAULT_METHODS = (
     "recadam+r3f:k=0.1,t0=50,lambda=1", "recadam+fsam:k=0.1,t0=50,rho=0.05",
     "freeze:2", "freeze:4", "freeze:6",
     "ca-mtl:0", "ca-mtl:3",
+    "llrd:0.9", "llrd:0.7", "recadam-llrd:k=0.1,t0=25,decay=0.9",
+    "reinit:1", "reinit:2", "recadam-reinit:k=0.1,t0=25,reinit=1",
+    "lora:8", "lora:32",
 )
 # the plot's main panel leaves out settings below this (near chance: 0.5) when most settings are above it
 CHART_MIN_ACCURACY = 0.6

@@ -1,6 +1,10 @@
 # Shared by finetune.sh and multitask.sh (sourced): asking Python, fp16, the architecture, the run directory.
 # The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
 
+# The METHODs of finetune.sh and grid.sh (summarize.py reads this line too): one list.
+GLUE_METHODS="adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd reinit recadam-reinit lora"
+known_method() { [[ " $GLUE_METHODS " == *" $1 "* ]]; }
+
 # The script's header comment (everything up to `set -euo pipefail`): its usage.
 usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 

@@ -15,6 +15,14 @@
 #                          --r3f-lambda 0.7 (R3F paper / fairseq examples/rxf; RTE: its recipe)
 #         r4f              r3f + --spectral-norm-classification-head
 #         recadam-r3f      --optimizer recadam + the RecAdam flags, with r3f's criterion and flags
+#         llrd             layer-wise lr decay: --optimizer recadam --recadam-anneal-w 0 (plain Adam)
+#                          --layer-lr-decay $LLRD
+#         recadam-llrd     recadam + --layer-lr-decay $LLRD
+#         reinit           --optimizer adam, the top $REINIT encoder layers re-initialised
+#                          (--arch roberta_ft_* --reinit-layers $REINIT)
+#         recadam-reinit   recadam + the reinit flags (the re-initialised layers are not pulled)
+#         lora             --optimizer adam, LoRA on attention q and v (--arch roberta_ft_* --lora-rank
+#                          $LORA_RANK --lora-alpha $LORA_ALPHA), the encoder frozen; LR [5e-4]
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Resuming: the same command again continues an interrupted run from its newest checkpoint (fairseq's
@@ -34,6 +42,8 @@
 #   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
 #                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
 #   RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100]   SAM methods: --rho, --keep-ratio, --mask-iter-e
+#   LLRD [0.9]    llrd methods: --layer-lr-decay       REINIT [2]   reinit methods: --reinit-layers
+#   LORA_RANK [8] LORA_ALPHA [8]   lora: --lora-rank, --lora-alpha
 #   CRITERION     [sentence_prediction_recadam; sentence_prediction_r3f for the R3F methods, which
 #                 take no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
@@ -62,13 +72,11 @@ for a in ${EXTRA[@]+"${EXTRA[@]}"}; do  # fairseq-train's own help: no run direc
   case "$a" in -h|--help) read -r -a TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"; exec "${TRAIN[@]}" --help ;; esac
 done
 
-case "$METHOD" in
-  adam|recadam|recadam-coupled|r3f|r4f|recadam-r3f|sam|fsam|recadam-fsam) ;;
-  *) die "unknown METHOD '$METHOD'; choose one of adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam" ;;
-esac
-IS_R3F=0 IS_RECADAM=0  # whether the method takes the R3F criterion / the RecAdam flags (k, t0, γ)
+known_method "$METHOD" || die "unknown METHOD '$METHOD'; choose one of $GLUE_METHODS"
+IS_R3F=0 IS_RECADAM=0 IS_FT=0  # the R3F criterion / the RecAdam flags (k, t0, γ) / the roberta_ft model
 case "$METHOD" in r3f|r4f|recadam-r3f) IS_R3F=1 ;; esac
 case "$METHOD" in recadam*) IS_RECADAM=1 ;; esac
+case "$METHOD" in reinit|recadam-reinit|lora) IS_FT=1 ;; esac
 
 FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
 read -r -a TRAIN <<< "$FAIRSEQ_TRAIN"
@@ -82,6 +90,7 @@ ask_python --task "$TASK_ARG"
 if [ "$IS_R3F" = 1 ] && [ "$TASK" = RTE ]; then
   RECIPE_LR=1e-5 RECIPE_BATCH=8 RECIPE_TOTAL=3120 RECIPE_WARMUP=187
 fi
+[ "$METHOD" != lora ] || RECIPE_LR=5e-4  # LoRA's lr for RoBERTa-base on GLUE (Hu et al. 2021)
 LR=${LR:-$RECIPE_LR}
 BATCH=${BATCH:-$RECIPE_BATCH}
 TOTAL=$RECIPE_TOTAL
@@ -95,6 +104,10 @@ ANNEAL_FUN=${ANNEAL_FUN:-sigmoid}
 RHO=${RHO:-0.05}
 KEEP_RATIO=${KEEP_RATIO:-0.1}
 MASK_ITER_E=${MASK_ITER_E:-100}
+LLRD=${LLRD:-0.9}
+REINIT=${REINIT:-2}
+LORA_RANK=${LORA_RANK:-8}
+LORA_ALPHA=${LORA_ALPHA:-8}
 if [ "$IS_R3F" = 1 ]; then
   [ -z "${CRITERION:-}" ] || [ "$CRITERION" = sentence_prediction_r3f ] ||
     die "METHOD $METHOD uses CRITERION=sentence_prediction_r3f, got CRITERION=$CRITERION"
@@ -129,7 +142,12 @@ if [ "$IS_RECADAM" = 1 ]; then
   [ "$GAMMA" = 5000 ] || NAME="$NAME-g$GAMMA"
   [ "$ANNEAL_FUN" = sigmoid ] || NAME="$NAME-$ANNEAL_FUN"
 fi
-case "$METHOD" in sam|fsam|recadam-fsam) NAME="$NAME-rho$RHO" ;; esac
+case "$METHOD" in
+  sam|fsam|recadam-fsam) NAME="$NAME-rho$RHO" ;;
+  llrd|recadam-llrd) NAME="$NAME-d$LLRD" ;;
+  reinit|recadam-reinit) NAME="$NAME-n$REINIT" ;;
+  lora) NAME="$NAME-r$LORA_RANK-a$LORA_ALPHA" ;;
+esac
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
 
@@ -158,10 +176,14 @@ if [ -f "${ROBERTA_PATH:-}" ] && { [ -z "${ARCH:-}" ] || [ -z "${MAX_POSITIONS:-
   ASK+=(--checkpoint "$ROBERTA_PATH")
   [ -z "${ARCH:-}" ] || ASK+=(--arch "$ARCH")  # checked against the checkpoint's sizes
 fi
+if [ "$IS_FT" = 1 ]; then  # the arch as the roberta_ft model's (re-init, LoRA)
+  ASK+=(--ft)
+  [ -z "${ARCH:-}" ] || [[ " ${ASK[*]} " == *" --arch "* ]] || ASK+=(--arch "$ARCH")
+fi
 [ "$FP16" = 0 ] || { [ "$DRY_RUN" = 1 ] && [ "$FP16" = 1 ]; } || ASK+=(--cuda)
 [ ${#ASK[@]} = 0 ] || ask_python "${ASK[@]}"
 choose_fp16
-arch_flags roberta_large
+arch_flags "$([ "$IS_FT" = 1 ] && echo roberta_ft_large || echo roberta_large)"
 
 CMD=("${TRAIN[@]}" "$DATA"
   --user-dir "$USER_DIR"
@@ -190,6 +212,11 @@ case "$METHOD" in
               --mask-iter-e "$MASK_ITER_E") ;;
   recadam-fsam) CMD+=(--optimizer recadam --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
                       --mask-iter-e "$MASK_ITER_E") ;;
+  llrd) CMD+=(--optimizer recadam --recadam-anneal-w 0 --layer-lr-decay "$LLRD") ;;
+  recadam-llrd) CMD+=(--optimizer recadam --layer-lr-decay "$LLRD") ;;
+  reinit) CMD+=(--optimizer adam --reinit-layers "$REINIT") ;;
+  recadam-reinit) CMD+=(--optimizer recadam --reinit-layers "$REINIT") ;;
+  lora) CMD+=(--optimizer adam --lora-rank "$LORA_RANK" --lora-alpha "$LORA_ALPHA") ;;
 esac
 [ "$IS_R3F" = 0 ] || CMD+=(--noise-type uniform --r3f-lambda 0.7)
 CMD+=(--adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
@@ -227,6 +254,11 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
   printf ', "metric": %s, "lr": %s, "batch": %s' "$(json_str "$METRIC")" "$(json_str "$LR")" "$BATCH"
   printf ', "total_updates": %s, "warmup_updates": %s' "$TOTAL" "$WARMUP"
   [ "$IS_R3F" = 0 ] || printf ', "noise_type": "uniform", "r3f_lambda": "0.7"'
+  case "$METHOD" in
+    llrd|recadam-llrd) printf ', "layer_lr_decay": %s' "$(json_str "$LLRD")" ;;
+    reinit|recadam-reinit) printf ', "reinit_layers": %s' "$(json_str "$REINIT")" ;;
+    lora) printf ', "lora_rank": %s, "lora_alpha": %s' "$(json_str "$LORA_RANK")" "$(json_str "$LORA_ALPHA")" ;;
+  esac
   if [ "$IS_RECADAM" = 1 ]; then
     printf ', "k": %s, "t0": %s, "gamma": %s, "anneal_fun": %s' "$(json_str "$K")" "$(json_str "$T0")" \
       "$(json_str "$GAMMA")" "$(json_str "$ANNEAL_FUN")"

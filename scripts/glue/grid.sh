@@ -4,30 +4,31 @@
 #   scripts/glue/grid.sh TASK [extra fairseq-train args...]
 #
 # Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
-# RecAdam methods once per (k, t0) in KS x T0S, adam, r3f, r4f, sam and fsam once per seed. A run whose `done` marker
+# RecAdam methods once per (k, t0) in KS x T0S, the others once per seed. A run whose `done` marker
 # exists is skipped ("skip"); an unfinished one continues from its newest checkpoint ("resume"; RESTART=1
 # starts every run of the grid over). A failed run does not stop the grid: the failures are listed at the
 # end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
-#              METHODS ["recadam"]; any of adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam
+#              METHODS ["recadam"]; any of finetune.sh's METHODs (GLUE_METHODS in scripts/glue/common.sh)
 #              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
 set -euo pipefail
 
 die() { echo "grid.sh: error: $*" >&2; exit 2; }
-usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+source "$SCRIPT_DIR/common.sh"  # usage, GLUE_METHODS
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 [ $# -ge 1 ] || { usage >&2; die "expected TASK"; }
 TASK=$1
 shift
 
-FINETUNE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/finetune.sh"
+FINETUNE="$SCRIPT_DIR/finetune.sh"
 KS=${KS:-"0.05 0.1 0.2 0.5 1"}
 T0S=${T0S:-"100 250 500 1000"}
 SEEDS=${SEEDS:-1}
 METHODS=${METHODS:-recadam}
 for m in $METHODS; do
-  case "$m" in adam|recadam|recadam-coupled|r3f|r4f|recadam-r3f|sam|fsam|recadam-fsam) ;; *) die "unknown method '$m' in METHODS" ;; esac
+  known_method "$m" || die "unknown method '$m' in METHODS"
 done
 [ -n "${KS// }" ] && [ -n "${T0S// }" ] && [ -n "${SEEDS// }" ] || die "KS, T0S and SEEDS must not be empty"
 

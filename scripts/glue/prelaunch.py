@@ -12,6 +12,7 @@
   --checkpoint CKPT_ARCH, CKPT_ARCH_FLAGS (the sizes that differ from the arch's defaults), CKPT_MAX_POSITIONS,
                CKPT_LAYERS: the architecture the checkpoint was trained with
   --arch       the model's layers are --arch A's (fairseq's defaults), not the checkpoint's
+  --ft         the architecture (CKPT_ARCH, or ARCH for --arch) as the roberta_ft model's twin of it (re-init, LoRA)
   --freeze     checks FREEZE (the layer syntax of recadam_fairseq/core/layers.py) against the model's layers
   --cuda       HAS_CUDA: 1 when torch sees a CUDA device
   --steps      PER_EPOCH: updates per epoch of --tasks on GPUS workers, batches of BATCH examples (multitask.sh)
@@ -220,6 +221,11 @@ def plan(args) -> dict:
             out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
     if args.checkpoint:
         out.update(arch_of(args.checkpoint, f"ROBERTA_PATH={args.checkpoint}", args.arch or ""))
+    if args.ft:
+        if args.arch:
+            out["ARCH"] = ft_arch(args.arch, "ARCH")
+        elif "CKPT_ARCH" in out:
+            out["CKPT_ARCH"] = ft_arch(out["CKPT_ARCH"], f"ROBERTA_PATH={args.checkpoint}")
     layers = out.get("CKPT_LAYERS")
     if args.arch:
         layers = arch_defaults(args.arch).get("encoder_layers", layers)
@@ -233,6 +239,16 @@ def plan(args) -> dict:
     if args.cuda:
         out["HAS_CUDA"] = has_cuda()
     return out
+
+
+def ft_arch(arch: str, what: str) -> str:
+    """fairseq's RoBERTa arch -> the roberta_ft model's arch of the same sizes (roberta_large -> roberta_ft_large)."""
+    name = arch if arch.startswith("roberta_ft") else "roberta_ft" + arch[len("roberta"):] if arch.startswith("roberta") else ""
+    arch_defaults("roberta")  # registers the plug-in's archs
+    if not name or name not in need("fairseq.models").ARCH_CONFIG_REGISTRY:
+        raise Stop(f"{what}: --arch {arch} has no roberta_ft twin (re-init and LoRA need fairseq's RoBERTa: "
+                   f"roberta, roberta_base, roberta_large): set ARCH=roberta_ft_base or roberta_ft_large")
+    return name
 
 
 def canonical(name: str) -> str:
@@ -251,6 +267,7 @@ def main(argv=None) -> int:
     p.add_argument("--checkpoint")
     p.add_argument("--arch")
     p.add_argument("--freeze")
+    p.add_argument("--ft", action="store_true")
     p.add_argument("--cuda", action="store_true")
     p.add_argument("--steps", nargs=3, metavar=("DATA_DIR", "BATCH", "GPUS"))
     r = sub.add_parser("resume")

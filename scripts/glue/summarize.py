@@ -41,7 +41,9 @@ from recadam_fairseq.core.glue_tasks import head_name  # noqa: E402
 
 TASKS = glue_tasks.RECIPE_TASKS
 OTHER = {n: list(t.other_metrics) for n, t in glue_tasks.TASKS.items()}
-METHODS = ["adam", "recadam", "recadam-coupled", "r3f", "r4f", "recadam-r3f", "sam", "fsam", "recadam-fsam"]
+# finetune.sh's METHODs, in its order: the GLUE_METHODS line of common.sh (the one list)
+with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.sh"), encoding="utf-8") as _f:
+    METHODS = re.search(r'^GLUE_METHODS="([^"]*)"', _f.read(), re.M).group(1).split()
 MM = "MNLI-mm"
 MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
 

@@ -1,14 +1,16 @@
 #!/usr/bin/env python
-"""Cost of the SAM family: updates/s and peak memory against the base optimizer, in one run.
+"""Cost of a set of methods: updates/s and peak memory against each one's base, in one run.
 
 Trains the tiny RoBERTa of the tests (scripts/make_tiny_roberta.py) with the real fairseq-train on
-the CPU, once per method, the same number of updates each, one thread, and prints ratios:
-samsgd variants against ``--optimizer adam``, RecAdam + fisher-sam against ``--optimizer recadam``.
+the CPU, once per method, the same number of updates each, one thread, and prints ratios against
+the method's base (the same command without the method). ``--set sam``: the samsgd variants against
+``--optimizer adam``, RecAdam + fisher-sam against ``--optimizer recadam``; ``--set baselines``:
+layer-wise lr decay, re-initialised layers and LoRA against Adam, and with RecAdam against RecAdam.
 updates/s is fairseq's own ``ups`` over the run; peak memory is the process's peak RSS (which
 includes Python and torch themselves, so on the tiny model it mostly shows that nothing large was
 added), and ``+MB`` is the difference to the base run.
 
-    python scripts/bench_sam.py [--updates 40] [--repeat 3] [--work DIR] [--out-md FILE]
+    python scripts/bench_methods.py --set sam [--updates 40] [--repeat 3] [--work DIR] [--out-md FILE]
 """
 
 import argparse
@@ -23,8 +25,11 @@ sys.path.insert(0, os.path.join(ROOT, "scripts"))
 import make_tiny_roberta  # noqa: E402
 
 SAM = ["--rho", "0.05", "--beta", "0.5", "--gamma", "0.5", "--keep-ratio", "0.1", "--mask-iter-e", "10"]
-# (name, base name, optimizer, extra flags)
-RUNS = [
+REC = ["--recadam-pretrain-cof", "500"]
+FT = ["--arch", "roberta_ft"]  # the tiny sizes are given as flags (TINY_ARCH): only the model changes
+# set -> [(name, base name, optimizer, extra flags)]
+SETS = {}
+SETS["sam"] = [
     ("adam", None, "adam", []),
     ("sam", "adam", "samsgd", ["--sam-type", "sam", *SAM]),
     ("esam", "adam", "samsgd", ["--sam-type", "esam", *SAM]),
@@ -35,6 +40,18 @@ RUNS = [
     ("recadam", None, "recadam", ["--recadam-pretrain-cof", "500"]),
     ("recadam+fisher-sam", "recadam", "recadam", ["--recadam-pretrain-cof", "500", "--sam-type", "fisher-sam", *SAM]),
 ]
+SETS["baselines"] = [
+    ("adam", None, "adam", []),
+    ("adam (recadam w=0)", None, "recadam", ["--recadam-anneal-w", "0"]),
+    ("llrd 0.9", "adam (recadam w=0)", "recadam", ["--recadam-anneal-w", "0", "--layer-lr-decay", "0.9"]),
+    ("reinit 1", "adam", "adam", [*FT, "--reinit-layers", "1"]),
+    ("lora r=8 (q, v)", "adam", "adam", [*FT, "--lora-rank", "8"]),
+    ("lora r=8 (all six)", "adam", "adam", [*FT, "--lora-rank", "8", "--lora-modules", "q,k,v,out,fc1,fc2"]),
+    ("recadam", None, "recadam", REC),
+    ("recadam+llrd 0.9", "recadam", "recadam", [*REC, "--layer-lr-decay", "0.9"]),
+    ("recadam+reinit 1", "recadam", "recadam", [*REC, *FT, "--reinit-layers", "1"]),
+]
+TITLE = {"sam": "SAM family", "baselines": "The cheap baselines (LLRD, re-init, LoRA)"}
 
 WRAP = ("import atexit, resource, sys\n"
         "atexit.register(lambda: print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True))\n"
@@ -57,48 +74,51 @@ def train(work, name, optimizer, extra, updates, batch):
     out = subprocess.run([sys.executable, "-c", WRAP, *args], capture_output=True, text=True, env=env, cwd=work)
     text = out.stdout + out.stderr
     if out.returncode != 0:
-        sys.exit(f"bench_sam.py: {name} failed:\n{text[-3000:]}")
+        sys.exit(f"bench_methods.py: {name} failed:\n{text[-3000:]}")
     rss = int(text.rsplit("PEAK_RSS_KB", 1)[1].split()[0]) / 1024
     ups = None
     for line in text.splitlines():
         if "| train |" in line and "{" in line:
             ups = float(json.loads(line[line.index("{"):])["train_ups"])
     if ups is None:
-        sys.exit(f"bench_sam.py: {name}: no train summary in the log:\n{text[-3000:]}")
+        sys.exit(f"bench_methods.py: {name}: no train summary in the log:\n{text[-3000:]}")
     return ups, rss
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--set", choices=list(SETS), required=True, help="which methods")
     ap.add_argument("--updates", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3, help="rounds over all methods; the best round is kept")
     ap.add_argument("--work", help="work directory (default: a temporary one)")
     ap.add_argument("--out-md", help="also write the table to this markdown file")
     a = ap.parse_args(argv)
-    work = a.work or tempfile.mkdtemp(prefix="bench-sam-")
+    work = a.work or tempfile.mkdtemp(prefix="bench-methods-")
+    runs = SETS[a.set]
     if not os.path.exists(os.path.join(work, "pretrained.pt")):
         make_tiny_roberta.main([work])
     res = {}
     for r in range(a.repeat):  # rounds over all methods: a load change hits every method alike
-        for name, base, opt, extra in RUNS:
+        for name, base, opt, extra in runs:
             ups, rss = train(work, name, opt, extra, a.updates, a.batch_size)
             print(f"round {r + 1}: {name}: {ups:.2f} updates/s, peak RSS {rss:.0f} MB", file=sys.stderr)
             best = res.get(name, (0.0, float("inf")))
             res[name] = (max(best[0], ups), min(best[1], rss))  # the best of the rounds
-    lines = [f"SAM family cost on the tiny RoBERTa (CPU, 1 thread, batch {a.batch_size}, {a.updates} updates, "
+    lines = [f"{TITLE[a.set]}: cost on the tiny RoBERTa (CPU, 1 thread, batch {a.batch_size}, {a.updates} updates, "
              f"fairseq-train, best of {a.repeat} rounds), against the base optimizer:", "",
              "| method | base | updates/s | ÷ base | peak RSS MB | ÷ base | +MB |", "|---|---|---|---|---|---|---|"]
-    for name, base, _, _ in RUNS:
+    for name, base, _, _ in runs:
         ups, rss = res[name]
         if base is None:
             lines.append(f"| {name} | - | {ups:.2f} | 1 | {rss:.0f} | 1 | 0 |")
         else:
             bu, br = res[base]
             lines.append(f"| {name} | {base} | {ups:.2f} | {ups / bu:.2f} | {rss:.0f} | {rss / br:.3f} | {rss - br:+.0f} |")
-    esam, sam = res["esam"][0], res["sam"][0]
-    lines += ["", f"ESAM (β = γ = 0.5) against SAM: {esam / sam:.2f}x the updates/s "
-                  f"(fisher-esam against fisher-sam: {res['fisher-esam'][0] / res['fisher-sam'][0]:.2f}x)."]
+    if a.set == "sam":
+        esam, sam = res["esam"][0], res["sam"][0]
+        lines += ["", f"ESAM (β = γ = 0.5) against SAM: {esam / sam:.2f}x the updates/s "
+                      f"(fisher-esam against fisher-sam: {res['fisher-esam'][0] / res['fisher-sam'][0]:.2f}x)."]
     text = "\n".join(lines)
     print(text)
     if a.out_md:
