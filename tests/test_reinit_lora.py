@@ -72,8 +72,8 @@ def test_merged_state_dict_float64():
     assert lora.is_lora_state(state) and lora.lora_scaling(state) == 4.0
     merged = lora.merged_state_dict(state)
     assert sorted(merged) == sorted(plain_names) and not lora.is_lora_state(merged)
-    want = (state["0.parametrizations.weight.original"].numpy()
-            + state["0.parametrizations.weight.0.lora_B"].numpy() @ state["0.parametrizations.weight.0.lora_A"].numpy() * 4.0)
+    key = "0.parametrizations.weight."
+    want = state[key + "original"].numpy() + state[key + "0.lora_B"].numpy() @ state[key + "0.lora_A"].numpy() * 4.0
     assert np.abs(merged["0.weight"].numpy() - want).max() < 1e-12
     assert torch.equal(merged["0.weight"], net[0].weight)  # the forward's own computation, bit for bit
     assert all(merged[k] is state[k] for k in ("0.bias", "2.weight", "2.bias"))  # passed through
@@ -384,14 +384,14 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
 
     d, _ = runs
     merged = str(tmp_path / "merged.pt")
-    _load_script("merge_lora").main([os.path.join(d["lora"], "checkpoint_last.pt"), merged])
+    _load_script("merge_lora").main([os.path.join(d["lora"], "checkpoint_last.pt"), merged])  # in process
     state = load_ckpt(merged)
     assert not lora.is_lora_state(state["model"]) and "last_optimizer_state" not in state
     assert state["cfg"]["model"].arch == "roberta" and not hasattr(state["cfg"]["model"], "lora_rank")
     assert set(state["model"]) == set(pretrained) | {k for k in state["model"] if k.startswith("classification_heads.")}
     over = {"data": tiny.cls_bin}
-    (unmerged,), _, task = checkpoint_utils.load_model_ensemble_and_task([os.path.join(d["lora"], "checkpoint_last.pt")],
-                                                                         arg_overrides=over)
+    last = os.path.join(d["lora"], "checkpoint_last.pt")
+    (unmerged,), _, task = checkpoint_utils.load_model_ensemble_and_task([last], arg_overrides=over)
     (plain,), _, _ = checkpoint_utils.load_model_ensemble_and_task([merged], arg_overrides=over)
     assert type(plain) is RobertaModel and type(unmerged).__name__ == "RobertaFtModel"
     toks = _tokens(task)

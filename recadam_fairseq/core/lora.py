@@ -28,7 +28,8 @@ from .errors import ConfigError
 MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
            "out": "self_attn.out_proj", "fc1": "fc1", "fc2": "fc2"}
 
-_KEY = re.compile(r"^(?:(?P<module>.*)\.)?parametrizations\.(?P<tensor>[^.]+)\.(?P<part>original|0\.lora_A|0\.lora_B|0\.scaling)$")
+_KEY = re.compile(r"^(?:(?P<module>.*)\.)?parametrizations\.(?P<tensor>[^.]+)\."
+                  r"(?P<part>original|0\.lora_A|0\.lora_B|0\.scaling)$")
 _PARTS = ("original", "0.lora_A", "0.lora_B", "0.scaling")
 
 

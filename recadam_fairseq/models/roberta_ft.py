@@ -100,20 +100,21 @@ class RobertaFtModel(RobertaModel):
         if n:
             self.register_buffer(MARKER, torch.tensor(n))
         self.lora_weights = {}  # plain weight name -> its LoRA parametrization
-        if args.lora_rank > 0:
+        r, alpha = args.lora_rank, args.lora_alpha
+        if r > 0:
             for p in self.parameters():
                 p.requires_grad_(False)  # classification heads come later (task.build_model): they train
             modules = dict(self.named_modules())
-            for i in range(len(self.encoder.sentence_encoder.layers)):
+            layers = len(self.encoder.sentence_encoder.layers)
+            for i in range(layers):
                 for short in lora.parse_modules(args.lora_modules):
                     path = f"{LAYERS}.{i}.{lora.MODULES[short]}"
-                    self.lora_weights[path + ".weight"] = lora.add_lora(modules[path], args.lora_rank, args.lora_alpha)
+                    self.lora_weights[path + ".weight"] = lora.add_lora(modules[path], r, alpha)
             trainable = sum(p.numel() for p in self.parameters() if p.requires_grad)
             frozen = sum(p.numel() for p in self.parameters() if not p.requires_grad)
-            logger.info(f"roberta_ft: LoRA r={args.lora_rank} α={args.lora_alpha:g} (scaling {args.lora_alpha / args.lora_rank:g}) "
-                        f"on {args.lora_modules} of {len(self.encoder.sentence_encoder.layers)} layers: "
-                        f"{len(self.lora_weights)} weights; trainable A, B: {trainable:,} elements; frozen: {frozen:,} "
-                        f"(every pretrained tensor); the classification heads train")
+            logger.info(f"roberta_ft: LoRA r={r} α={alpha:g} (scaling {alpha / r:g}) on {args.lora_modules} of "
+                        f"{layers} layers: {len(self.lora_weights)} weights; trainable A, B: {trainable:,} elements; "
+                        f"frozen: {frozen:,} (every pretrained tensor); the classification heads train")
 
     def upgrade_state_dict_named(self, state_dict, name):
         """RoBERTa's upgrade, then LoRA's names and the re-initialised layers (the model's own tensors go in)."""
