@@ -384,7 +384,10 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
 
     d, _ = runs
     merged = str(tmp_path / "merged.pt")
-    _load_script("merge_lora").main([os.path.join(d["lora"], "checkpoint_last.pt"), merged])  # in process
+    script = _load_script("merge_lora")
+    script.main([os.path.join(d["lora"], "checkpoint_last.pt"), merged])  # in process
+    with pytest.raises(SystemExit, match=r"pretrained.pt: not a LoRA checkpoint"):
+        script.main([tiny.pretrained, str(tmp_path / "x.pt")])
     state = load_ckpt(merged)
     assert not lora.is_lora_state(state["model"]) and "last_optimizer_state" not in state
     assert state["cfg"]["model"].arch == "roberta" and not hasattr(state["cfg"]["model"], "lora_rank")
