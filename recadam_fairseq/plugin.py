@@ -8,7 +8,7 @@ from .criterions import sentence_prediction_recadam, sentence_prediction_r3f  # 
 from .optim import fairseq_recadam  # noqa: F401
 from .tasks import glue_multitask  # noqa: F401  (--task glue_multitask)
 from .criterions import glue_multitask as glue_multitask_criterion  # noqa: F401  (--criterion glue_multitask)
-from .models import ca_mtl_roberta  # noqa: F401
+from .models import ca_mtl_roberta, roberta_ft  # noqa: F401  (--arch ca_mtl_roberta_*, roberta_ft_*)
 from .optim import samsgd  # noqa: F401
 from .criterions import label_smoothed_cross_entropy_r3f  # noqa: F401
 

@@ -103,7 +103,8 @@ def test_readme_is_a_short_manual():
 def test_pages_exist():
     names = {os.path.basename(p) for p in DOCS}
     want = {"recadam.md", "r3f.md", "sam.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
-            "benchmark.md", "bench_sam.md", "bench_baselines.md", "forgetting-adam-400.md"}
+            "benchmark.md", "bench_sam.md", "bench_baselines.md", "forgetting-adam-400.md", "reinit.md", "lora.md",
+            "llrd.md", "wise-ft.md"}
     assert want <= names, sorted(want - names)
 
 
@@ -185,6 +186,8 @@ FLAG_TABLES = {
     "docs/sam.md": [["--optimizer", "samsgd"]],
     "docs/ca-mtl.md": [["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"],
                        ["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"]],
+    "docs/reinit.md": [["--arch", "roberta_ft_base"]],
+    "docs/lora.md": [["--arch", "roberta_ft_base"]],
 }
 
 
