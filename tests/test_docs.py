@@ -102,7 +102,7 @@ def test_readme_is_a_short_manual():
 
 def test_pages_exist():
     names = {os.path.basename(p) for p in DOCS}
-    want = {"recadam.md", "r3f.md", "sam.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
+    want = {"recadam.md", "r3f.md", "sam.md", "llrd.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
             "benchmark.md", "bench_sam.md", "forgetting-adam-400.md"}
     assert want <= names, sorted(want - names)
 
@@ -183,6 +183,7 @@ FLAG_TABLES = {
                     ["--criterion", "label_smoothed_cross_entropy_r3f", "--task", "translation", "--arch",
                      "transformer"]],
     "docs/sam.md": [["--optimizer", "samsgd"]],
+    "docs/llrd.md": [["--optimizer", "recadam"]],
     "docs/ca-mtl.md": [["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"],
                        ["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"]],
 }

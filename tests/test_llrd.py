@@ -315,6 +315,9 @@ def test_first_update_moves_each_layer_by_its_lr(runs, run, half):
     for n, (_, k) in sizes.items():
         checked[layer_scale(n)] = checked.get(layer_scale(n), 0) + k
     assert set(checked) == {G ** 3, G ** 2, G, 1.0} and min(checked.values()) >= 30, checked
+    if run == "samsgd":  # fairseq's Adam, one inner step per scale = recadam at w = 0 (weight decay 0), bit for bit
+        recadam = runs["load"]("fp32", "checkpoint_1_1.pt")["model"]
+        assert all(torch.equal(v, recadam[k]) for k, v in ckpt["model"].items())
     log = runs["out"][run][1]
     lines = [ln for ln in log.splitlines() if "--layer-lr-decay 0.5 over 2 encoder layers" in ln]
     assert len(lines) == 1 and lines[0].endswith("embeddings ×0.125, layers 0..1 ×0.25..×0.5, the rest (heads, "
