@@ -93,6 +93,21 @@ def test_plan_per_tensor_copies_and_flat():
     assert tensor_scales([[("a", 0, 4)], [(None, 0, 2)]], {"a": 1.0}) == [None, None]
 
 
+def test_ca_mtl_new_modules_keep_the_full_lr(tiny):
+    """The real CA-MTL model (fairseq builds it): its conditional tensors, inside layers too, get lr."""
+    from test_ca_mtl_model import TASKS, TINY_CA_MTL, _build
+
+    ca, _ = _build(tiny, TINY_CA_MTL, tasks=TASKS)
+    named = [(n, p) for n, p in ca.named_parameters() if p.requires_grad]
+    got = dict(zip([n for n, _ in named], LayerLRPlan([p for _, p in named], ca, G).scales))
+    new = set(ca.conditional_tensor_names())
+    assert any(".layers.1." in n for n in new) and new <= set(got)
+    assert all(got[n] is None for n in new)
+    assert got["encoder.sentence_encoder.layers.1.final_layer_norm.weight"] == G  # the pretrained part of a CLN
+    assert got["encoder.sentence_encoder.layers.0.fc1.weight"] == G ** 2
+    assert got["encoder.sentence_encoder.embed_tokens.weight"] == G ** 3
+
+
 @pytest.mark.parametrize("gamma", [0.0, -0.5, 1.5, float("nan")])
 def test_gamma_outside_0_1_and_a_model_without_layers(gamma):
     with pytest.raises(ConfigError, match=r"^--layer-lr-decay .*: must be in \(0, 1\]"):

@@ -31,6 +31,7 @@ class LayerLRDecay:
     def __init__(self, optimizer: torch.optim.Optimizer, gamma: float):
         self.opt, self.gamma = optimizer, gamma
         self.scales = None  # [(tensor, None / scale / runs)] once bound
+        self._by_scale = []
 
     def before_reduce(self, model: torch.nn.Module) -> None:
         if self.scales is not None:
@@ -47,14 +48,16 @@ class LayerLRDecay:
         if recadam:
             for t, s in self.scales:
                 self.opt.set_lr_scale(t, s)
+        else:  # one number per tensor (checked above)
+            groups = {}
+            for t, s in self.scales:
+                groups.setdefault(1.0 if s is None else s, set()).add(id(t))
+            self._by_scale = sorted(groups.items(), key=lambda kv: -kv[0])
         logger.info(plan.summary())
 
     def by_scale(self) -> List[Tuple[float, Set[int]]]:
-        """(scale, ids of its tensors), largest scale first; empty before binding."""
-        groups = {}
-        for t, s in self.scales or ():
-            groups.setdefault(1.0 if s is None else s, set()).add(id(t))
-        return sorted(groups.items(), key=lambda kv: -kv[0])
+        """samsgd's inner steps: (scale, ids of its tensors), largest scale first; empty before binding."""
+        return self._by_scale
 
 
 def add_layer_lr(optimizer, cfg) -> Optional[LayerLRDecay]:
