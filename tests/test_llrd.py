@@ -191,10 +191,22 @@ def run_recadam(tensors, grads, **kw):
     return ps, opt
 
 
-@pytest.mark.parametrize("path", ["foreach", "single", "fused"])
+@pytest.mark.parametrize("path", ["foreach", "single", "fused", "fused-fails"])
 def test_recadam_lr_scales_match_float64_reference(path, monkeypatch):
     tensors, grads = problem()
     rows = []
+    if path == "fused-fails":  # compiling fails at the first step: every segment goes eager with its scale
+        def broken(*args):
+            raise RuntimeError("no C++ compiler here")
+
+        for name, value in (("MIN_SEGMENT", 2), ("MULTI_MIN_SEGMENTS", 2), ("AUTO_MIN_NUMEL", 1),
+                            ("_kernel", lambda key: broken), ("update_many", broken)):
+            monkeypatch.setattr(fused_mod, name, value)
+        with pytest.warns(UserWarning, match="failed to compile"):
+            ps, _ = run_recadam(tensors, grads, fused=None)
+        for p, w in zip(ps, reference(tensors, grads)):
+            torch.testing.assert_close(p.detach(), w, rtol=1e-13, atol=1e-13)
+        return
     if path == "fused":  # every segment through the compiled kernels; separate tensors in one call, a row each
         monkeypatch.setattr(fused_mod, "MIN_SEGMENT", 2)
         monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)

@@ -434,8 +434,7 @@ class RecAdam(Optimizer):
         for key, entries in whole.items():
             segs, scales = [e[0] for e in entries], [e[1] for e in entries]
             table = {c: self._scalars(group, *key[:2], c) for c in dict.fromkeys(scales)}
-            dtype = segs[0][2].dtype
-            s = {c: _fused.scalars(**x, dtype=dtype, device=key[-1]) for c, x in table.items()}
+            dtype, s = segs[0][2].dtype, {}  # s: the scalars tensor of each scale, made when needed
             if all(x["pull"] == 0.0 for x in table.values()):
                 segs = [(p, g, m, v, None) for p, g, m, v, _ in segs]
             # separate tensors (a per-tensor layout): one compiled call for all; else one per segment
@@ -443,8 +442,9 @@ class RecAdam(Optimizer):
                     and len({seg[0].untyped_storage().data_ptr() for seg in segs}) == len(segs))
             if many:  # a new set of tensors compiles a new program: a bounded number of them
                 # several lr scales (layer-wise decay): one program still, with a row of scalars per tensor
-                s_many = s[scales[0]] if len(s) == 1 else _fused.scalar_rows([table[c] for c in scales], dtype,
-                                                                             key[-1])
+                rows = [table[c] for c in (scales[:1] if len(table) == 1 else scales)]
+                s_many = (_fused.scalars(**rows[0], dtype=dtype, device=key[-1]) if len(rows) == 1
+                          else _fused.scalar_rows(rows, dtype, key[-1]))
                 program = _fused.many_key(segs) + (s_many.dim(),)
                 many = program in self._many_keys or len(self._many_keys) < _fused.MULTI_MAX_PROGRAMS
                 if many:
@@ -454,6 +454,8 @@ class RecAdam(Optimizer):
                     if many:
                         _fused.update_many(seg, s_many)
                     else:
+                        if scales[i] not in s:
+                            s[scales[i]] = _fused.scalars(**table[scales[i]], dtype=dtype, device=key[-1])
                         _fused.update_segments([seg], s[scales[i]])
                 except Exception as e:  # noqa: BLE001 - a compiler missing or failing
                     why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
