@@ -87,6 +87,18 @@ def check_anneal(cfg) -> None:
 
 
 @dataclass
+class LayerLRHyperparams(FairseqDataclass):
+    """Layer-wise learning-rate decay: read by ``--optimizer recadam`` and ``samsgd`` (optim/layer_lr.py)."""
+
+    layer_lr_decay: float = field(
+        default=1.0,
+        metadata={"help": "layer-wise lr decay γ in (0, 1]: encoder layer l of L gets lr·γ^(L−l), the embeddings "
+                          "lr·γ^(L+1), heads and new modules lr; 1 turns it off. fairseq's --optimizer adam does not "
+                          "take it: plain Adam with it is --optimizer recadam --recadam-anneal-w 0"},
+    )
+
+
+@dataclass
 class RecAdamObjective(FairseqDataclass):
     """Where the pull toward θ* lives: read by the GLUE criteria."""
 

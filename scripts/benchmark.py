@@ -13,6 +13,7 @@ measured in the same rounds, and the peak extra memory of one step.
     python scripts/benchmark.py --sizes tiny base       # the CPU default
     python scripts/benchmark.py --device cuda --sizes base large
     python scripts/benchmark.py --e2e 200               # also fairseq-train ms/update, adam vs recadam
+    python scripts/benchmark.py --llrd --sizes tiny     # recadam with --layer-lr-decay's scales vs without
     python scripts/benchmark.py --doc docs/performance.md   # also the summary table into that page
 
 The summary table goes between the ``<!-- benchmark:start -->`` / ``<!-- benchmark:end -->`` lines
@@ -20,7 +21,9 @@ of ``--doc`` (make bench: docs/performance.md); ``--readme`` is a deprecated ali
 
 Implementations: recadam (the fused one-pass torch.compile'd update; compile time excluded,
 it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
-recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16).
+recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16);
+recadam-llrd and recadam-foreach-llrd (with --llrd) the same as recadam / recadam-foreach with
+layer-wise lr decay's per-layer scales (per tensor, or element runs of the flat tensor).
 """
 
 import argparse
@@ -42,6 +45,7 @@ from typing import Callable, Dict, List, Optional
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from recadam_fairseq.core import layer_lr  # noqa: E402
 from recadam_fairseq.core.recadam import RecAdam  # noqa: E402
 
 # (layers, dim, ffn, vocab) of RoBERTa-like encoders.
@@ -60,8 +64,11 @@ ADAM_HP = dict(lr=1e-5, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.0)
 RECADAM_HP = dict(anneal_fun="sigmoid", anneal_k=0.1, anneal_t0=1000.0, anneal_w=1.0, pretrain_cof=5000.0)
 
 ADAMS = ("fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
-IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
-RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor")
+LLRD = {"recadam-llrd": "recadam", "recadam-foreach-llrd": "recadam-foreach"}  # timed against
+LLRD_GAMMA = 0.9
+DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
+IMPLS = DEFAULT_IMPLS + tuple(LLRD)
+RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + tuple(LLRD)
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
 
@@ -89,6 +96,31 @@ def roberta_shapes(layers: int, dim: int, ffn: int, vocab: int):
         shapes += [((dim,), True), ((dim,), True)]  # final layer norm
     shapes += [((dim, dim), False), ((dim,), False), ((NUM_CLASSES, dim), False), ((NUM_CLASSES,), False)]
     return shapes
+
+
+def roberta_names(layers: int) -> List[str]:
+    """The parameter names of ``roberta_shapes``, in its order."""
+    enc = "encoder.sentence_encoder."
+    names = [enc + n for n in ("embed_tokens.weight", "embed_positions.weight", "layernorm_embedding.weight",
+                                 "layernorm_embedding.bias")]
+    layer = [f"self_attn.{x}_proj.{y}" for x in ("q", "k", "v", "out") for y in ("weight", "bias")]
+    layer += [f"{m}.{y}" for m in ("self_attn_layer_norm", "fc1", "fc2", "final_layer_norm") for y in ("weight", "bias")]
+    names += [f"{enc}layers.{i}.{n}" for i in range(layers) for n in layer]
+    return names + [f"classification_heads.h.{m}.{y}" for m in ("dense", "out_proj") for y in ("weight", "bias")]
+
+
+def llrd_scales(w: "Workload", gamma: float = LLRD_GAMMA) -> list:
+    """--layer-lr-decay's scale of each workload tensor (flat: element runs per layer), from core/layer_lr.py."""
+    layers = SIZES[w.size][0]
+    names, shapes = roberta_names(layers), [s for s, _ in roberta_shapes(*SIZES[w.size])]
+    scale_of = layer_lr.name_scales(names, gamma, layers)
+    if w.layout == "flat":
+        parts, off = [], 0
+        for n, shape in zip(names, shapes):
+            parts.append((n, off, math.prod(shape)))
+            off += math.prod(shape)
+        return layer_lr.tensor_scales([parts], scale_of)
+    return layer_lr.tensor_scales([[(n, 0, math.prod(shape))] for n, shape in zip(names, shapes)], scale_of)
 
 
 def size_numel(size: str) -> int:
@@ -124,11 +156,15 @@ def build_workload(layout: str, size: str, device: torch.device, seed: int = 0) 
 
 
 # ----------------------------------------------------------------------------- implementations
-def build_recadam(w: Workload, foreach: bool = True, fused: bool = True, anchor_dtype=None) -> RecAdam:
+def build_recadam(w: Workload, foreach: bool = True, fused: bool = True, anchor_dtype=None,
+                  llrd: bool = False) -> RecAdam:
     opt = RecAdam(w.params, **ADAM_HP, **RECADAM_HP, foreach=foreach, fused=fused and foreach, defer_anchors=True)
     for p, a in zip(w.params, w.anchors):
         if a is not None:
             opt.set_anchor(p, a if anchor_dtype is None else a.to(anchor_dtype), w.runs)
+    if llrd:
+        for p, scale in zip(w.params, llrd_scales(w)):
+            opt.set_lr_scale(p, scale)
     return opt
 
 
@@ -173,6 +209,8 @@ BUILDERS: Dict[str, Callable] = {
     "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
+    "recadam-llrd": lambda w: build_recadam(w, llrd=True),
+    "recadam-foreach-llrd": lambda w: build_recadam(w, fused=False, llrd=True),
     "fairseq-adam": build_fairseq_adam,
     "torch-adamw-foreach": lambda w: torch.optim.AdamW(w.params, **ADAM_HP, foreach=True),
     "torch-adamw-fused": lambda w: torch.optim.AdamW(w.params, **ADAM_HP, fused=True),
@@ -377,6 +415,7 @@ How to read this:
   recadam-per-call the same with one compiled call per tensor (the per-tensor layout's cost
   before the multi-tensor call), recadam-foreach the eager multi-tensor reference, recadam-single
   the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
+  recadam-llrd / recadam-foreach-llrd (--llrd) those two with layer-wise lr decay's scales;
   fairseq-adam and torch-adamw-* are the Adams to beat.
 - median ms: median wall time of one optimizer.step() over all timed steps of all rounds (after
   warm-up); rounds rotate the order of implementations so that other load hits all alike.
@@ -426,6 +465,18 @@ def compile_notes(w: Workload, results: Dict[str, Samples]) -> List[str]:
         return []
     return [f"{w.layout}/{w.size}: first recadam step {res.first_step:.1f} s (compiling the fused update, "
             f"once per process; inductor's on-disk cache shortens later runs), then {1e3 * statistics.median(res.times):.1f} ms"]
+
+
+def llrd_notes(rows: List[dict]) -> List[str]:
+    """The step with --layer-lr-decay's scales over the same step without them."""
+    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    out = []
+    for (layout, size, impl), r in by.items():
+        base = by.get((layout, size, LLRD.get(impl)))
+        if base:
+            out.append(f"{layout}/{size}: {impl} {r['median_ms']:.2f} ms = {r['median_ms'] / base['median_ms']:.2f}x "
+                       f"{base['impl']} ({base['median_ms']:.2f} ms): layer-wise lr decay (γ {LLRD_GAMMA}) vs none")
+    return out
 
 
 def distance_notes(rows: List[dict]) -> List[str]:
@@ -554,8 +605,12 @@ def parse_args(argv=None):
                     help="model sizes (default: tiny base on CPU, tiny base large on CUDA)")
     ap.add_argument("--layouts", nargs="+", choices=["flat", "per-tensor"], default=["flat", "per-tensor"],
                     help="flat: one 1-D tensor (fairseq --fp16); per-tensor: RoBERTa's shapes (default: both)")
-    ap.add_argument("--impls", nargs="+", choices=list(IMPLS), default=list(IMPLS),
-                    help="implementations to time (default: all); a copy is always timed as the reference")
+    ap.add_argument("--impls", nargs="+", choices=list(IMPLS), default=list(DEFAULT_IMPLS),
+                    help="implementations to time (default: all but the -llrd ones); a copy is always timed as the "
+                         "reference")
+    ap.add_argument("--llrd", action="store_true",
+                    help="time recadam and recadam-foreach with --layer-lr-decay's per-layer lr scales against "
+                         "without (replaces --impls); the ratios are printed below the table")
     ap.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
                     help="auto: cuda when available (default)")
     ap.add_argument("--threads", type=int, default=1,
@@ -580,6 +635,8 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.doc, args.doc_flag = doc_block.doc_target(ap, args, "benchmark", README_START, README_END)  # before timing
     args.warmup = max(1, args.warmup)  # the first step allocates the state; its time sizes a round
+    if args.llrd:
+        args.impls = [x for pair in LLRD.items() for x in pair[::-1]]
     if args.quick:
         args.sizes, args.rounds, args.warmup, args.round_time = ["tiny"], 3, 1, 0.05
         args.min_steps, args.max_steps = 3, 30
@@ -617,7 +674,7 @@ def main(argv=None) -> int:
             print(f"{layout}/{size} ({w.numel / 1e6:.2f}M elements): {time.perf_counter() - t:.1f} s", flush=True)
             del w, results
             gc.collect()
-    notes = distance_notes(rows) + notes
+    notes = llrd_notes(rows) + distance_notes(rows) + notes
     e2e = []
     if args.e2e:
         print(f"end to end: fairseq-train, {args.e2e} updates x {args.e2e_rounds} runs per optimizer", flush=True)

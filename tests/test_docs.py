@@ -184,6 +184,7 @@ FLAG_TABLES = {
                     ["--criterion", "label_smoothed_cross_entropy_r3f", "--task", "translation", "--arch",
                      "transformer"]],
     "docs/sam.md": [["--optimizer", "samsgd"]],
+    "docs/llrd.md": [["--optimizer", "recadam"]],
     "docs/ca-mtl.md": [["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"],
                        ["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"]],
     "docs/reinit.md": [["--arch", "roberta_ft_base"]],

@@ -35,6 +35,13 @@ def scalars(beta1: float, beta2: float, eps: float, adam_scale: float, pull: flo
     return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
 
 
+def scalar_rows(rows: Sequence[dict], dtype: torch.dtype, device: torch.device) -> Tensor:
+    """[n, 8]: row i the scalars of segment i (``scalars``' keyword dicts), for tensors whose lrs differ."""
+    values = [[r["beta1"], 1.0 - r["beta1"], r["beta2"], 1.0 - r["beta2"], r["eps"], -r["adam_scale"], r["pull"],
+               -r["decay"]] for r in rows]
+    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+
+
 def _update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], s: Tensor) -> None:
     """Eager definition (what gets compiled); the eager foreach path computes the same."""
     p32 = p.to(m.dtype)
@@ -106,9 +113,10 @@ def update_segments(segments: Sequence[tuple], s: Tensor) -> None:
 
 
 def _update_many(ps, gs, ms, vs, anchors, s: Tensor) -> None:
-    """The update of many segments as one compiled program (the loop is unrolled when traced)."""
-    for p, g, m, v, a in zip(ps, gs, ms, vs, anchors):
-        _update(p, g, m, v, a, s)
+    """The update of many segments as one compiled program (the loop is unrolled when traced).
+    ``s``: the scalars of all, or one row per segment (``scalar_rows``)."""
+    for i, (p, g, m, v, a) in enumerate(zip(ps, gs, ms, vs, anchors)):
+        _update(p, g, m, v, a, s[i] if s.dim() == 2 else s)
 
 
 _many = {}
@@ -130,9 +138,10 @@ def many_key(segments: Sequence[tuple]) -> tuple:
 
 def update_many(segments: Sequence[tuple], s: Tensor) -> None:
     """Apply the update to separate tensors' segments (p, g, m, v, anchor or None sharing dtypes,
-    anchoredness and device) with one compiled call. Sizes are static: the key holds them, so
-    each model structure gets its own code object and a single cache entry."""
-    key = many_key(segments)
+    anchoredness and device) with one compiled call; ``s``: one set of scalars, or a row per segment.
+    Sizes are static: the key holds them, so each model structure gets its own code object and a
+    single cache entry."""
+    key = many_key(segments) + (s.dim(),)
     kernel = _many.get(key)
     if kernel is None:
         logger.info(f"RecAdam: compiling the fused update of {len(segments)} tensors with torch.compile "

@@ -10,6 +10,10 @@ it had a gradient), exactly in this order:
     otherwise:                  p ← p − s·m/(√v+ε)
     weight_decay > 0:           p ← p − lr·weight_decay·p
 
+With a learning-rate scale c on a tensor (or an element run of a flat tensor; layer-wise decay,
+:meth:`RecAdam.set_lr_scale`), lr reads lr·c in every line above: the Adam step, the pull and the
+decay follow the tensor's own lr, as decoupled weight decay does with per-group lrs.
+
 A tensor is "anchored" when it has a pretrained value p* (``pretrain_params`` or
 :meth:`RecAdam.set_anchor`). An anchor may cover the whole tensor, or only some element runs of
 a flat tensor (fairseq's ``--fp16`` hands the optimizer one flat tensor holding every parameter):
@@ -20,7 +24,7 @@ import math
 import warnings
 from collections import defaultdict
 from itertools import chain
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Iterable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -137,6 +141,7 @@ class RecAdam(Optimizer):
         self.fused = fused
         self._fused_failed = False
         self._many_keys = set()  # the multi-tensor programs this optimizer uses (fused.update_many)
+        self._lr_scales = {}  # p -> its lr scale, a number or element runs (set_lr_scale); not saved state
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             correct_bias=correct_bias, anneal_fun=anneal_fun, anneal_k=anneal_k,
@@ -227,6 +232,48 @@ class RecAdam(Optimizer):
             raise ValueError(f"RecAdam: anchor must be floating point, got {anchor.dtype}")
         state["anchor"] = anchor.to(device=p.device).contiguous()
 
+    def set_lr_scale(self, p: Tensor, scale: Union[None, float, Sequence[Tuple[int, int, float]]]) -> None:
+        """Scale the learning rate of ``p`` (its Adam step, pull and decay) by ``scale``.
+
+        ``scale`` is a number, or runs [(start, length, scale), ...] over p's flattened elements
+        (sorted, disjoint; elements outside them keep lr); None or 1 removes the scale. Not part
+        of the saved state: whoever sets it sets it again after a restart.
+        """
+        self._lr_scales.pop(p, None)
+        if scale is None:
+            return
+        if not isinstance(scale, (list, tuple)):
+            scale = [(0, p.numel(), scale)]
+        cover, end = [], 0  # runs of the whole tensor, gaps at 1, neighbours of one scale merged
+        for s, n, c in scale:
+            s, n, c = int(s), int(n), float(c)
+            if s < end or n <= 0 or s + n > p.numel():
+                raise ValueError(f"RecAdam: lr scale runs must be sorted, disjoint, non-empty and within the "
+                                 f"tensor's {p.numel()} elements: {list(scale)}")
+            if not (math.isfinite(c) and c > 0):
+                raise ValueError(f"RecAdam: an lr scale must be finite and > 0, got {c}")
+            cover += [(end, s, 1.0)] if s > end else []
+            cover.append((s, s + n, c))
+            end = s + n
+        cover += [(end, p.numel(), 1.0)] if end < p.numel() else []
+        merged = []
+        for lo, hi, c in cover:
+            if merged and merged[-1][2] == c:
+                merged[-1] = (merged[-1][0], hi, c)
+            else:
+                merged.append((lo, hi, c))
+        if len(merged) == 1:
+            if merged[0][2] != 1.0:
+                self._lr_scales[p] = merged[0][2]
+            return
+        if not p.is_contiguous():
+            raise ValueError("RecAdam: lr scale runs need a contiguous parameter")
+        self._lr_scales[p] = merged
+
+    def lr_scale_of(self, p: Tensor):
+        """p's lr scale: None (1), a number, or runs [(start, end, scale)] covering the whole tensor."""
+        return self._lr_scales.get(p)
+
     def anchor_of(self, p: Tensor) -> Optional[Tensor]:
         return self.state[p].get("anchor") if p in self.state else None
 
@@ -294,7 +341,7 @@ class RecAdam(Optimizer):
                 if not state or "anchor" not in state:
                     continue
                 contiguous = p.is_contiguous()
-                for lo, hi, a in _pieces(p, state, contiguous):
+                for lo, hi, a in _anchor_pieces(p, state):
                     if a is None:
                         continue
                     if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:
@@ -341,7 +388,8 @@ class RecAdam(Optimizer):
 
     def _step_group(self, group: dict) -> None:
         w = group["anneal_w"]
-        # (step, anchored, dtypes, device) -> segments [(p, g, m, v, anchor)] sharing every scalar
+        # batches: (step, anchored, lr scale, dtypes, device) -> segments [(p, g, m, v, anchor)] sharing
+        # every scalar; whole: the same without the scale -> [(segment, scale)] (scalars per segment)
         batches, whole = defaultdict(list), defaultdict(list)
         fused = self._fused_here(group)
         for p in group["params"]:
@@ -365,14 +413,15 @@ class RecAdam(Optimizer):
             t = state["step"]
             m, v = state["exp_avg"], state["exp_avg_sq"]
             contiguous = all(x.is_contiguous() for x in (p, m, v))
-            for lo, hi, a in _pieces(p, state, contiguous):
+            for lo, hi, a, scale in _pieces(p, state, self._lr_scales.get(p)):
                 anchored = a is not None and w > 0
                 key = (t, anchored, p.dtype, g.dtype, None if a is None else a.dtype, p.device)
                 if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
                     # detached: dynamo refuses no-grad views of a leaf that requires grad
-                    whole[key].append((_views(p.detach(), lo, hi), _views(g, lo, hi), _views(m, lo, hi),
-                                       _views(v, lo, hi), None if a is None else a.view(-1)))
+                    whole[key].append(((_views(p.detach(), lo, hi), _views(g, lo, hi), _views(m, lo, hi),
+                                        _views(v, lo, hi), None if a is None else a.view(-1)), scale))
                     continue
+                key = key[:2] + (scale,) + key[2:]
                 if not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
                     batches[key].append((p, g, m, v, a))
                     continue
@@ -382,25 +431,32 @@ class RecAdam(Optimizer):
                                          _views(v, clo, chi), None if a is None else flat_a[clo - lo:chi - lo]))
 
         kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
-        for key, segs in whole.items():
-            scalars = self._scalars(group, *key[:2])
-            s = _fused.scalars(**scalars, dtype=segs[0][2].dtype, device=key[-1])
-            if scalars["pull"] == 0.0:
+        for key, entries in whole.items():
+            segs, scales = [e[0] for e in entries], [e[1] for e in entries]
+            table = {c: self._scalars(group, *key[:2], c) for c in dict.fromkeys(scales)}
+            dtype, s = segs[0][2].dtype, {}  # s: the scalars tensor of each scale, made when needed
+            if all(x["pull"] == 0.0 for x in table.values()):
                 segs = [(p, g, m, v, None) for p, g, m, v, _ in segs]
             # separate tensors (a per-tensor layout): one compiled call for all; else one per segment
             many = (len(segs) >= _fused.MULTI_MIN_SEGMENTS
                     and len({seg[0].untyped_storage().data_ptr() for seg in segs}) == len(segs))
             if many:  # a new set of tensors compiles a new program: a bounded number of them
-                program = _fused.many_key(segs)
+                # several lr scales (layer-wise decay): one program still, with a row of scalars per tensor
+                rows = [table[c] for c in (scales[:1] if len(table) == 1 else scales)]
+                s_many = (_fused.scalars(**rows[0], dtype=dtype, device=key[-1]) if len(rows) == 1
+                          else _fused.scalar_rows(rows, dtype, key[-1]))
+                program = _fused.many_key(segs) + (s_many.dim(),)
                 many = program in self._many_keys or len(self._many_keys) < _fused.MULTI_MAX_PROGRAMS
                 if many:
                     self._many_keys.add(program)
             for i, seg in enumerate([segs] if many else segs):
                 try:
                     if many:
-                        _fused.update_many(seg, s)
+                        _fused.update_many(seg, s_many)
                     else:
-                        _fused.update_segments([seg], s)
+                        if scales[i] not in s:
+                            s[scales[i]] = _fused.scalars(**table[scales[i]], dtype=dtype, device=key[-1])
+                        _fused.update_segments([seg], s[scales[i]])
                 except Exception as e:  # noqa: BLE001 - a compiler missing or failing
                     why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
                     if self.fused:
@@ -409,10 +465,11 @@ class RecAdam(Optimizer):
                     self._fused_failed = True
                     warnings.warn(f"RecAdam: the fused update failed to compile ({why}); using the eager "
                                   f"update from now on (fused=False / --recadam-fused off skips the attempt)")
-                    batches[key] += [c for seg in segs[i:] for c in _chunked(seg)]
+                    for rest, c in zip(segs[i:], scales[i:]):
+                        batches[key[:2] + (c,) + key[2:]] += list(_chunked(rest))
                     break
         for key, segs in batches.items():
-            scalars = self._scalars(group, *key[:2])
+            scalars = self._scalars(group, *key[:3])
             for batch in _batched(segs):
                 kernel(*zip(*batch), **scalars)
 
@@ -430,10 +487,11 @@ class RecAdam(Optimizer):
                 and sum(p.numel() for p in group["params"]) >= _fused.AUTO_MIN_NUMEL)
 
     @staticmethod
-    def _scalars(group: dict, t: int, anchored: bool) -> dict:
-        """adam_scale, pull, decay and the betas of tensors at step t (see the module docstring)."""
+    def _scalars(group: dict, t: int, anchored: bool, scale: float = 1.0) -> dict:
+        """adam_scale, pull, decay and the betas of tensors at step t with lr scale ``scale`` (see the module
+        docstring)."""
         beta1, beta2 = group["betas"]
-        lr, w = group["lr"], group["anneal_w"]
+        lr, w = group["lr"] * scale, group["anneal_w"]  # x 1.0 is exact: no scale, the same numbers
         step_size = lr
         if group["correct_bias"]:
             step_size = lr * math.sqrt(1.0 - beta2 ** t) / (1.0 - beta1 ** t)
@@ -446,7 +504,7 @@ class RecAdam(Optimizer):
                     decay=lr * group["weight_decay"])
 
 
-def _pieces(p: Tensor, state: dict, contiguous: bool):
+def _anchor_pieces(p: Tensor, state: dict):
     """(start, end, anchor or None) over p's flattened elements: anchored runs and the gaps."""
     anchor = state.get("anchor")
     if anchor is None:
@@ -462,6 +520,26 @@ def _pieces(p: Tensor, state: dict, contiguous: bool):
             pos, off = s + n, off + n
         if pos < p.numel():
             yield pos, p.numel(), None
+
+
+def _pieces(p: Tensor, state: dict, scale):
+    """(start, end, anchor or None, lr scale) over p's flattened elements: the anchor's pieces, split
+    where the lr scale changes (``scale``: None, a number, or runs [(start, end, scale)] covering p)."""
+    if not isinstance(scale, list):
+        scale = 1.0 if scale is None else scale
+        for lo, hi, a in _anchor_pieces(p, state):
+            yield lo, hi, a, scale
+        return
+    runs, i = scale, 0
+    for lo, hi, a in _anchor_pieces(p, state):
+        flat = None if a is None else a.view(-1)
+        pos = lo
+        while pos < hi:
+            while runs[i][1] <= pos:
+                i += 1
+            end = min(hi, runs[i][1])
+            yield pos, end, None if a is None else flat[pos - lo:end - lo], runs[i][2]
+            pos = end
 
 
 def _chunked(seg):

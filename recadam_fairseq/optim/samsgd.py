@@ -12,25 +12,28 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
-from ..config import CheckpointPaths, SAMHyperparams, check_checkpoint_paths
+from ..config import CheckpointPaths, LayerLRHyperparams, SAMHyperparams, check_checkpoint_paths
 from ..events import LoopOptimizer
+from .layer_lr import LayerwiseSteps, add_layer_lr
 from .sam_support import add_sam
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SAMSGDConfig(SAMHyperparams, CheckpointPaths, FairseqAdamConfig):
+class SAMSGDConfig(SAMHyperparams, LayerLRHyperparams, CheckpointPaths, FairseqAdamConfig):
     seed: int = II("common.seed")
 
 
 @register_optimizer("samsgd", dataclass=SAMSGDConfig)
-class SAMSGD(LoopOptimizer, FairseqAdam):
-    """fairseq's Adam with a sharpness-aware gradient (SAM, ESAM, GSAM, and their Fisher-masked forms)."""
+class SAMSGD(LoopOptimizer, LayerwiseSteps, FairseqAdam):
+    """fairseq's Adam with a sharpness-aware gradient (SAM, ESAM, GSAM, and their Fisher-masked forms);
+    ``--layer-lr-decay`` scales each layer's lr (``layer_lr.py``: one inner step per distinct scale)."""
 
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
         check_checkpoint_paths(cfg)
         add_sam(self, cfg, seed=cfg.seed)
+        self.layer_lr = add_layer_lr(self, cfg)
         if str(cfg.sam_type) == "none":
             logger.warning("samsgd with --sam-type none: plain Adam (set --sam-type sam, esam, gsam, fisher-sam, ...)")
