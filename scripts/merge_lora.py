@@ -38,28 +38,44 @@ def _plain_model_args(ns) -> None:
             delattr(ns, key)
 
 
-def merge(path: str, out: str) -> dict:
-    """Write the merged checkpoint of ``path`` to ``out``; returns it."""
-    import torch
+def is_lora(state) -> bool:
+    """Whether a loaded checkpoint holds a LoRA model."""
+    from recadam_fairseq.core.lora import is_lora_state
 
-    import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
-    from recadam_fairseq.core.lora import is_lora_state, lora_scaling, merged_state_dict
+    return isinstance(state, dict) and isinstance(state.get("model"), dict) and is_lora_state(state["model"])
 
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    model = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(model, dict):
-        sys.exit(f"merge_lora.py: error: {path}: not a fairseq checkpoint (no 'model' state dict)")
-    if not is_lora_state(model):
-        sys.exit(f"merge_lora.py: error: {path}: not a LoRA checkpoint (no '...parametrizations.weight.original' "
-                 f"tensors; trained with --lora-rank?)")
-    scaling = lora_scaling(model)
-    state["model"] = merged_state_dict(model)
+
+def merged_checkpoint(state: dict) -> dict:
+    """A loaded LoRA checkpoint as a plain RoBERTa one, in place (used by interpolate.py and the forgetting
+    harness's measure.py too): merged weights, fairseq's arch, no optimizer state."""
+    from recadam_fairseq.core.lora import merged_state_dict
+
+    state["model"] = merged_state_dict(state["model"])
     cfg = state.get("cfg")
     if isinstance(cfg, dict):
         _plain_model_args(cfg.get("model"))
     if state.get("args") is not None:
         _plain_model_args(state["args"])
     state.pop("last_optimizer_state", None)
+    return state
+
+
+def merge(path: str, out: str) -> dict:
+    """Write the merged checkpoint of ``path`` to ``out``; returns it."""
+    import torch
+
+    import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
+    from recadam_fairseq.core.lora import lora_scaling
+
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
+        sys.exit(f"merge_lora.py: error: {path}: not a fairseq checkpoint (no 'model' state dict)")
+    if not is_lora(state):
+        sys.exit(f"merge_lora.py: error: {path}: not a LoRA checkpoint (no '...parametrizations.weight.original' "
+                 f"tensors; trained with --lora-rank?)")
+    model = state["model"]
+    scaling = lora_scaling(model)
+    merged_checkpoint(state)
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     torch.save(state, out)
     n = sum(1 for k in model if k.endswith(".parametrizations.weight.original"))
