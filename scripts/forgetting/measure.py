@@ -11,9 +11,11 @@
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
+import tempfile
 from typing import Dict, List, Optional
 
 import numpy as np
@@ -21,6 +23,10 @@ import torch
 import torch.nn.functional as F
 
 HEAD = "sentence_classification_head"
+_spec = importlib.util.spec_from_file_location(
+    "merge_lora", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "merge_lora.py"))
+merge_lora = importlib.util.module_from_spec(_spec)  # scripts/merge_lora.py: LoRA checkpoints as plain RoBERTa
+_spec.loader.exec_module(merge_lora)
 
 
 def load(checkpoint: str, data_dir: str):
@@ -33,6 +39,12 @@ def load(checkpoint: str, data_dir: str):
     if not os.path.isfile(checkpoint):
         raise FileNotFoundError(f"{checkpoint}: no such checkpoint")
     state = checkpoint_utils.load_checkpoint_to_cpu(checkpoint, arg_overrides={"data": data_dir})
+    if merge_lora.is_lora(state):  # measured as its merged plain RoBERTa: W + B·A·α/r under RoBERTa's names
+        with tempfile.TemporaryDirectory() as tmp:
+            merged = os.path.join(tmp, "merged.pt")
+            raw = torch.load(checkpoint, map_location="cpu", weights_only=True)  # cfg as saved, not a DictConfig
+            torch.save(merge_lora.merged_checkpoint(raw), merged)
+            return load(merged, data_dir)
     sn_heads = sorted({k.split(".")[1] for k in state["model"]
                        if k.startswith("classification_heads.") and k.endswith(".out_proj.weight_orig")})
     if not sn_heads:
