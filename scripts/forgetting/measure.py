@@ -8,9 +8,14 @@
   the ROC-AUC of that score. Forgetting = the fine-tuned AUC minus the pretrained one;
 - weight distance: ‖θ − θ*‖₂ over the tensors of the pretrained checkpoint (the encoder; RecAdam's
   anchor), squared = what recadam logs as ``recadam_dist``.
+
+With ``--interpolate ALPHA ...`` the same three are measured on the WiSE-FT interpolations
+θ_α = (1 − α)·θ* + α·θ of each checkpoint instead (scripts/interpolate.py's interpolation, done in
+memory: nothing is written).
 """
 
 import argparse
+import importlib.util
 import json
 import os
 import sys
@@ -21,6 +26,10 @@ import torch
 import torch.nn.functional as F
 
 HEAD = "sentence_classification_head"
+_spec = importlib.util.spec_from_file_location(
+    "wise_interpolate", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "interpolate.py"))
+wise = importlib.util.module_from_spec(_spec)  # scripts/interpolate.py: the checkpoints' interpolation
+_spec.loader.exec_module(wise)
 
 
 def load(checkpoint: str, data_dir: str):
@@ -136,14 +145,35 @@ def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor
     return {"dist": sq ** 0.5, "dist_sq": sq, "rel_dist": (sq / ref) ** 0.5, "tensors": len(names)}
 
 
+def measures(model, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
+             snli_dir: str) -> Dict[str, float]:
+    """All three measures of a loaded model."""
+    out = {"target_accuracy": target_accuracy(model, sentiment_dir)["accuracy"]}
+    out.update({f"snli_{k}": v for k, v in snli_auc(model, snli_dir).items()})
+    out.update(distance(dict(model.named_parameters()), pretrained_state))
+    return out
+
+
 def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
                 snli_dir: str, data_dir: Optional[str] = None) -> Dict[str, float]:
     """All three measures of one fine-tuned checkpoint; ``data_dir``: the run's data path (where its
     task finds the dictionaries; default ``sentiment_dir``)."""
     model, _ = load(checkpoint, data_dir or sentiment_dir)
-    out = {"target_accuracy": target_accuracy(model, sentiment_dir)["accuracy"]}
-    out.update({f"snli_{k}": v for k, v in snli_auc(model, snli_dir).items()})
-    out.update(distance(dict(model.named_parameters()), pretrained_state))
+    return measures(model, pretrained_state, sentiment_dir, snli_dir)
+
+
+def measure_interpolated(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], alphas: List[float],
+                         sentiment_dir: str, snli_dir: str, data_dir: Optional[str] = None) -> List[Dict[str, float]]:
+    """The measures of θ_α = (1 − α)·θ* + α·θ for each α, θ the checkpoint's model (its head included:
+    heads and modules θ* lacks are θ's at every α)."""
+    from recadam_fairseq.core.interpolate import interpolate
+
+    model, _ = load(checkpoint, data_dir or sentiment_dir)
+    own, pre = wise.model_states({k: v.clone() for k, v in model.state_dict().items()}, pretrained_state)
+    out = []
+    for alpha in alphas:
+        torch.nn.Module.load_state_dict(model, interpolate(own, pre, alpha), strict=True)
+        out.append(dict(alpha=alpha, **measures(model, pretrained_state, sentiment_dir, snli_dir)))
     return out
 
 
@@ -164,8 +194,19 @@ def main(argv: Optional[List[str]] = None):
     ap.add_argument("--snli", required=True, help="the SNLI probe (sentences, pairs.npz)")
     ap.add_argument("--pretrained", required=True, help="the pretrained checkpoint (θ*)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--interpolate", type=float, nargs="+", metavar="ALPHA",
+                    help="measure the interpolations (1 − α)·θ* + α·θ of each checkpoint at these α instead of the "
+                         "checkpoint itself (one entry per checkpoint and α)")
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
+    from recadam_fairseq.core.errors import ConfigError
+    from recadam_fairseq.core.interpolate import check_alpha
+
+    try:
+        for a in args.interpolate or []:
+            check_alpha(a, "--interpolate")
+    except ConfigError as e:
+        ap.error(str(e))
     import logging
 
     import recadam_fairseq.safe_globals  # noqa: F401
@@ -176,8 +217,11 @@ def main(argv: Optional[List[str]] = None):
     out = []
     for ckpt in args.checkpoints:
         res = {"checkpoint": os.path.basename(ckpt), "updates": num_updates(ckpt)}
-        res.update(measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data))
-        out.append(res)
+        if args.interpolate:
+            out += [dict(res, **m) for m in measure_interpolated(ckpt, pretrained, args.interpolate, args.sentiment,
+                                                                 args.snli, args.data)]
+        else:
+            out.append(dict(res, **measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data)))
     text = json.dumps(out, indent=2) + "\n"
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:
