@@ -151,6 +151,14 @@ def test_script_writes_checkpoints_fairseq_loads(tiny, finetuned, tmp_path):
             assert not torch.equal(loaded["encoder.sentence_encoder.layers.0.fc1.weight"],
                                    ft["encoder.sentence_encoder.layers.0.fc1.weight"])
 
+    # fairseq-validate reads it as it reads θ_ft
+    proc = subprocess.run([os.path.join(os.path.dirname(sys.executable), "fairseq-validate"), tiny.cls_bin,
+                           "--user-dir", os.path.join(ROOT, "recadam_fairseq"), "--path",
+                           str(tmp_path / "wise" / "ft_alpha0.5.pt"), "--task", "sentence_prediction",
+                           "--criterion", "sentence_prediction", "--valid-subset", "valid", "--batch-size", "32",
+                           "--cpu"], capture_output=True, text=True, cwd=tiny.root)
+    assert proc.returncode == 0 and "valid on 'valid' subset" in proc.stdout + proc.stderr, proc.stderr[-2000:]
+
     # θ* under fairseq's old RoBERTa names gives the same file contents
     legacy = {("decoder" + k[len("encoder"):] if k.startswith("encoder") else k).replace(
         ".layernorm_embedding.", ".emb_layer_norm."): v for k, v in pre.items()}

@@ -9,9 +9,9 @@
 - weight distance: ‖θ − θ*‖₂ over the tensors of the pretrained checkpoint (the encoder; RecAdam's
   anchor), squared = what recadam logs as ``recadam_dist``.
 
-With ``--interpolate ALPHA ...`` the same three are measured on the WiSE-FT interpolations
-θ_α = (1 − α)·θ* + α·θ of each checkpoint instead (scripts/interpolate.py's interpolation, done in
-memory: nothing is written).
+With ``--interpolate ALPHA ...`` the same three are also measured on the WiSE-FT interpolations
+θ_α = (1 − α)·θ* + α·θ of the last checkpoint given (a run's final one; scripts/interpolate.py's
+interpolation, done in memory: nothing is written).
 """
 
 import argparse
@@ -19,7 +19,7 @@ import importlib.util
 import json
 import os
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -155,25 +155,30 @@ def measures(model, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: st
 
 
 def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
-                snli_dir: str, data_dir: Optional[str] = None) -> Dict[str, float]:
+                snli_dir: str, data_dir: Optional[str] = None, alphas: Sequence[float] = ()) -> dict:
     """All three measures of one fine-tuned checkpoint; ``data_dir``: the run's data path (where its
-    task finds the dictionaries; default ``sentiment_dir``)."""
+    task finds the dictionaries; default ``sentiment_dir``). With ``alphas``, also those of its
+    interpolations with θ*, under ``interpolated``."""
     model, _ = load(checkpoint, data_dir or sentiment_dir)
-    return measures(model, pretrained_state, sentiment_dir, snli_dir)
+    out = measures(model, pretrained_state, sentiment_dir, snli_dir)
+    if alphas:
+        out["interpolated"] = measure_interpolated(model, pretrained_state, alphas, sentiment_dir, snli_dir)
+    return out
 
 
-def measure_interpolated(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], alphas: List[float],
-                         sentiment_dir: str, snli_dir: str, data_dir: Optional[str] = None) -> List[Dict[str, float]]:
-    """The measures of θ_α = (1 − α)·θ* + α·θ for each α, θ the checkpoint's model (its head included:
-    heads and modules θ* lacks are θ's at every α)."""
+def measure_interpolated(model, pretrained_state: Dict[str, torch.Tensor], alphas: Sequence[float],
+                         sentiment_dir: str, snli_dir: str) -> List[dict]:
+    """[{alpha, measures}] of θ_α = (1 − α)·θ* + α·θ for each α, θ the loaded model's weights (heads
+    and modules θ* lacks are θ's at every α); the model holds θ again afterwards."""
     from recadam_fairseq.core.interpolate import interpolate
 
-    model, _ = load(checkpoint, data_dir or sentiment_dir)
-    own, pre = wise.model_states({k: v.clone() for k, v in model.state_dict().items()}, pretrained_state)
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    own, pre = wise.model_states(state, pretrained_state)
     out = []
     for alpha in alphas:
         torch.nn.Module.load_state_dict(model, interpolate(own, pre, alpha), strict=True)
         out.append(dict(alpha=alpha, **measures(model, pretrained_state, sentiment_dir, snli_dir)))
+    torch.nn.Module.load_state_dict(model, state, strict=True)
     return out
 
 
@@ -195,8 +200,8 @@ def main(argv: Optional[List[str]] = None):
     ap.add_argument("--pretrained", required=True, help="the pretrained checkpoint (θ*)")
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--interpolate", type=float, nargs="+", metavar="ALPHA",
-                    help="measure the interpolations (1 − α)·θ* + α·θ of each checkpoint at these α instead of the "
-                         "checkpoint itself (one entry per checkpoint and α)")
+                    help="also measure the last checkpoint's interpolations (1 − α)·θ* + α·θ at these α "
+                         "(a run's final checkpoint comes last), under 'interpolated' in its entry")
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
     from recadam_fairseq.core.errors import ConfigError
@@ -215,13 +220,11 @@ def main(argv: Optional[List[str]] = None):
     torch.set_num_threads(args.threads)
     pretrained = torch.load(args.pretrained, map_location="cpu", weights_only=True)["model"]
     out = []
-    for ckpt in args.checkpoints:
+    for i, ckpt in enumerate(args.checkpoints):
         res = {"checkpoint": os.path.basename(ckpt), "updates": num_updates(ckpt)}
-        if args.interpolate:
-            out += [dict(res, **m) for m in measure_interpolated(ckpt, pretrained, args.interpolate, args.sentiment,
-                                                                 args.snli, args.data)]
-        else:
-            out.append(dict(res, **measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data)))
+        alphas = args.interpolate if args.interpolate and i == len(args.checkpoints) - 1 else ()
+        res.update(measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data, alphas))
+        out.append(res)
     text = json.dumps(out, indent=2) + "\n"
     if args.out:
         with open(args.out, "w", encoding="utf-8") as f:

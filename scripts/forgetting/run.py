@@ -19,10 +19,12 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
 4. measures every final checkpoint and, for ``--early-methods``, the checkpoints every
    ``--early-every`` updates (scripts/forgetting/measure.py, its own command): held-out target
    accuracy, the change of the zero-shot SNLI entailment-vs-contradiction AUC (forgetting) and
-   ‖θ − θ*‖₂. A requested point that was not saved stops the run with an error;
-5. writes ``--results`` + ``.json`` (every run with its two commands) and ``.png`` (target
-   accuracy vs forgetting, each method's frontier; Adam's curve along its runs), and the table
-   (mean ± std over seeds, frontier marks) between the ``<!-- forgetting:start -->`` and
+   ‖θ − θ*‖₂. A requested point that was not saved stops the run with an error. For
+   ``--interpolate`` (0.25 0.5 0.75 by default) the final checkpoint mixed with θ*,
+   (1 − α)·θ* + α·θ (WiSE-FT, docs/wise-ft.md), is measured the same way (in memory; no training);
+5. writes ``--results`` + ``.json`` (every run with its commands) and ``.png`` (target accuracy
+   vs forgetting, each method's frontier, the WiSE-FT curves; Adam's curve along its runs), and the
+   table (mean ± std over seeds, frontier marks) between the ``<!-- forgetting:start -->`` and
    ``<!-- forgetting:end -->`` lines of ``--results`` + ``.md``: the rest of that file (prose) is
    kept as it is; a missing file is created with the markers and the table, and a file without
    the markers stops the run before it starts. By default docs/forgetting.*, rewritten after
@@ -31,6 +33,8 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
 Work files (converted model, data, run logs) go to ``--work``; checkpoints are deleted once
 measured, unless --keep-checkpoints. A finished run is not repeated when the command is run again
 with the same settings: ``WORK/runs/<name>/seed<N>/result.json`` (or RESULTS.json) records its command.
+Asked for interpolations at other α, a finished run is measured again from its checkpoints when
+--keep-checkpoints kept them, and run again otherwise (--report-only shows what was measured).
 """
 
 import argparse
@@ -160,31 +164,33 @@ def early_points(args, setting):
 
 
 def measure_command(ctx, data, checkpoints, out, alphas=()):
-    """measure.py's command; with ``alphas``, it measures the checkpoints' interpolations with θ* instead."""
+    """measure.py's command; with ``alphas``, it also measures the last checkpoint's interpolations with θ*."""
     return [sys.executable, rel(os.path.join(HERE, "measure.py")), *map(rel, checkpoints), "--data", rel(data),
             "--sentiment", rel(ctx["sentiment"]), "--snli", rel(ctx["snli"]), "--pretrained", rel(ctx["pretrained"]),
             "--threads", "1", *(["--interpolate", *map(fmt, alphas)] if alphas else []), "--out", rel(out)]
 
 
+def measure_points(args, ctx, data, points, run_dir, env, what):
+    """({updates: measures}, the command) of the checkpoints ``points`` ({updates: path}), the last one's
+    interpolations at --interpolate's α under ``interpolated``."""
+    mcmd = measure_command(ctx, data, [points[u] for u in sorted(points)], os.path.join(run_dir, "measured.json"),
+                           args.interpolate)
+    proc = subprocess.run(mcmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RunError(f"measuring {what} failed: {' '.join(mcmd)}\n{proc.stdout[-3000:]}")
+    with open(os.path.join(run_dir, "measured.json"), encoding="utf-8") as f:
+        measured = {m["updates"]: m for m in json.load(f)}
+    if sorted(measured) != sorted(points):
+        raise RunError(f"{run_dir}: measured updates {sorted(measured)}, expected {sorted(points)}")
+    if recorded_alphas(measured[args.updates]) != args.interpolate:
+        raise RunError(f"{run_dir}: measured interpolations at α {recorded_alphas(measured[args.updates])}, "
+                       f"expected {args.interpolate}")
+    return measured, mcmd
+
+
 def recorded_alphas(run):
     """The α of the interpolations a recorded run was measured at ([] for none)."""
     return [p["alpha"] for p in run.get("interpolated", [])]
-
-
-def measure_interpolations(args, ctx, data, checkpoint, run_dir, env):
-    """The final checkpoint's interpolations with θ* at --interpolate's α, measured by measure.py
-    in memory: ([{alpha, measures}], the command)."""
-    out = os.path.join(run_dir, "interpolated.json")
-    icmd = measure_command(ctx, data, [checkpoint], out, args.interpolate)
-    proc = subprocess.run(icmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RunError(f"measuring the interpolations of {checkpoint} failed: {' '.join(icmd)}\n{proc.stdout[-3000:]}")
-    with open(out, encoding="utf-8") as f:
-        got = json.load(f)
-    if [e["alpha"] for e in got] != args.interpolate or {e["updates"] for e in got} != {args.updates}:
-        raise RunError(f"{out}: measured α {[e['alpha'] for e in got]}, expected {args.interpolate} "
-                       f"at update {args.updates}")
-    return [{k: v for k, v in e.items() if k not in ("checkpoint", "updates")} for e in got], icmd
 
 
 def say_interpolated(say, name, seed, res):
@@ -199,27 +205,40 @@ def _write_result(path, res):
         f.write("\n")
 
 
-def reinterpolate(args, ctx, old, cmd, run_dir, say, env):
-    """A finished run whose interpolations were measured at other α: measured again from its kept
-    final checkpoint (no training), or dropped for --interpolate with no α; None when the checkpoint
-    is gone (the run is then repeated)."""
+def _without_interpolate(mcmd):
+    """A recorded measure command without its --interpolate α (as a run without them records it)."""
+    if "--interpolate" not in mcmd:
+        return list(mcmd)
+    i = mcmd.index("--interpolate")
+    return mcmd[:i] + mcmd[mcmd.index("--out"):]
+
+
+def reinterpolate(args, ctx, setting, old, cmd, run_dir, say, env):
+    """A finished run whose interpolations were measured at other α: its measured checkpoints, when
+    --keep-checkpoints kept them, are measured again with --interpolate's α (no training); with no α
+    the interpolations are dropped. None when the checkpoints are gone (the run is then repeated)."""
     name, seed = old["name"], old["seed"]
-    res = {k: v for k, v in old.items() if k not in ("interpolated", "interpolate_command")}
-    if args.interpolate:
-        last = os.path.join(run_dir, "checkpoint_last.pt")
-        if not os.path.isfile(last) or measure.num_updates(last) != args.updates:
-            say(f"== {name} seed {seed}: interpolations at α {' '.join(map(fmt, args.interpolate))} not measured "
-                f"and its final checkpoint is gone (--keep-checkpoints keeps it): running again")
-            return None
-        say(f"== {name} seed {seed}: done before; measuring its interpolations at α "
-            f"{' '.join(map(fmt, args.interpolate))} from {rel(last)}")
-        t = time.time()
-        res["interpolated"], icmd = measure_interpolations(args, ctx, os.path.join(ROOT, cmd[0]), last, run_dir, env)
-        res["interpolate_command"] = icmd[1:]
-        res["measure_seconds"] = round(old["measure_seconds"] + time.time() - t, 1)
-        say_interpolated(say, name, seed, res)
+    res = {k: v for k, v in old.items() if k != "interpolated"}
+    alphas = " ".join(map(fmt, args.interpolate))
+    if not args.interpolate:
+        say(f"== {name} seed {seed}: done before (its interpolations dropped: --interpolate has no α)")
+        res["measure_command"] = _without_interpolate(old["measure_command"])
     else:
-        say(f"== {name} seed {seed}: done before (its interpolations dropped: --interpolate is empty)")
+        try:
+            points = collect(run_dir, args.updates, early_points(args, setting)) if os.path.isdir(run_dir) else None
+        except RunError:
+            points = None
+        if not points:
+            say(f"== {name} seed {seed}: interpolations at α {alphas} not measured and its checkpoints are gone "
+                f"(--keep-checkpoints keeps them): running again")
+            return None
+        say(f"== {name} seed {seed}: done before; measuring it again with its interpolations at α {alphas}")
+        t = time.time()
+        measured, mcmd = measure_points(args, ctx, os.path.join(ROOT, cmd[0]), points, run_dir, env,
+                                        f"{name} seed {seed}")
+        res.update(measure_command=mcmd[1:], measure_seconds=round(old["measure_seconds"] + time.time() - t, 1),
+                   interpolated=measured[args.updates]["interpolated"])
+        say_interpolated(say, name, seed, res)
     os.makedirs(run_dir, exist_ok=True)
     _write_result(os.path.join(run_dir, "result.json"), res)
     return res
@@ -262,11 +281,11 @@ def run_one(args, ctx, setting, seed, say):
     if args.report_only:
         say(f"== {name} seed {seed}: not run yet (--report-only)")
         return None
-    if trained and (res := reinterpolate(args, ctx, trained, cmd, run_dir, say, env)):
+    if trained and (res := reinterpolate(args, ctx, setting, trained, cmd, run_dir, say, env)):
         return res
     os.makedirs(run_dir, exist_ok=True)
     for f in os.listdir(run_dir):
-        if f.startswith("checkpoint") or f in ("result.json", "measured.json", "interpolated.json"):
+        if f.startswith("checkpoint") or f in ("result.json", "measured.json"):
             os.remove(os.path.join(run_dir, f))
     log = os.path.join(run_dir, "train.log")
     say(f"== {name} seed {seed} -> {run_dir}")
@@ -283,17 +302,10 @@ def run_one(args, ctx, setting, seed, say):
     wanted = early_points(args, setting)
     points = collect(run_dir, args.updates, wanted)
     data = os.path.join(ROOT, cmd[0])
-    mcmd = measure_command(ctx, data, [points[u] for u in sorted(points)], os.path.join(run_dir, "measured.json"))
     t = time.time()
-    proc = subprocess.run(mcmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RunError(f"measuring {name} seed {seed} failed: {' '.join(mcmd)}\n{proc.stdout[-3000:]}")
-    with open(os.path.join(run_dir, "measured.json"), encoding="utf-8") as f:
-        measured = {m["updates"]: m for m in json.load(f)}
-    if sorted(measured) != sorted(points):
-        raise RunError(f"{run_dir}: measured updates {sorted(measured)}, expected {sorted(points)}")
+    measured, mcmd = measure_points(args, ctx, data, points, run_dir, env, f"{name} seed {seed}")
     res = dict(setting, name=name, label=methods.label(setting), seed=seed, train_seconds=round(train_s, 1))
-    res.update({k: v for k, v in measured[args.updates].items() if k not in ("checkpoint", "updates")})
+    res.update({k: v for k, v in measured[args.updates].items() if k not in ("checkpoint", "updates", "interpolated")})
     logs = plot_run.read_log(log)
     valid = [r for r in logs.get("valid", []) if any(k.endswith("accuracy") for k in r)]
     res["fairseq_valid_accuracy"] = (float(next(v for k, v in valid[-1].items() if k.endswith("accuracy"))) / 100
@@ -305,11 +317,10 @@ def run_one(args, ctx, setting, seed, say):
     for e in res["early"]:
         say(f"   {name} seed {seed} after {e['updates']} updates: acc {e['target_accuracy']:.4f}  "
             f"SNLI AUC {e['snli_auc']:.4f}")
-    wise = measure_interpolations(args, ctx, data, points[args.updates], run_dir, env) if args.interpolate else None
     res.update(command=["fairseq-train"] + cmd, measure_command=mcmd[1:], data=args.data_key,
                measure_seconds=round(time.time() - t, 1))
-    if wise:  # a run without interpolation is recorded as before
-        res.update(interpolated=wise[0], interpolate_command=wise[1][1:])
+    if args.interpolate:  # a run without interpolation is recorded as before
+        res["interpolated"] = measured[args.updates]["interpolated"]
         say_interpolated(say, name, seed, res)
     for f in os.listdir(run_dir):  # checkpoint_best.pt and epoch checkpoints are copies or unmeasured
         path = os.path.join(run_dir, f)
@@ -608,11 +619,11 @@ def plot(rows, base, out, updates):
             pts = r.get("interpolated", []) + [r]
             if len(pts) > 1:
                 ax1.plot([-p["forgetting"] for p in pts], [p["target_accuracy"] for p in pts], color=color, ls=":",
-                         lw=1, marker=".", ms=4, alpha=0.8)
+                         lw=1, marker="x", ms=3, alpha=0.8)
     wise = [p["alpha"] for r in final for p in r.get("interpolated", [])]
     if wise:  # θ* (α = 0) forgets nothing but has no head of its own for the target: its line, no point
         ax1.axvline(0, color="grey", lw=0.8, ls="-.", alpha=0.6, label="θ* (α = 0): no forgetting")
-        ax1.plot([], [], color="grey", ls=":", marker=".", ms=4,
+        ax1.plot([], [], color="black", ls=":", marker="x", ms=3,
                  label="WiSE-FT (1 − α)·θ* + α·θ, α = " + ", ".join(map(fmt, sorted(set(wise)))) + ", 1")
     adam = [r for r in rows if r["method"] == "adam"]
     if len(adam) > 1:  # Adam's own run, stopped earlier
