@@ -206,12 +206,17 @@ def test_defaults_follow_updates(tmp_path, capsys):
     args = _args(tmp_path, "--updates", "20", "--early-every", "5", "--log-interval", "2")
     assert (args.early_every, args.log_interval) == (5, 2)
     assert _args(tmp_path, "--updates", "20", "--early-every", "0").early_every == 0
+    assert _args(tmp_path).interpolate == [0.25, 0.5, 0.75]
+    assert _args(tmp_path, "--interpolate", "0.5", "0", "0.5").interpolate == [0.0, 0.5]  # sorted, once each
+    assert _args(tmp_path, "--interpolate").interpolate == []  # off
     bad = [(["--updates", "20", "--early-every", "40"], "--early-every 40: must be in 1..19 (--updates), or 0"),
            (["--early-every", "-1"], "--early-every -1: must be in 1..199 (--updates), or 0"),
            (["--updates", "25", "--log-interval", "10"], "--updates 25 must be a multiple of --log-interval 10"),
            (["--log-interval", "0"], "--log-interval 0: must be >= 1"),
            (["--updates", "0"], "--updates 0: must be >= 1"),
-           (["--pretrained-dir", str(tmp_path)], f"--pretrained-dir {tmp_path}: no model.pt")]
+           (["--pretrained-dir", str(tmp_path)], f"--pretrained-dir {tmp_path}: no model.pt"),
+           (["--interpolate", "0.5", "1"], "--interpolate 1: must be in [0, 1) (1 is the run's own final checkpoint)"),
+           (["--interpolate", "-0.5"], "--interpolate -0.5: must be in [0, 1)")]
     for argv, message in bad:
         with pytest.raises(SystemExit) as e:
             _args(tmp_path, *argv)
@@ -248,6 +253,29 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
         save_dir = os.path.join(args.work, "runs", run["name"], f"seed{run['seed']}")
         assert ["fairseq-train"] + forgetting.train_command(args, ctx, s, run["seed"], save_dir) == run["command"]
         assert forgetting.early_points(args, s) == [e["updates"] for e in run["early"]]
+    # ... so --report-only finds every one done, with the default --interpolate (the recorded runs have no
+    # interpolation: no curve for them), and so does a run with --interpolate off
+    args.prior = {(r["name"], r["seed"]): r for r in recorded["runs"]}
+    args.data_key = json.dumps(forgetting.data_settings(args), sort_keys=True)
+    assert args.interpolate == [0.25, 0.5, 0.75]
+    said = []
+    for report_only, alphas in ((True, [0.25, 0.5, 0.75]), (False, [])):
+        args.report_only, args.interpolate = report_only, alphas
+        for run in recorded["runs"]:
+            assert forgetting.run_one(args, ctx, by_name[run["name"]], run["seed"], said.append) is run
+    assert len(said) == 2 * len(recorded["runs"]) and all(": done before (" in x for x in said), said[:3]
+    assert not any("interpolated" in r for r in recorded["runs"])
+    rows = forgetting.summarize(recorded["runs"], recorded["pretrained"])
+    assert not any("interpolated" in r for r in rows)
+    md = forgetting.markdown(rows, recorded["pretrained"], recorded["conversion"], recorded["data"], "cmd",
+                             recorded["runs"], args)
+    assert "WiSE-FT" not in md and md.splitlines()[0].endswith("| frontier |")  # the table as before
+    # measuring them at the default α needs their final checkpoints, which are gone: they would run again
+    args.interpolate = [0.25, 0.5, 0.75]
+    run = recorded["runs"][0]
+    assert forgetting.reinterpolate(args, ctx, by_name[run["name"]], run, run["command"][1:], str(tmp_path / "gone"),
+                                     said.append, None) is None
+    assert "its checkpoints are gone" in said[-1]
 
 
 def _summary(points, base_auc=0.88):
@@ -262,7 +290,7 @@ def _summary(points, base_auc=0.88):
 
 
 def _inside(rows, xlim, ylim):
-    return [r["name"] for r in rows
+    return [r.get("name", r.get("alpha")) for r in rows
             if xlim[0] < -r["forgetting"] < xlim[1] and ylim[0] < r["target_accuracy"] < ylim[1]]
 
 
@@ -344,6 +372,7 @@ def sdists(tmp_path_factory):
 ALL_METHODS = ["adam", "recadam:0.5:1", "recadam-coupled:0.5:1", "recadam-random-init:0.5:1", "r3f:1", "r4f:1",
                "sam:0.05", "fsam:0.05", "recadam+r3f:k=0.5,t0=1", "recadam+fsam:k=0.5,t0=1", "freeze:3", "ca-mtl:3"]
 UPDATES = 4
+ALPHAS = [0.25, 0.5, 0.75]  # run.py's default --interpolate
 README_BEFORE = "# Doc\n\ntext before\n<!-- forgetting:start -->\nold table\n<!-- forgetting:end -->\ntext after\n"
 
 
@@ -393,6 +422,37 @@ def test_every_method_gives_a_row(pipeline):
             assert isinstance(r["frontier"], bool) and r["train_seconds"] > 0
     assert any(r["frontier"] for r in res["rows"] if not r.get("stopped_at"))
     assert (work / "results.png").stat().st_size > 10_000
+    # WiSE-FT (--interpolate 0.25 0.5 0.75 by default): every run's final checkpoint, mixed with θ*
+    assert res["settings"]["interpolate"] == ALPHAS
+    (header,) = [line for line in md.splitlines() if line.startswith("| method |")]
+    assert header.endswith("| frontier | WiSE-FT α: acc, ΔAUC |")
+    for run in res["runs"]:
+        assert [p["alpha"] for p in run["interpolated"]] == ALPHAS
+        mcmd = run["measure_command"]  # the α are in the recorded command: another list measures again
+        assert mcmd[mcmd.index("--interpolate"):mcmd.index("--out")] == ["--interpolate", "0.25", "0.5", "0.75"]
+    for r in res["rows"]:
+        if r.get("stopped_at"):
+            assert "interpolated" not in r
+            continue
+        (run,) = [x for x in res["runs"] if x["name"] == r["name"]]
+        assert [p["alpha"] for p in r["interpolated"]] == ALPHAS
+        for p, q in zip(r["interpolated"], run["interpolated"]):  # one seed: the mean is the run's value
+            assert p["seeds"] == [3] and p["target_accuracy"] == q["target_accuracy"]
+            assert p["forgetting"] == pytest.approx(q["snli_auc"] - base["snli_auc"])
+        cell = " · ".join(f"{a:g}: {p['target_accuracy']:.3f}, {p['forgetting']:+.3f}"
+                          for a, p in zip(ALPHAS, r["interpolated"]))
+        method = r["method"]
+        assert re.search(rf"\n\| {re.escape(method)} \| {re.escape(methods.knob_text(r))}.*\| {re.escape(cell)} \|\n",
+                         md), (method, cell)
+    assert "WiSE-FT: each run's final checkpoint mixed with the pretrained weights" in md
+    # the plot: the curves are drawn, θ* (x = 0) and every interpolation inside the main panel
+    xlim, ylim, _ = forgetting.chart_limits(res["rows"])
+    assert xlim[0] < 0 < xlim[1]
+    points = [p for r in res["rows"] for p in r.get("interpolated", [])]
+    assert len(_inside(points, xlim, ylim)) == len(points) == len(ALPHAS) * len(ALL_METHODS)
+    bare = [{k: v for k, v in r.items() if k != "interpolated"} for r in res["rows"]]
+    forgetting.plot(bare, base, str(work / "bare.png"), UPDATES)
+    assert (work / "bare.png").read_bytes() != (work / "results.png").read_bytes()
 
 
 def _table(path):
@@ -496,6 +556,24 @@ def test_pipeline_consistent_with_checkpoints(pipeline, converted):
             assert any("film" in k or "adapter" in k or "task_emb" in k for k in p), sorted(p)[:5]
         if r["method"] in ("r4f",):
             assert any(k.endswith("out_proj.weight_orig") for k in p)
+        # WiSE-FT: ‖θ_α − θ*‖ = α‖θ − θ*‖ (fp32 rounding of θ_α aside)
+        for q in r["interpolated"]:
+            assert q["dist"] == pytest.approx(q["alpha"] * r["dist"], rel=1e-3), (r["name"], q)
+            assert q["tensors"] == r["tensors"]
+        # scripts/interpolate.py on this checkpoint: θ*'s tensors mixed, the rest (heads, CA-MTL's modules,
+        # R4F's spectral-norm tensors) the run's own
+        mixed = forgetting.measure.wise.interpolated_checkpoint(state, pretrained, 0.5)
+        assert "last_optimizer_state" not in mixed and mixed["cfg"] == state["cfg"]
+        own = [k for k in state["model"] if k not in pretrained]
+        assert own and any(k.startswith("classification_heads.") for k in own)
+        assert all(mixed["model"][k] is state["model"][k] for k in own), r["name"]
+        if r["method"] == "r4f":
+            assert any(k.endswith(("weight_u", "weight_v")) for k in own)
+        for k in ("encoder.sentence_encoder.layers.3.fc1.weight", "encoder.sentence_encoder.embed_tokens.weight"):
+            if k not in state["model"]:
+                continue
+            want = (pretrained[k].double() + state["model"][k].double()) / 2
+            torch.testing.assert_close(mixed["model"][k].double(), want, rtol=1e-6, atol=1e-7)
     # the classification head is new: not part of the distance
     assert not any("classification_heads" in k for k in pretrained)
 
@@ -503,7 +581,8 @@ def test_pipeline_consistent_with_checkpoints(pipeline, converted):
 @pytest.mark.parametrize("name", ["recadam+fsam-k0.5-t1-g5000-rho0.05", "ca-mtl-freeze3"])
 def test_json_commands_reproduce_a_row(pipeline, tmp_path, name):
     """The fairseq-train and measure commands the JSON records, re-run by hand into another directory,
-    give the row's numbers again, exactly (one thread, the same seed)."""
+    give the row's numbers again, exactly (one thread, the same seed); so do its interpolations, measured
+    in memory and from the files scripts/interpolate.py writes."""
     work, res = pipeline
     (run,) = [r for r in res["runs"] if r["name"] == name]
     cmd = list(run["command"])
@@ -521,3 +600,64 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path, name):
     assert again["updates"] == UPDATES
     for key in ("target_accuracy", "snli_auc", "dist"):
         assert again[key] == run[key], key
+    # the interpolations, measured in memory by the recorded command (above), and from the files
+    # scripts/interpolate.py writes: the same numbers
+    assert [p["alpha"] for p in again["interpolated"]] == ALPHAS and again["interpolated"] == run["interpolated"]
+    if name != "ca-mtl-freeze3":  # (the files once: CA-MTL's checkpoint has the most tensors θ* lacks)
+        return
+    pretrained = run["command"][run["command"].index("--restore-file") + 1]
+    subprocess.run([sys.executable, os.path.join("scripts", "interpolate.py"), str(tmp_path / "checkpoint_last.pt"),
+                    "--pretrained", pretrained, "--alpha", "0.5", "0.75", "--out", str(tmp_path / "wise.pt")],
+                   cwd=ROOT, env=env, check=True, capture_output=True)
+    mcmd = forgetting._without_interpolate(mcmd)
+    mcmd[mcmd.index(str(tmp_path / "checkpoint_last.pt"))] = str(tmp_path / "wise_alpha0.5.pt")
+    mcmd.insert(mcmd.index(str(tmp_path / "wise_alpha0.5.pt")) + 1, str(tmp_path / "wise_alpha0.75.pt"))
+    subprocess.run([sys.executable, *mcmd], cwd=ROOT, env=env, check=True, capture_output=True)
+    from_files = json.loads((tmp_path / "measured.json").read_text())
+    assert [m["checkpoint"] for m in from_files] == ["wise_alpha0.5.pt", "wise_alpha0.75.pt"]
+    for m, q in zip(from_files, run["interpolated"][1:]):
+        for key in ("target_accuracy", "snli_auc", "dist"):
+            assert m[key] == q[key], (q["alpha"], key)
+
+
+def _same_settings(work, converted, *argv):
+    """run.py on the pipeline's work with its settings (so its runs count as done) and ``argv``."""
+    return forgetting.main([
+        "--work", str(work), "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40",
+        "--snli-pairs", "24", "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4",
+        "--seeds", "3", "--early-every", "1", "--early-methods", "adam", "freeze", *argv])
+
+
+def test_changed_alphas_measure_again_without_training(pipeline, converted, capsys):
+    """Another --interpolate list: a finished run whose final checkpoint is kept is measured again at the
+    new α (no training); --report-only shows what was measured; no α drops the interpolations."""
+    work, res = pipeline
+    result = work / "runs" / "adam" / "seed3" / "result.json"
+    log = work / "runs" / "adam" / "seed3" / "train.log"
+    before, log_before = result.read_bytes(), log.read_bytes()
+    (run,) = [r for r in res["runs"] if r["name"] == "adam"]
+    try:
+        again = _same_settings(work, converted, "--results", str(work / "alphas"), "--methods", "adam",
+                               "--interpolate", "0.5")
+        out = capsys.readouterr().out
+        assert "adam seed 3: done before; measuring it again with its interpolations at α 0.5" in out
+        (new,) = again["runs"]
+        assert new["interpolated"] == [run["interpolated"][1]]  # the same checkpoint, the same numbers
+        assert new["train_seconds"] == run["train_seconds"] and log.read_bytes() == log_before  # not trained
+        assert new["measure_seconds"] > run["measure_seconds"]
+        assert json.loads(result.read_text()) == new
+        assert "| 0.5: " in (work / "alphas.md").read_text()
+
+        shown = _same_settings(work, converted, "--results", str(work / "alphas"), "--methods", "adam",
+                               "--interpolate", "0.25", "--report-only")
+        assert "done before" in capsys.readouterr().out and shown["runs"] == [new]
+
+        off = _same_settings(work, converted, "--results", str(work / "alphas"), "--methods", "adam", "--interpolate")
+        (plain,) = off["runs"]
+        assert "--interpolate" not in plain["measure_command"]
+        assert plain == dict({k: v for k, v in new.items() if k != "interpolated"},
+                             measure_command=forgetting._without_interpolate(run["measure_command"]))
+        assert "WiSE-FT" not in (work / "alphas.md").read_text()
+        assert log.read_bytes() == log_before
+    finally:
+        result.write_bytes(before)

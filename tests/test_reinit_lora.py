@@ -402,6 +402,18 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     base = _load(_build(tiny)[0], pretrained, None)  # LoRA moved the function: the comparison is not vacuous
     assert (_outputs(base, toks)[0] - want[0]).abs().max() > 1e-4
+    # WiSE-FT of a LoRA run interpolates its merged weights: α = 1 is the merged model, 0.5 the mean with θ*
+    wise = _load_script("interpolate")
+    outs = [str(tmp_path / f"wise{a}.pt") for a in ("1", "0.5")]
+    for a, out in zip(("1", "0.5"), outs):
+        assert wise.main([last, "--pretrained", tiny.pretrained, "--alpha", a, "--out", out]) == 0
+    one, half = (load_ckpt(o)["model"] for o in outs)
+    assert all(torch.equal(one[k], v) for k, v in state["model"].items())
+    q = "encoder.sentence_encoder.layers.0.self_attn.q_proj.weight"
+    assert not torch.equal(state["model"][q], pretrained[q])  # B·A moved it
+    assert torch.allclose(half[q].double(), (pretrained[q].double() + state["model"][q].double()) / 2, atol=1e-7)
+    (wplain,), _, _ = checkpoint_utils.load_model_ensemble_and_task([outs[0]], arg_overrides=over)
+    assert type(wplain) is RobertaModel and all(torch.equal(a, b) for a, b in zip(_outputs(wplain, toks), want))
 
 
 def test_lora_resume_is_bit_exact(runs):

@@ -8,6 +8,10 @@
   the ROC-AUC of that score. Forgetting = the fine-tuned AUC minus the pretrained one;
 - weight distance: ‖θ − θ*‖₂ over the tensors of the pretrained checkpoint (the encoder; RecAdam's
   anchor), squared = what recadam logs as ``recadam_dist``.
+
+With ``--interpolate ALPHA ...`` the same three are also measured on the WiSE-FT interpolations
+θ_α = (1 − α)·θ* + α·θ of the last checkpoint given (a run's final one; scripts/interpolate.py's
+interpolation, done in memory: nothing is written).
 """
 
 import argparse
@@ -16,7 +20,7 @@ import json
 import os
 import sys
 import tempfile
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
@@ -27,6 +31,10 @@ _spec = importlib.util.spec_from_file_location(
     "merge_lora", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "merge_lora.py"))
 merge_lora = importlib.util.module_from_spec(_spec)  # scripts/merge_lora.py: LoRA checkpoints as plain RoBERTa
 _spec.loader.exec_module(merge_lora)
+_spec = importlib.util.spec_from_file_location(
+    "wise_interpolate", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "interpolate.py"))
+wise = importlib.util.module_from_spec(_spec)  # scripts/interpolate.py: the checkpoints' interpolation
+_spec.loader.exec_module(wise)
 
 
 def load(checkpoint: str, data_dir: str):
@@ -148,14 +156,40 @@ def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor
     return {"dist": sq ** 0.5, "dist_sq": sq, "rel_dist": (sq / ref) ** 0.5, "tensors": len(names)}
 
 
-def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
-                snli_dir: str, data_dir: Optional[str] = None) -> Dict[str, float]:
-    """All three measures of one fine-tuned checkpoint; ``data_dir``: the run's data path (where its
-    task finds the dictionaries; default ``sentiment_dir``)."""
-    model, _ = load(checkpoint, data_dir or sentiment_dir)
+def measures(model, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
+             snli_dir: str) -> Dict[str, float]:
+    """All three measures of a loaded model."""
     out = {"target_accuracy": target_accuracy(model, sentiment_dir)["accuracy"]}
     out.update({f"snli_{k}": v for k, v in snli_auc(model, snli_dir).items()})
     out.update(distance(dict(model.named_parameters()), pretrained_state))
+    return out
+
+
+def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
+                snli_dir: str, data_dir: Optional[str] = None, alphas: Sequence[float] = ()) -> dict:
+    """All three measures of one fine-tuned checkpoint; ``data_dir``: the run's data path (where its
+    task finds the dictionaries; default ``sentiment_dir``). With ``alphas``, also those of its
+    interpolations with θ*, under ``interpolated``."""
+    model, _ = load(checkpoint, data_dir or sentiment_dir)
+    out = measures(model, pretrained_state, sentiment_dir, snli_dir)
+    if alphas:
+        out["interpolated"] = measure_interpolated(model, pretrained_state, alphas, sentiment_dir, snli_dir)
+    return out
+
+
+def measure_interpolated(model, pretrained_state: Dict[str, torch.Tensor], alphas: Sequence[float],
+                         sentiment_dir: str, snli_dir: str) -> List[dict]:
+    """[{alpha, measures}] of θ_α = (1 − α)·θ* + α·θ for each α, θ the loaded model's weights (heads
+    and modules θ* lacks are θ's at every α); the model holds θ again afterwards."""
+    from recadam_fairseq.core.interpolate import interpolate
+
+    state = {k: v.clone() for k, v in model.state_dict().items()}
+    own, pre = wise.model_states(state, pretrained_state)
+    out = []
+    for alpha in alphas:
+        torch.nn.Module.load_state_dict(model, interpolate(own, pre, alpha), strict=True)
+        out.append(dict(alpha=alpha, **measures(model, pretrained_state, sentiment_dir, snli_dir)))
+    torch.nn.Module.load_state_dict(model, state, strict=True)
     return out
 
 
@@ -176,8 +210,19 @@ def main(argv: Optional[List[str]] = None):
     ap.add_argument("--snli", required=True, help="the SNLI probe (sentences, pairs.npz)")
     ap.add_argument("--pretrained", required=True, help="the pretrained checkpoint (θ*)")
     ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--interpolate", type=float, nargs="+", metavar="ALPHA",
+                    help="also measure the last checkpoint's interpolations (1 − α)·θ* + α·θ at these α "
+                         "(a run's final checkpoint comes last), under 'interpolated' in its entry")
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
+    from recadam_fairseq.core.errors import ConfigError
+    from recadam_fairseq.core.interpolate import check_alpha
+
+    try:
+        for a in args.interpolate or []:
+            check_alpha(a, "--interpolate")
+    except ConfigError as e:
+        ap.error(str(e))
     import logging
 
     import recadam_fairseq.safe_globals  # noqa: F401
@@ -186,9 +231,10 @@ def main(argv: Optional[List[str]] = None):
     torch.set_num_threads(args.threads)
     pretrained = torch.load(args.pretrained, map_location="cpu", weights_only=True)["model"]
     out = []
-    for ckpt in args.checkpoints:
+    for i, ckpt in enumerate(args.checkpoints):
         res = {"checkpoint": os.path.basename(ckpt), "updates": num_updates(ckpt)}
-        res.update(measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data))
+        alphas = args.interpolate if args.interpolate and i == len(args.checkpoints) - 1 else ()
+        res.update(measure_run(ckpt, pretrained, args.sentiment, args.snli, args.data, alphas))
         out.append(res)
     text = json.dumps(out, indent=2) + "\n"
     if args.out:

@@ -19,10 +19,12 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
 4. measures every final checkpoint and, for ``--early-methods``, the checkpoints every
    ``--early-every`` updates (scripts/forgetting/measure.py, its own command): held-out target
    accuracy, the change of the zero-shot SNLI entailment-vs-contradiction AUC (forgetting) and
-   ‖θ − θ*‖₂. A requested point that was not saved stops the run with an error;
-5. writes ``--results`` + ``.json`` (every run with its two commands) and ``.png`` (target
-   accuracy vs forgetting, each method's frontier; Adam's curve along its runs), and the table
-   (mean ± std over seeds, frontier marks) between the ``<!-- forgetting:start -->`` and
+   ‖θ − θ*‖₂. A requested point that was not saved stops the run with an error. For
+   ``--interpolate`` (0.25 0.5 0.75 by default) the final checkpoint mixed with θ*,
+   (1 − α)·θ* + α·θ (WiSE-FT, docs/wise-ft.md), is measured the same way (in memory; no training);
+5. writes ``--results`` + ``.json`` (every run with its commands) and ``.png`` (target accuracy
+   vs forgetting, each method's frontier, the WiSE-FT curves; Adam's curve along its runs), and the
+   table (mean ± std over seeds, frontier marks) between the ``<!-- forgetting:start -->`` and
    ``<!-- forgetting:end -->`` lines of ``--results`` + ``.md``: the rest of that file (prose) is
    kept as it is; a missing file is created with the markers and the table, and a file without
    the markers stops the run before it starts. By default docs/forgetting.*, rewritten after
@@ -31,6 +33,8 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
 Work files (converted model, data, run logs) go to ``--work``; checkpoints are deleted once
 measured, unless --keep-checkpoints. A finished run is not repeated when the command is run again
 with the same settings: ``WORK/runs/<name>/seed<N>/result.json`` (or RESULTS.json) records its command.
+Asked for interpolations at other α, a finished run is measured again from its checkpoints when
+--keep-checkpoints kept them, and run again otherwise (--report-only shows what was measured).
 """
 
 import argparse
@@ -85,6 +89,8 @@ DEFAULT_METHODS = (
     "reinit:1", "reinit:2", "recadam-reinit:k=0.1,t0=25,reinit=1",
     "lora:8", "lora:32",
 )
+# WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
+DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
 # the plot's main panel leaves out settings below this (near chance: 0.5) when most settings are above it
 CHART_MIN_ACCURACY = 0.6
 # relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
@@ -160,10 +166,85 @@ def early_points(args, setting):
     return list(range(args.early_every, args.updates, args.early_every))
 
 
-def measure_command(ctx, data, checkpoints, out):
+def measure_command(ctx, data, checkpoints, out, alphas=()):
+    """measure.py's command; with ``alphas``, it also measures the last checkpoint's interpolations with θ*."""
     return [sys.executable, rel(os.path.join(HERE, "measure.py")), *map(rel, checkpoints), "--data", rel(data),
             "--sentiment", rel(ctx["sentiment"]), "--snli", rel(ctx["snli"]), "--pretrained", rel(ctx["pretrained"]),
-            "--threads", "1", "--out", rel(out)]
+            "--threads", "1", *(["--interpolate", *map(fmt, alphas)] if alphas else []), "--out", rel(out)]
+
+
+def measure_points(args, ctx, data, points, run_dir, env, what):
+    """({updates: measures}, the command) of the checkpoints ``points`` ({updates: path}), the last one's
+    interpolations at --interpolate's α under ``interpolated``."""
+    mcmd = measure_command(ctx, data, [points[u] for u in sorted(points)], os.path.join(run_dir, "measured.json"),
+                           args.interpolate)
+    proc = subprocess.run(mcmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RunError(f"measuring {what} failed: {' '.join(mcmd)}\n{proc.stdout[-3000:]}")
+    with open(os.path.join(run_dir, "measured.json"), encoding="utf-8") as f:
+        measured = {m["updates"]: m for m in json.load(f)}
+    if sorted(measured) != sorted(points):
+        raise RunError(f"{run_dir}: measured updates {sorted(measured)}, expected {sorted(points)}")
+    if recorded_alphas(measured[args.updates]) != args.interpolate:
+        raise RunError(f"{run_dir}: measured interpolations at α {recorded_alphas(measured[args.updates])}, "
+                       f"expected {args.interpolate}")
+    return measured, mcmd
+
+
+def recorded_alphas(run):
+    """The α of the interpolations a recorded run was measured at ([] for none)."""
+    return [p["alpha"] for p in run.get("interpolated", [])]
+
+
+def say_interpolated(say, name, seed, res):
+    for p in res.get("interpolated", []):
+        say(f"   {name} seed {seed} interpolated with θ*, α {fmt(p['alpha'])}: acc {p['target_accuracy']:.4f}  "
+            f"SNLI AUC {p['snli_auc']:.4f}  ‖θ−θ*‖ {p['dist']:.3f}")
+
+
+def _write_result(path, res):
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(res, f, indent=2)
+        f.write("\n")
+
+
+def _without_interpolate(mcmd):
+    """A recorded measure command without its --interpolate α (as a run without them records it)."""
+    if "--interpolate" not in mcmd:
+        return list(mcmd)
+    i = mcmd.index("--interpolate")
+    return mcmd[:i] + mcmd[mcmd.index("--out"):]
+
+
+def reinterpolate(args, ctx, setting, old, cmd, run_dir, say, env):
+    """A finished run whose interpolations were measured at other α: its measured checkpoints, when
+    --keep-checkpoints kept them, are measured again with --interpolate's α (no training); with no α
+    the interpolations are dropped. None when the checkpoints are gone (the run is then repeated)."""
+    name, seed = old["name"], old["seed"]
+    res = {k: v for k, v in old.items() if k != "interpolated"}
+    alphas = " ".join(map(fmt, args.interpolate))
+    if not args.interpolate:
+        say(f"== {name} seed {seed}: done before (its interpolations dropped: --interpolate has no α)")
+        res["measure_command"] = _without_interpolate(old["measure_command"])
+    else:
+        try:
+            points = collect(run_dir, args.updates, early_points(args, setting)) if os.path.isdir(run_dir) else None
+        except RunError:
+            points = None
+        if not points:
+            say(f"== {name} seed {seed}: interpolations at α {alphas} not measured and its checkpoints are gone "
+                f"(--keep-checkpoints keeps them): running again")
+            return None
+        say(f"== {name} seed {seed}: done before; measuring it again with its interpolations at α {alphas}")
+        t = time.time()
+        measured, mcmd = measure_points(args, ctx, os.path.join(ROOT, cmd[0]), points, run_dir, env,
+                                        f"{name} seed {seed}")
+        res.update(measure_command=mcmd[1:], measure_seconds=round(old["measure_seconds"] + time.time() - t, 1),
+                   interpolated=measured[args.updates]["interpolated"])
+        say_interpolated(say, name, seed, res)
+    os.makedirs(run_dir, exist_ok=True)
+    _write_result(os.path.join(run_dir, "result.json"), res)
+    return res
 
 
 def collect(run_dir, final, wanted):
@@ -188,20 +269,29 @@ def run_one(args, ctx, setting, seed, say):
     run_dir = os.path.join(args.work, "runs", name, f"seed{seed}")
     cmd = train_command(args, ctx, setting, seed, run_dir)
     done = os.path.join(run_dir, "result.json")
+    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
+    # done before: the same fairseq-train command on the same data; interpolations at other α are
+    # measured again (--report-only shows what was measured)
+    trained = None
     for old, where in ((_read(done), done), (args.prior.get((name, seed)), args.results + ".json")):
         if old and old.get("command") == ["fairseq-train"] + cmd and old.get("data") == args.data_key:
-            say(f"== {name} seed {seed}: done before ({where})")
-            return old
+            if recorded_alphas(old) == args.interpolate or args.report_only:
+                say(f"== {name} seed {seed}: done before ({where})" + (
+                    "" if recorded_alphas(old) == args.interpolate else
+                    f"; interpolations measured at α {' '.join(map(fmt, recorded_alphas(old))) or '(none)'}"))
+                return old
+            trained = trained or old
     if args.report_only:
         say(f"== {name} seed {seed}: not run yet (--report-only)")
         return None
+    if trained and (res := reinterpolate(args, ctx, setting, trained, cmd, run_dir, say, env)):
+        return res
     os.makedirs(run_dir, exist_ok=True)
     for f in os.listdir(run_dir):
         if f.startswith("checkpoint") or f in ("result.json", "measured.json"):
             os.remove(os.path.join(run_dir, f))
     log = os.path.join(run_dir, "train.log")
     say(f"== {name} seed {seed} -> {run_dir}")
-    env = dict(os.environ, OMP_NUM_THREADS=str(args.threads), MKL_NUM_THREADS=str(args.threads))
     t = time.time()
     with open(log, "w") as f:
         f.write("# fairseq-train " + " ".join(shlex.quote(c) for c in cmd) + "\n")
@@ -215,17 +305,10 @@ def run_one(args, ctx, setting, seed, say):
     wanted = early_points(args, setting)
     points = collect(run_dir, args.updates, wanted)
     data = os.path.join(ROOT, cmd[0])
-    mcmd = measure_command(ctx, data, [points[u] for u in sorted(points)], os.path.join(run_dir, "measured.json"))
     t = time.time()
-    proc = subprocess.run(mcmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=ROOT)
-    if proc.returncode != 0:
-        raise RunError(f"measuring {name} seed {seed} failed: {' '.join(mcmd)}\n{proc.stdout[-3000:]}")
-    with open(os.path.join(run_dir, "measured.json"), encoding="utf-8") as f:
-        measured = {m["updates"]: m for m in json.load(f)}
-    if sorted(measured) != sorted(points):
-        raise RunError(f"{run_dir}: measured updates {sorted(measured)}, expected {sorted(points)}")
+    measured, mcmd = measure_points(args, ctx, data, points, run_dir, env, f"{name} seed {seed}")
     res = dict(setting, name=name, label=methods.label(setting), seed=seed, train_seconds=round(train_s, 1))
-    res.update({k: v for k, v in measured[args.updates].items() if k not in ("checkpoint", "updates")})
+    res.update({k: v for k, v in measured[args.updates].items() if k not in ("checkpoint", "updates", "interpolated")})
     logs = plot_run.read_log(log)
     valid = [r for r in logs.get("valid", []) if any(k.endswith("accuracy") for k in r)]
     res["fairseq_valid_accuracy"] = (float(next(v for k, v in valid[-1].items() if k.endswith("accuracy"))) / 100
@@ -239,13 +322,14 @@ def run_one(args, ctx, setting, seed, say):
             f"SNLI AUC {e['snli_auc']:.4f}")
     res.update(command=["fairseq-train"] + cmd, measure_command=mcmd[1:], data=args.data_key,
                measure_seconds=round(time.time() - t, 1))
+    if args.interpolate:  # a run without interpolation is recorded as before
+        res["interpolated"] = measured[args.updates]["interpolated"]
+        say_interpolated(say, name, seed, res)
     for f in os.listdir(run_dir):  # checkpoint_best.pt and epoch checkpoints are copies or unmeasured
         path = os.path.join(run_dir, f)
         if f.startswith("checkpoint") and (path not in points.values() or not args.keep_checkpoints):
             os.remove(path)
-    with open(done, "w", encoding="utf-8") as f:
-        json.dump(res, f, indent=2)
-        f.write("\n")
+    _write_result(done, res)
     say(f"   {name} seed {seed}: acc {res['target_accuracy']:.4f}  SNLI AUC {res['snli_auc']:.4f}  "
         f"‖θ−θ*‖ {res['dist']:.3f}  ({train_s:.0f} s training)")
     return res
@@ -358,8 +442,27 @@ def summarize(runs, base):
             es = [dict(e, train_seconds=None) for r in rs for e in r.get("early", []) if e["updates"] == updates]
             rows.append(_stats(dict(row, name=f"{name}@{updates}", stopped_at=updates, seeds=row["seeds"][:len(es)]),
                                es, base))
+        wise = interpolated(rs, base)
+        if wise:  # rows of runs measured without interpolation have no such key
+            row["interpolated"] = wise
     frontier(rows)
     return rows
+
+
+INTERPOLATED_STATS = ("target_accuracy", "snli_auc", "forgetting", "dist")
+
+
+def interpolated(runs, base):
+    """The interpolations of a setting's runs: per α, mean and std over the seeds measured at it."""
+    out = []
+    for alpha in sorted({p["alpha"] for r in runs for p in r.get("interpolated", [])}):
+        ps = [(r["seed"], p) for r in runs for p in r.get("interpolated", []) if p["alpha"] == alpha]
+        point = {"alpha": alpha, "seeds": sorted(seed for seed, _ in ps)}
+        for key in INTERPOLATED_STATS:
+            vals = [p["snli_auc"] - base["snli_auc"] if key == "forgetting" else p[key] for _, p in ps]
+            point[key], point[key + "_std"] = mean_std(vals)
+        out.append(point)
+    return out
 
 
 def frontier(rows):
@@ -390,10 +493,12 @@ def markdown(rows, base, conversion, info, command, runs, args):
     def pm(row, key, digits):
         return f"{row[key]:.{digits}f} ± {row[key + '_std']:.{digits}f}"
 
+    wise = any(r.get("interpolated") for r in rows)  # the column only when some run was interpolated
     lines = [
-        "| method | setting | target acc (held-out) | SNLI AUC | ΔAUC (forgetting) | ‖θ−θ*‖₂ | s / run | seeds | frontier |",
-        "|---|---|---|---|---|---|---|---|---|",
-        f"| pretrained (no fine-tuning) | | | {base['snli_auc']:.4f} | 0 | 0 | | | |",
+        "| method | setting | target acc (held-out) | SNLI AUC | ΔAUC (forgetting) | ‖θ−θ*‖₂ | s / run | seeds | frontier |"
+        + (" WiSE-FT α: acc, ΔAUC |" if wise else ""),
+        "|---|---|---|---|---|---|---|---|---|" + ("---|" if wise else ""),
+        f"| pretrained (no fine-tuning) | | | {base['snli_auc']:.4f} | 0 | 0 | | | |" + (" |" if wise else ""),
     ]
     for r in rows:
         method = r["method"] + (f", stopped at {r['stopped_at']} updates" if r.get("stopped_at") else "")
@@ -401,7 +506,8 @@ def markdown(rows, base, conversion, info, command, runs, args):
         secs = "" if r.get("stopped_at") else f"{r['train_seconds']:.0f}"
         mark = "" if r.get("stopped_at") else ("**all**" if r["frontier"] else ("method" if r["method_frontier"] else ""))
         lines.append(f"| {method} | {knobs} | {pm(r, 'target_accuracy', 4)} | {pm(r, 'snli_auc', 4)} | "
-                     f"{pm(r, 'forgetting', 4)} | {pm(r, 'dist', 2)} | {secs} | {len(r['seeds'])} | {mark} |")
+                     f"{pm(r, 'forgetting', 4)} | {pm(r, 'dist', 2)} | {secs} | {len(r['seeds'])} | {mark} |"
+                     + (f" {wise_cell(r)} |" if wise else ""))
     adam, better = beats_adam(rows)
     sn, sp = info["snippets"], info["snli"]
     seeds = sorted({r["seed"] for r in runs})
@@ -412,11 +518,18 @@ def markdown(rows, base, conversion, info, command, runs, args):
         f"dropout 0.1, one thread. \"stopped at\": intermediate checkpoints of the same runs (lr not yet "
         f"decayed). Frontier: **all** = no setting of any method has higher accuracy and less forgetting; "
         f"method = the same within its method. s / run: wall seconds of fine-tuning (two runs at a time on "
-        f"{os.cpu_count()} cores).",
+        f"{os.cpu_count()} cores)."
+        + (" WiSE-FT: each run's final checkpoint mixed with the pretrained weights, (1 − α)·θ* + α·θ, its "
+           "classification head (and any module θ* lacks) kept (scripts/interpolate.py), measured as the runs are; "
+           "the column lists α: target accuracy, ΔAUC (means over seeds); α = 1 is the row itself. No training: one "
+           "pass over the weights and one measurement per α. Not part of the frontier." if wise else ""),
         "",
         ("Forget less than Adam at Adam's accuracy or above (means): " + (
             ", ".join(f"{r['label']} ({r['target_accuracy']:.4f}, ΔAUC {r['forgetting']:+.4f})" for r in better)
-            or "none") + f"; Adam: {adam['target_accuracy']:.4f}, ΔAUC {adam['forgetting']:+.4f}.") if adam else "",
+            or "none") + f"; Adam: {adam['target_accuracy']:.4f}, ΔAUC {adam['forgetting']:+.4f}."
+         + (" Of the interpolations: " + (", ".join(
+             f"{r['label']} at α {fmt(p['alpha'])} ({p['target_accuracy']:.4f}, ΔAUC {p['forgetting']:+.4f})"
+             for r, p in wise_beats_adam(rows, adam)) or "none") + "." if wise else "")) if adam else "",
         "",
         f"Target: {sn['train']} training / "
         f"{sn['valid']} held-out movie-review snippets with |rating| ≥ {sn['neutral_band']:g} (of {sn['kept']} "
@@ -433,6 +546,18 @@ def markdown(rows, base, conversion, info, command, runs, args):
     return "\n".join(lines) + "\n"
 
 
+def wise_cell(row):
+    """The table's WiSE-FT cell: ``α: accuracy, ΔAUC`` per α (means over seeds)."""
+    return " · ".join(f"{fmt(p['alpha'])}: {p['target_accuracy']:.3f}, {p['forgetting']:+.3f}"
+                      for p in row.get("interpolated", []))
+
+
+def wise_beats_adam(rows, adam):
+    """(row, interpolation) at Adam's accuracy or above that forget less than Adam (means over seeds)."""
+    return [(r, p) for r in rows if not r.get("stopped_at") for p in r.get("interpolated", [])
+            if p["target_accuracy"] >= adam["target_accuracy"] and p["forgetting"] > adam["forgetting"]]
+
+
 def compute_seconds(runs):
     return sum(r["train_seconds"] + r["measure_seconds"] for r in runs)
 
@@ -441,11 +566,14 @@ def chart_limits(rows):
     """The main panel's (xlim, ylim) (x = −forgetting, y = target accuracy) and the final settings
     listed beside it instead of drawn in it. Settings that ended near chance (accuracy below
     CHART_MIN_ACCURACY: a diverged run) would squeeze the rest into a corner: they are listed apart
-    when the settings above the threshold outnumber them, and the limits fit the points above it.
+    when the settings above the threshold outnumber them, and the limits fit the points above it
+    (WiSE-FT points included; a curve that goes below is cut at the edge).
     Otherwise (a short smoke run, where most or all are near chance) every point and its error bars
     is on the chart. None for no rows."""
     final = [r for r in rows if not r.get("stopped_at")]
     off = [r for r in final if r["target_accuracy"] < CHART_MIN_ACCURACY]
+    wise = [p for r in final for p in r.get("interpolated", [])]
+    rows = rows + wise  # the WiSE-FT curves' points too
     if off and len(final) - len(off) > len(off):
         shown = [r for r in rows if r["target_accuracy"] >= CHART_MIN_ACCURACY]
         xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
@@ -458,6 +586,8 @@ def chart_limits(rows):
         y_hi = max(r["target_accuracy"] + (r["target_accuracy_std"] or 0) for r in rows)
     else:
         return None, None, []
+    if wise:  # the curves head for θ* at x = 0
+        x_lo, x_hi = min(x_lo, 0.0), max(x_hi, 0.0)
     pad_x, pad_y = 0.05 * (x_hi - x_lo or 0.01), 0.05 * (y_hi - y_lo or 0.01)
     return (x_lo - pad_x, x_hi + 2 * pad_x), (y_lo - pad_y, y_hi + pad_y), off  # room for the labels on the right
 
@@ -488,6 +618,16 @@ def plot(rows, base, out, updates):
         front = sorted((r for r in rs if r["method_frontier"]), key=lambda r: -r["forgetting"])
         if len(front) > 1:
             ax1.plot([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], color=color, lw=1)
+        for r in rs:  # WiSE-FT: from the smallest α measured to the run itself (α = 1)
+            pts = r.get("interpolated", []) + [r]
+            if len(pts) > 1:
+                ax1.plot([-p["forgetting"] for p in pts], [p["target_accuracy"] for p in pts], color=color, ls=":",
+                         lw=1, marker="x", ms=3, alpha=0.8)
+    wise = [p["alpha"] for r in final for p in r.get("interpolated", [])]
+    if wise:  # θ* (α = 0) forgets nothing but has no head of its own for the target: its line, no point
+        ax1.axvline(0, color="grey", lw=0.8, ls="-.", alpha=0.6, label="θ* (α = 0): no forgetting")
+        ax1.plot([], [], color="black", ls=":", marker="x", ms=3,
+                 label="WiSE-FT (1 − α)·θ* + α·θ, α = " + ", ".join(map(fmt, sorted(set(wise)))) + ", 1")
     adam = [r for r in rows if r["method"] == "adam"]
     if len(adam) > 1:  # Adam's own run, stopped earlier
         pts = sorted(adam, key=lambda r: r.get("stopped_at") or 1e9)
@@ -590,6 +730,9 @@ def build_parser():
                     help="also measure the checkpoints every N updates of --early-methods' runs, 0: off "
                          "(default: --updates // 5, so 40 at 200 updates; off below 5 updates)")
     ap.add_argument("--early-methods", nargs="*", default=["adam"], help="methods measured along their runs")
+    ap.add_argument("--interpolate", type=float, nargs="*", default=list(DEFAULT_ALPHAS), metavar="ALPHA",
+                    help="also measure every run's final checkpoint mixed with the pretrained weights, "
+                         "(1 − α)·θ* + α·θ (WiSE-FT, docs/wise-ft.md), at these α in [0, 1); no value: off")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep the measured checkpoints")
     ap.add_argument("--report-only", action="store_true",
                     help="start no run: write the table and plot from the runs finished so far (a partial table says so)")
@@ -630,10 +773,20 @@ def parse_args(argv=None):
         grid = make_grid(args.methods, args.gamma)
     except methods.MethodError as e:
         ap.error(str(e))
+    bad = [a for a in args.interpolate if not 0 <= a < 1]
+    if bad:
+        ap.error(f"--interpolate {fmt(bad[0])}: must be in [0, 1) (1 is the run's own final checkpoint)")
+    args.interpolate = sorted(set(args.interpolate))
     unknown = sorted(set(args.early_methods) - set(methods.METHODS))
     if unknown:
         ap.error(f"--early-methods {' '.join(unknown)}: unknown; known: {', '.join(methods.METHODS)}")
     return args, grid
+
+
+def data_settings(args):
+    """What the prepared data depends on; a recorded run counts only with the same (its ``data``)."""
+    return dict(train_size=args.train_size, test_size=args.test_size, snli_pairs=args.snli_pairs,
+                neutral_band=args.neutral_band, max_tokens=args.max_tokens, data_seed=args.data_seed)
 
 
 def main(argv=None):
@@ -661,8 +814,7 @@ def main(argv=None):
 
     # 2. data
     data = os.path.join(args.work, "data")
-    settings = dict(train_size=args.train_size, test_size=args.test_size, snli_pairs=args.snli_pairs,
-                    neutral_band=args.neutral_band, max_tokens=args.max_tokens, data_seed=args.data_seed)
+    settings = data_settings(args)
     args.data_key = json.dumps(settings, sort_keys=True)
     info_path = os.path.join(data, "data.json")
     info = None
@@ -731,7 +883,7 @@ def report(args, runs, total, base, conversion, info, command, wall, final):
     result = {"pretrained": base, "conversion": conversion, "data": info, "rows": rows, "runs": done,
               "complete": len(done) == total, "command": command,
               "settings": {k: getattr(args, k) for k in ("lr", "updates", "warmup", "batch_size", "threads", "jobs",
-                                                         "early_every", "seeds", "methods")},
+                                                         "early_every", "seeds", "methods", "interpolate")},
               "compute_seconds": round(compute_seconds(done), 1)}
     if final:
         result["wall_seconds"] = round(wall, 1)
