@@ -105,6 +105,18 @@ def load_ckpt(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+def random_tokens(task, bsz=6, seed=0):
+    """(rows of different lengths, right padded, bos ... eos, from the task's dictionary; their lengths)."""
+    d = task.source_dictionary
+    g = torch.Generator().manual_seed(seed)
+    lengths = [9, 4, 7, 12, 6, 12][:bsz]
+    toks = torch.full((bsz, max(lengths)), d.pad())
+    for i, n in enumerate(lengths):
+        toks[i, :n] = torch.randint(d.nspecial, len(d), (n,), generator=g)
+        toks[i, 0], toks[i, n - 1] = d.bos(), d.eos()
+    return toks, lengths
+
+
 def free_port():
     """A TCP port free on this machine (for --distributed-init-method tcp://127.0.0.1:PORT)."""
     with socket.socket() as s:

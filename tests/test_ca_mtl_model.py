@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import USER_DIR, load_ckpt, tiny_roberta
+from conftest import USER_DIR, load_ckpt, random_tokens, tiny_roberta
 from recadam_fairseq.core.conditional_modules import (
     ConditionalAttentionBias,
     ConditionalBottleneck,
@@ -111,17 +111,6 @@ def _build(tiny, arch_args, tasks=None, extra=()):
     return task.build_model(cfg.model), task
 
 
-def _tokens(task, bsz=6, seed=0):
-    """Rows of different lengths (right padded), bos ... eos, from the task's dictionary."""
-    d = task.source_dictionary
-    g = torch.Generator().manual_seed(seed)
-    lengths = [9, 4, 7, 12, 6, 12][:bsz]
-    toks = torch.full((bsz, max(lengths)), d.pad())
-    for i, n in enumerate(lengths):
-        toks[i, :n] = torch.randint(d.nspecial, len(d), (n,), generator=g)
-        toks[i, 0], toks[i, n - 1] = d.bos(), d.eos()
-    return toks, lengths
-
 
 @pytest.fixture(scope="module")
 def pair(tiny):
@@ -151,7 +140,7 @@ def test_names_and_build(pair):
 
 def test_fresh_conditional_modules_compute_pretrained_roberta(pair):
     rob, ca, task, _ = pair
-    toks, _ = _tokens(task)
+    toks, _ = random_tokens(task)
     ids = torch.tensor([0, 1, 2, 0, 1, 2])
     with torch.no_grad():
         want, want_extra = rob(toks, features_only=True, return_all_hiddens=True)
@@ -187,7 +176,7 @@ def conditioned(pair, tiny):
 
 def test_task_ids_condition_each_example(conditioned):
     ca, task = conditioned
-    toks, lengths = _tokens(task)
+    toks, lengths = random_tokens(task)
     ids = torch.tensor([0, 1, 2, 0, 1, 2])
     with torch.no_grad():
         full = ca(toks, features_only=True, task_ids=ids)[0]
@@ -211,7 +200,7 @@ def test_criterion_style_calls(conditioned):
     """What R3F-style criteria call: features_only + head + task_ids, and token_embeddings (noised) reaching
     the encoder; a criterion that passes no task_ids gets task 0."""
     ca, task = conditioned
-    toks, _ = _tokens(task)
+    toks, _ = random_tokens(task)
     ids = torch.tensor([2, 1, 0, 2, 1, 0])
     head = "sentence_classification_head"  # registered by sentence_prediction's build_model
     with torch.no_grad():
@@ -340,6 +329,6 @@ def test_ca_mtl_trains_and_loads_back(recadam_run, tiny, pair):
     assert type(model).__name__ == "CaMtlRobertaModel" and model.is_task_conditioned
     for k, v in model.state_dict().items():
         assert torch.equal(v, state[k]), k
-    toks, _ = _tokens(task)
+    toks, _ = random_tokens(task)
     logits = model(toks, classification_head_name="sentence_classification_head")[0]
     assert logits.shape == (6, 2) and torch.isfinite(logits).all()

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, USER_DIR, _load_script, free_port, load_ckpt, tiny_roberta
+from conftest import TRAIN_ENTRY, USER_DIR, _load_script, free_port, load_ckpt, random_tokens, tiny_roberta
 from recadam_fairseq.core import lora
 from recadam_fairseq.core.errors import ConfigError
 
@@ -117,16 +117,6 @@ def _load(model, state, cfg):
     return model
 
 
-def _tokens(task, bsz=6, seed=0):
-    d = task.source_dictionary
-    g = torch.Generator().manual_seed(seed)
-    lengths = [9, 4, 7, 12, 6, 12][:bsz]
-    toks = torch.full((bsz, max(lengths)), d.pad())
-    for i, n in enumerate(lengths):
-        toks[i, :n] = torch.randint(d.nspecial, len(d), (n,), generator=g)
-        toks[i, 0], toks[i, n - 1] = d.bos(), d.eos()
-    return toks
-
 
 def _outputs(model, toks):
     model.eval()
@@ -180,7 +170,7 @@ def test_fresh_lora_computes_the_pretrained_model(tiny, fresh, pretrained):
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable == {k for k in lora_names if not k.endswith("scaling")} | {
         k for k in state if k.startswith("classification_heads.")}
-    toks = _tokens(task)
+    toks = random_tokens(task)[0]
     for got, want in zip(_outputs(model, toks), _outputs(rob, toks)):
         assert torch.equal(got, want)  # B = 0: exactly the pretrained function
     # B != 0 moves the outputs (attention's fast path reads the parametrized q/k/v/out weights) ...
@@ -397,7 +387,7 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
     (unmerged,), _, task = checkpoint_utils.load_model_ensemble_and_task([last], arg_overrides=over)
     (plain,), _, _ = checkpoint_utils.load_model_ensemble_and_task([merged], arg_overrides=over)
     assert type(plain) is RobertaModel and type(unmerged).__name__ == "RobertaFtModel"
-    toks = _tokens(task)
+    toks = random_tokens(task)[0]
     got, want = _outputs(plain, toks), _outputs(unmerged, toks)
     assert all(torch.equal(a, b) for a, b in zip(got, want))
     base = _load(_build(tiny)[0], pretrained, None)  # LoRA moved the function: the comparison is not vacuous

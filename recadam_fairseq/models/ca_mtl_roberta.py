@@ -29,6 +29,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from torch import Tensor
 
 from ..core.errors import ConfigError
+from .tiny import tiny_sizes
 from ..core.layers import parse_layers
 from ..core.conditional_modules import (
     ConditionalAlignment,
@@ -334,11 +335,6 @@ def ca_mtl_roberta_large_architecture(args):
 
 @register_model_architecture("ca_mtl_roberta", "ca_mtl_roberta_tiny")
 def ca_mtl_roberta_tiny_architecture(args):
-    """The sizes of scripts/make_tiny_roberta.py's TINY_ARCH (the tests' tiny pretrained model)."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 128)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 2)
-    args.max_positions = safe_getattr(args, "max_positions", 64)
+    tiny_sizes(args)
     _ca_mtl_defaults(args, attn_max_len=32, attn_blocks=4)
     roberta_base_architecture(args)

@@ -29,6 +29,7 @@ from fairseq.utils import safe_getattr
 
 from ..core import lora
 from ..core.errors import ConfigError
+from .tiny import tiny_sizes
 
 # under fairseq's logger: recadam's anchor re-runs the upgrade quietly (it silences "fairseq")
 logger = logging.getLogger("fairseq.models.roberta_ft")
@@ -201,10 +202,5 @@ def roberta_ft_large_architecture(args):
 
 @register_model_architecture("roberta_ft", "roberta_ft_tiny")
 def roberta_ft_tiny_architecture(args):
-    """The sizes of scripts/make_tiny_roberta.py's TINY_ARCH (the tests' tiny pretrained model)."""
-    args.encoder_layers = safe_getattr(args, "encoder_layers", 2)
-    args.encoder_embed_dim = safe_getattr(args, "encoder_embed_dim", 64)
-    args.encoder_ffn_embed_dim = safe_getattr(args, "encoder_ffn_embed_dim", 128)
-    args.encoder_attention_heads = safe_getattr(args, "encoder_attention_heads", 2)
-    args.max_positions = safe_getattr(args, "max_positions", 64)
+    tiny_sizes(args)
     roberta_ft_architecture(args)
