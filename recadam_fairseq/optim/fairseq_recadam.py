@@ -159,6 +159,10 @@ class Anchoring:
     def bind(self, model: torch.nn.Module) -> None:
         """Attach θ* to the optimizer's tensors, by the names of ``model``'s parameters."""
         opt = self.opt
+        if self.cfg.recadam_anneal_w == 0:  # plain Adam (e.g. under --layer-lr-decay): θ* would go unused
+            logger.info("recadam: --recadam-anneal-w 0: plain Adam; the pretrained weights θ* are not stored")
+            self.bound, self.pretrained = True, None
+            return
         tensors = [p for g in opt.param_groups for p in g["params"]]
         if any(opt.anchor_of(t) is not None for t in tensors):
             logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")

@@ -63,7 +63,7 @@ PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficie
              "amp": ["--amp"]}
 # name -> (methods spec, extra flags, base name): each method is timed against its base
 DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam+fsam", "mt-roberta",
-                   "ca-mtl"]
+                   "ca-mtl", "llrd", "recadam+llrd", "reinit", "lora"]
 CATALOGUE = {
     "adam": ("adam", [], "adam"),
     "recadam": ("recadam:0.1:250", [], "adam"),
@@ -76,6 +76,10 @@ CATALOGUE = {
     "recadam+fsam": ("recadam+fsam:k=0.1,t0=250,rho=0.05", [], "recadam"),
     "mt-roberta": ("freeze:0", [], "mt-roberta"),  # plain RoBERTa through --task glue_multitask: CA-MTL's base
     "ca-mtl": ("ca-mtl:0", [], "mt-roberta"),
+    "llrd": ("llrd:0.9", [], "adam"),  # recadam at w = 0: Adam's update, no θ*
+    "recadam+llrd": ("recadam-llrd:k=0.1,t0=250,decay=0.9", [], "recadam"),
+    "reinit": ("reinit:2", [], "adam"),
+    "lora": ("lora:8", [], "adam"),
 }
 
 
