@@ -31,7 +31,7 @@ from recadam_fairseq.core.errors import ConfigError  # noqa: E402
 from recadam_fairseq.core.interpolate import check_alpha, interpolate, shared_names  # noqa: E402
 
 
-def _merge_lora():
+def load_merge_lora():
     """scripts/merge_lora.py (a sibling script, loaded by path: this file is also loaded by path)."""
     import importlib.util
 
@@ -110,7 +110,7 @@ def main(argv=None):
         import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
 
         state = load_checkpoint(args.finetuned)
-        merge_lora = _merge_lora()
+        merge_lora = load_merge_lora()
         if merge_lora.is_lora(state):  # LoRA: its merged plain RoBERTa (W + B·A·α/r) is θ_ft
             merge_lora.merged_checkpoint(state)
             print(f"{args.finetuned}: a LoRA checkpoint, merged into plain RoBERTa weights first")

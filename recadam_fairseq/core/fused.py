@@ -28,18 +28,20 @@ MIN_SEGMENT = 1 << 16
 AUTO_MIN_NUMEL = 1 << 22
 
 
+def _row(beta1: float, beta2: float, eps: float, adam_scale: float, pull: float, decay: float) -> list:
+    """One step's scalars in the order ``_update`` reads them."""
+    return [beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, -adam_scale, pull, -decay]
+
+
 def scalars(beta1: float, beta2: float, eps: float, adam_scale: float, pull: float, decay: float,
             dtype: torch.dtype, device: torch.device) -> Tensor:
     """The scalars of one step as one tensor, computed in double like the eager path's."""
-    values = [beta1, 1.0 - beta1, beta2, 1.0 - beta2, eps, -adam_scale, pull, -decay]
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    return torch.tensor(_row(beta1, beta2, eps, adam_scale, pull, decay), dtype=dtype).to(device, non_blocking=True)
 
 
 def scalar_rows(rows: Sequence[dict], dtype: torch.dtype, device: torch.device) -> Tensor:
     """[n, 8]: row i the scalars of segment i (``scalars``' keyword dicts), for tensors whose lrs differ."""
-    values = [[r["beta1"], 1.0 - r["beta1"], r["beta2"], 1.0 - r["beta2"], r["eps"], -r["adam_scale"], r["pull"],
-               -r["decay"]] for r in rows]
-    return torch.tensor(values, dtype=dtype).to(device, non_blocking=True)
+    return torch.tensor([_row(**r) for r in rows], dtype=dtype).to(device, non_blocking=True)
 
 
 def _update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], s: Tensor) -> None:

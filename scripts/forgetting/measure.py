@@ -28,13 +28,10 @@ import torch.nn.functional as F
 
 HEAD = "sentence_classification_head"
 _spec = importlib.util.spec_from_file_location(
-    "merge_lora", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "merge_lora.py"))
-merge_lora = importlib.util.module_from_spec(_spec)  # scripts/merge_lora.py: LoRA checkpoints as plain RoBERTa
-_spec.loader.exec_module(merge_lora)
-_spec = importlib.util.spec_from_file_location(
     "wise_interpolate", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "interpolate.py"))
 wise = importlib.util.module_from_spec(_spec)  # scripts/interpolate.py: the checkpoints' interpolation
 _spec.loader.exec_module(wise)
+merge_lora = wise.load_merge_lora()  # scripts/merge_lora.py: LoRA checkpoints as plain RoBERTa
 
 
 def load(checkpoint: str, data_dir: str):
