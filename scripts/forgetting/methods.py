@@ -19,6 +19,13 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     recadam-reinit:k=0.1,t0=50,reinit=2   RecAdam with them (the re-initialised layers are not pulled)
     lora:8                    LoRA of rank r on attention q and v (roberta_ft, α = 8), the encoder frozen,
                               at LoRA's lr (LORA_LR) instead of --lr
+    mixout:0.9                Mixout toward θ* with probability p on the encoder's linear layers (roberta_ft)
+    recadam-mixout:k=0.1,t0=50,p=0.9      RecAdam with it (Mixout's targets are RecAdam's θ*)
+    childtune-d:0.3   childtune-f:0.3     ChildTuning-D (Fisher mask) / -F (random mask) keeping a fraction
+                              p of the gradient, plain Adam (recadam, w = 0)
+    recadam-childtune-d:k=0.1,t0=50,ratio=0.3   RecAdam with ChildTuning-D
+    rdrop:1                   R-Drop's α (sentence_prediction_rdrop)
+    recadam-rdrop:k=0.1,t0=50,alpha=1     RecAdam with R-Drop
 
 Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed);
 nothing here runs anything.
@@ -30,7 +37,8 @@ from typing import Dict, List, Tuple
 KNOBS = {
     "k": (0.1, "k"), "t0": (40.0, "t"), "gamma": (None, "g"),  # gamma None: --gamma
     "lambda": (1.0, "lambda"), "rho": (0.05, "rho"), "layers": (3, "freeze"), "freeze": (0, "freeze"),
-    "decay": (0.9, "d"), "reinit": (2, "n"), "rank": (8, "r"),
+    "decay": (0.9, "d"), "reinit": (2, "n"), "rank": (8, "r"), "p": (0.9, "p"), "ratio": (0.3, "p"),
+    "alpha": (1.0, "a"),
 }
 RECADAM = ("k", "t0", "gamma")
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
@@ -51,6 +59,13 @@ METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional orde
     "reinit": ("reinit",),
     "recadam-reinit": RECADAM + ("reinit",),
     "lora": ("rank",),
+    "mixout": ("p",),
+    "recadam-mixout": RECADAM + ("p",),
+    "childtune-d": ("ratio",),
+    "childtune-f": ("ratio",),
+    "recadam-childtune-d": RECADAM + ("ratio",),
+    "rdrop": ("alpha",),
+    "recadam-rdrop": RECADAM + ("alpha",),
 }
 INT_KNOBS = ("layers", "freeze", "reinit", "rank")
 # LoRA trains ~0.1-1% of the weights, from B = 0: it needs a larger lr than full fine-tuning (the
@@ -112,7 +127,8 @@ def label(s: dict) -> str:
     parts = []
     for k in METHODS[s["method"]]:
         word = {"gamma": "γ", "lambda": "λ", "rho": "ρ", "layers": "frozen layers", "freeze": "frozen layers",
-                "decay": "lr decay", "reinit": "re-initialised layers", "rank": "r"}.get(k, k)
+                "decay": "lr decay", "reinit": "re-initialised layers", "rank": "r", "alpha": "α",
+                "ratio": "kept"}.get(k, k)
         parts.append(f"{word}={fmt(s[k])}")
     text = s["method"] + (" " + " ".join(parts) if parts else "")
     return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
@@ -139,9 +155,9 @@ def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
            "task": None, "arch": None, "restore": True, "extra": []}
     recadam = ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(s.get("k", 0.0)),
                "--recadam-anneal-t0", fmt(s.get("t0", 0.0)), "--recadam-pretrain-cof", fmt(s.get("gamma", 0.0))]
-    if m in ("recadam", "recadam-random-init", "recadam+r3f", "recadam+fsam", "recadam-llrd", "recadam-reinit"):
+    if m.startswith("recadam") and m != "recadam-coupled":  # the coupled objective is in the criterion
         out["optimizer"] = ["--optimizer", "recadam", *recadam]
-    if m == "llrd":  # recadam with w = 0 is fairseq's adam, bit for bit, and takes --layer-lr-decay
+    if m in ("llrd", "childtune-d", "childtune-f"):  # recadam at w = 0 is fairseq's adam, bit for bit, with the listeners
         out["optimizer"] = ["--optimizer", "recadam", "--recadam-anneal-w", "0"]
     if m in ("llrd", "recadam-llrd"):
         if not 0 < s["decay"] <= 1:
@@ -158,6 +174,18 @@ def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
             raise MethodError(f"--methods {setting_name(s)}: the rank must be >= 1")
         out["arch"] = "roberta_ft"
         out["extra"] += ["--lora-rank", str(s["rank"]), "--lora-alpha", fmt(LORA_ALPHA), "--lr", fmt(LORA_LR)]
+    if m in ("mixout", "recadam-mixout"):
+        if not 0 <= s["p"] < 1:
+            raise MethodError(f"--methods {setting_name(s)}: the mixout probability must be in [0, 1)")
+        out["arch"] = "roberta_ft"
+        out["extra"] += ["--mixout", fmt(s["p"])]
+    if m in ("childtune-d", "childtune-f", "recadam-childtune-d"):
+        if not 0 < s["ratio"] <= 1:
+            raise MethodError(f"--methods {setting_name(s)}: the kept fraction must be in (0, 1]")
+        out["optimizer"] += ["--child-tuning", "F" if m == "childtune-f" else "D", "--child-tuning-ratio",
+                             fmt(s["ratio"])]
+    if m in ("rdrop", "recadam-rdrop"):
+        out["criterion"] = ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", fmt(s["alpha"])]
     if m == "recadam-random-init":
         out["restore"] = False
     if m == "recadam-coupled":

@@ -2,7 +2,7 @@
 # The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
 
 # The METHODs of finetune.sh and grid.sh (summarize.py reads this line too): one list.
-GLUE_METHODS="adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd reinit recadam-reinit lora"
+GLUE_METHODS="adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd reinit recadam-reinit lora mixout recadam-mixout childtune-d recadam-childtune-d rdrop recadam-rdrop"
 known_method() { [[ " $GLUE_METHODS " == *" $1 "* ]]; }
 
 # The script's header comment (everything up to `set -euo pipefail`): its usage.

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Fine-tune RoBERTa on one GLUE task with fairseq's recipe, with Adam, RecAdam, R3F/R4F, SAM/FSAM or a mix.
+# Fine-tune RoBERTa on one GLUE task with fairseq's recipe: Adam, RecAdam, R3F/R4F, SAM/FSAM, the baselines
+# (LLRD, re-init, LoRA, Mixout, ChildTuning, R-Drop) or RecAdam combined with one of them.
 #
 #   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
 #
@@ -23,6 +24,14 @@
 #         recadam-reinit   recadam + the reinit flags (the re-initialised layers are not pulled)
 #         lora             --optimizer adam, LoRA on attention q and v (--arch roberta_ft_* --lora-rank
 #                          $LORA_RANK --lora-alpha $LORA_ALPHA), the encoder frozen; LR [5e-4]
+#         mixout           --optimizer adam, Mixout toward the pretrained weights on the encoder's linear
+#                          layers (--arch roberta_ft_* --mixout $MIXOUT)
+#         recadam-mixout   recadam + --mixout $MIXOUT (Mixout's targets are RecAdam's θ*, one copy)
+#         childtune-d      ChildTuning-D: --optimizer recadam --recadam-anneal-w 0 (plain Adam)
+#                          --child-tuning D --child-tuning-ratio $CHILD_RATIO
+#         recadam-childtune-d  recadam + --child-tuning D --child-tuning-ratio $CHILD_RATIO
+#         rdrop            --optimizer adam, --criterion sentence_prediction_rdrop --rdrop-alpha $RDROP_ALPHA
+#         recadam-rdrop    recadam with rdrop's criterion and flags
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Resuming: the same command again continues an interrupted run from its newest checkpoint (fairseq's
@@ -44,8 +53,10 @@
 #   RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100]   SAM methods: --rho, --keep-ratio, --mask-iter-e
 #   LLRD [0.9]    llrd methods: --layer-lr-decay       REINIT [2]   reinit methods: --reinit-layers
 #   LORA_RANK [8] LORA_ALPHA [8]   lora: --lora-rank, --lora-alpha
-#   CRITERION     [sentence_prediction_recadam; sentence_prediction_r3f for the R3F methods, which
-#                 take no other]; with sentence_prediction the task's metric flag
+#   MIXOUT [0.9]  mixout methods: --mixout       CHILD_RATIO [0.3]  childtune methods: --child-tuning-ratio
+#   RDROP_ALPHA [1.0]  rdrop methods: --rdrop-alpha
+#   CRITERION     [sentence_prediction_recadam; sentence_prediction_r3f for the R3F methods and
+#                 sentence_prediction_rdrop for the R-Drop ones, which take no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
 #   PYTHON        [the interpreter of FAIRSEQ_TRAIN]: reads the recipe, the checkpoint and the machine
@@ -73,10 +84,11 @@ for a in ${EXTRA[@]+"${EXTRA[@]}"}; do  # fairseq-train's own help: no run direc
 done
 
 known_method "$METHOD" || die "unknown METHOD '$METHOD'; choose one of $GLUE_METHODS"
-IS_R3F=0 IS_RECADAM=0 IS_FT=0  # the R3F criterion / the RecAdam flags (k, t0, γ) / the roberta_ft model
+IS_R3F=0 IS_RDROP=0 IS_RECADAM=0 IS_FT=0  # the R3F / R-Drop criterion, the RecAdam flags (k, t0, γ), roberta_ft
 case "$METHOD" in r3f|r4f|recadam-r3f) IS_R3F=1 ;; esac
+case "$METHOD" in rdrop|recadam-rdrop) IS_RDROP=1 ;; esac
 case "$METHOD" in recadam*) IS_RECADAM=1 ;; esac
-case "$METHOD" in reinit|recadam-reinit|lora) IS_FT=1 ;; esac
+case "$METHOD" in reinit|recadam-reinit|lora|mixout|recadam-mixout) IS_FT=1 ;; esac
 
 FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
 read -r -a TRAIN <<< "$FAIRSEQ_TRAIN"
@@ -108,11 +120,15 @@ LLRD=${LLRD:-0.9}
 REINIT=${REINIT:-2}
 LORA_RANK=${LORA_RANK:-8}
 LORA_ALPHA=${LORA_ALPHA:-8}
-if [ "$IS_R3F" = 1 ]; then
-  [ -z "${CRITERION:-}" ] || [ "$CRITERION" = sentence_prediction_r3f ] ||
-    die "METHOD $METHOD uses CRITERION=sentence_prediction_r3f, got CRITERION=$CRITERION"
-  CRITERION=sentence_prediction_r3f
-fi
+MIXOUT=${MIXOUT:-0.9}
+CHILD_RATIO=${CHILD_RATIO:-0.3}
+RDROP_ALPHA=${RDROP_ALPHA:-1.0}
+for own in "r3f:$IS_R3F" "rdrop:$IS_RDROP"; do
+  [ "${own#*:}" = 1 ] || continue
+  own=sentence_prediction_${own%%:*}
+  [ -z "${CRITERION:-}" ] || [ "$CRITERION" = "$own" ] || die "METHOD $METHOD uses CRITERION=$own, got CRITERION=$CRITERION"
+  CRITERION=$own
+done
 CRITERION=${CRITERION:-sentence_prediction_recadam}
 DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
@@ -147,6 +163,9 @@ case "$METHOD" in
   llrd|recadam-llrd) NAME="$NAME-d$LLRD" ;;
   reinit|recadam-reinit) NAME="$NAME-n$REINIT" ;;
   lora) NAME="$NAME-r$LORA_RANK-a$LORA_ALPHA" ;;
+  mixout|recadam-mixout) NAME="$NAME-p$MIXOUT" ;;
+  childtune-d|recadam-childtune-d) NAME="$NAME-p$CHILD_RATIO" ;;
+  rdrop|recadam-rdrop) NAME="$NAME-a$RDROP_ALPHA" ;;
 esac
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
@@ -217,8 +236,15 @@ case "$METHOD" in
   reinit) CMD+=(--optimizer adam --reinit-layers "$REINIT") ;;
   recadam-reinit) CMD+=(--optimizer recadam --reinit-layers "$REINIT") ;;
   lora) CMD+=(--optimizer adam --lora-rank "$LORA_RANK" --lora-alpha "$LORA_ALPHA") ;;
+  mixout) CMD+=(--optimizer adam --mixout "$MIXOUT") ;;
+  recadam-mixout) CMD+=(--optimizer recadam --mixout "$MIXOUT") ;;
+  childtune-d) CMD+=(--optimizer recadam --recadam-anneal-w 0 --child-tuning D --child-tuning-ratio "$CHILD_RATIO") ;;
+  recadam-childtune-d) CMD+=(--optimizer recadam --child-tuning D --child-tuning-ratio "$CHILD_RATIO") ;;
+  rdrop) CMD+=(--optimizer adam) ;;
+  recadam-rdrop) CMD+=(--optimizer recadam) ;;
 esac
 [ "$IS_R3F" = 0 ] || CMD+=(--noise-type uniform --r3f-lambda 0.7)
+[ "$IS_RDROP" = 0 ] || CMD+=(--rdrop-alpha "$RDROP_ALPHA")
 CMD+=(--adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
 if [ "$IS_RECADAM" = 1 ]; then
   CMD+=(--recadam-anneal-fun "$ANNEAL_FUN" --recadam-anneal-k "$K" --recadam-anneal-t0 "$T0"
@@ -258,6 +284,9 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
     llrd|recadam-llrd) printf ', "layer_lr_decay": %s' "$(json_str "$LLRD")" ;;
     reinit|recadam-reinit) printf ', "reinit_layers": %s' "$(json_str "$REINIT")" ;;
     lora) printf ', "lora_rank": %s, "lora_alpha": %s' "$(json_str "$LORA_RANK")" "$(json_str "$LORA_ALPHA")" ;;
+    mixout|recadam-mixout) printf ', "mixout": %s' "$(json_str "$MIXOUT")" ;;
+    childtune-d|recadam-childtune-d) printf ', "child_tuning": "D", "child_tuning_ratio": %s' "$(json_str "$CHILD_RATIO")" ;;
+    rdrop|recadam-rdrop) printf ', "rdrop_alpha": %s' "$(json_str "$RDROP_ALPHA")" ;;
   esac
   if [ "$IS_RECADAM" = 1 ]; then
     printf ', "k": %s, "t0": %s, "gamma": %s, "anneal_fun": %s' "$(json_str "$K")" "$(json_str "$T0")" \

@@ -63,7 +63,8 @@ PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficie
              "amp": ["--amp"]}
 # name -> (methods spec, extra flags, base name): each method is timed against its base
 DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam+fsam", "mt-roberta",
-                   "ca-mtl", "llrd", "recadam+llrd", "reinit", "lora"]
+                   "ca-mtl", "llrd", "recadam+llrd", "reinit", "lora", "mixout", "recadam+mixout", "childtune-d",
+                   "recadam+childtune-d", "rdrop", "recadam+rdrop"]
 CATALOGUE = {
     "adam": ("adam", [], "adam"),
     "recadam": ("recadam:0.1:250", [], "adam"),
@@ -80,6 +81,12 @@ CATALOGUE = {
     "recadam+llrd": ("recadam-llrd:k=0.1,t0=250,decay=0.9", [], "recadam"),
     "reinit": ("reinit:2", [], "adam"),
     "lora": ("lora:8", [], "adam"),
+    "mixout": ("mixout:0.9", [], "adam"),
+    "recadam+mixout": ("recadam-mixout:k=0.1,t0=250,p=0.9", [], "recadam"),  # the targets are θ*: one copy
+    "childtune-d": ("childtune-d:0.3", [], "adam"),  # its Fisher pass is in the first update's time
+    "recadam+childtune-d": ("recadam-childtune-d:k=0.1,t0=250,ratio=0.3", [], "recadam"),
+    "rdrop": ("rdrop:1", [], "adam"),
+    "recadam+rdrop": ("recadam-rdrop:k=0.1,t0=250,alpha=1", [], "recadam"),
 }
 
 
