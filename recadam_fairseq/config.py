@@ -1,6 +1,6 @@
 """Shared flags as fairseq dataclasses: RecAdam's (``--recadam-*``), R3F's (``--eps``, ``--r3f-lambda``,
-``--noise-type``) and the SAM family's (``--sam-type`` ...). A flag exists once: every component that reads it
-includes the one dataclass that defines it."""
+``--noise-type``), the SAM family's (``--sam-type`` ...), LLRD's and ChildTuning's. A flag exists once: every
+component that reads it includes the one dataclass that defines it."""
 
 import os
 from collections.abc import Collection
@@ -11,6 +11,7 @@ from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
 from .core.anneal import ANNEAL_FUNS
+from .core.child_tuning import MODES as CHILD_TUNING_MODES
 from .core.errors import ConfigError
 from .core.r3f import NOISE_TYPES
 from .core.sam import SAM_TYPES
@@ -96,6 +97,34 @@ class LayerLRHyperparams(FairseqDataclass):
                           "lr·γ^(L+1), heads and new modules lr; 1 turns it off. fairseq's --optimizer adam does not "
                           "take it: plain Adam with it is --optimizer recadam --recadam-anneal-w 0"},
     )
+
+
+@dataclass
+class ChildTuningHyperparams(FairseqDataclass):
+    """ChildTuning (Xu et al. 2021): read by ``--optimizer recadam`` and ``samsgd`` (optim/child_tuning.py)."""
+
+    child_tuning: ChoiceEnum(list(CHILD_TUNING_MODES)) = field(
+        default="off",
+        metadata={"help": "ChildTuning: F masks each gradient element of every parameter with a fresh Bernoulli(p) "
+                          "per update (kept ones ×1/p); D keeps the top p fraction of the encoder layers' elements "
+                          "by Fisher information of the training data, computed once before the first update; off. "
+                          "Plain Adam with it is --optimizer recadam --recadam-anneal-w 0"},
+    )
+    child_tuning_ratio: float = field(
+        default=0.3, metadata={"help": "ChildTuning: p in (0, 1], the fraction of gradient elements kept"}
+    )
+    child_tuning_fisher_batches: int = field(
+        default=0,
+        metadata={"help": "ChildTuning-D: the Fisher information sums this many training batches per rank (the "
+                          "first ones of the epoch-1 order); 0: one pass over the whole training set"},
+    )
+    # where ChildTuning-D's Fisher passes take their batches and clip norm from: fairseq's own settings
+    train_subset: str = II("dataset.train_subset")
+    max_tokens: Optional[int] = II("dataset.max_tokens")
+    batch_size: Optional[int] = II("dataset.batch_size")
+    required_batch_size_multiple: int = II("dataset.required_batch_size_multiple")
+    num_workers: int = II("dataset.num_workers")
+    clip_norm: float = II("optimization.clip_norm")
 
 
 @dataclass

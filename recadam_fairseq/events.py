@@ -19,8 +19,8 @@ before / after each criterion forward  :func:`forward_hooks`: torch forward (pre
                                        instance; the pre-hook may replace the sample (ESAM)
 fairseq's loss scale                   :func:`loss_scale`: the gradient fairseq's backward sends into the
                                        criterion's loss (its fp16 scale; 0 for an ignored dummy batch)
-before / after the gradient reduction  :class:`LoopOptimizer`: the plug-in optimizer's own
-and after the step                     ``all_reduce_grads(model)`` and ``step()``, which fairseq calls;
+before / after the gradient reduction, :class:`LoopOptimizer`: the plug-in optimizer's own
+before and after the step              ``all_reduce_grads(model)`` and ``step()``, which fairseq calls;
                                        listeners run in the order they were added
 state kept in the checkpoint           :class:`LoopOptimizer`: each listener's ``state_dict()`` goes into
                                        the optimizer state (``last_optimizer_state[key]``)
@@ -107,10 +107,14 @@ def update_number() -> int:
 class LoopOptimizer:
     """Mixed in before a FairseqOptimizer subclass: the optimizer-side events go to its listeners.
 
-    A listener may define ``before_reduce(model)``, ``after_reduce(model)``, ``after_step()`` and
-    ``state_dict()`` / ``load_state_dict(state)``; the events reach them in the order they were added.
-    ``before_reduce`` runs before fairseq's reduction (and its overflow check), ``after_reduce``
-    after it, ``after_step`` after a step that happened (a skipped fp16 update calls none).
+    A listener may define ``before_reduce(model)``, ``after_reduce(model)``, ``before_step(scale)``,
+    ``after_step()`` and ``state_dict()`` / ``load_state_dict(state)``; the events reach them in the
+    order they were added. ``before_reduce`` runs before fairseq's reduction (and its overflow check),
+    ``after_reduce`` after it, ``before_step`` and ``after_step`` around a step that happens (a skipped
+    fp16 update calls neither). ``before_step`` sees the gradients the step will use, on the optimizer's
+    own tensors (after the overflow check and ``--clip-norm``; ``--fp16``: the flat fp32 master copy), and
+    returns the scale to step with: the step uses the gradients divided by it (fairseq's loss-scale
+    argument: inside the optimizer when it ``supports_step_with_scale``, else multiplied in place).
     """
 
     def listen(self, key: str, listener: Any) -> None:
@@ -133,6 +137,10 @@ class LoopOptimizer:
         self._emit("after_reduce", module)
 
     def step(self, closure=None, scale=1.0, groups=None):
+        for _, listener in self.listeners():
+            fn = getattr(listener, "before_step", None)
+            if fn is not None:
+                scale = fn(scale)
         super().step(closure, scale, groups)
         self._emit("after_step")
 

@@ -287,6 +287,11 @@ def test_each_rank_gets_its_own_shard(mt):
                                                                 mt_sampling="uniform", seed=1, train_subset="train"))
         ds = task.load_dataset("train")
         itr = task.get_batch_iterator(ds, max_sentences=4, max_positions=64, seed=9, num_shards=2, shard_id=rank)
+        # another caller's iterator (ChildTuning-D's Fisher passes) does not replace the trainer's cached one
+        other = task.get_batch_iterator(ds, max_sentences=4, max_positions=64, seed=9, num_shards=2, shard_id=rank,
+                                        disable_iterator_cache=True)
+        assert other is not itr and task.get_batch_iterator(ds, max_sentences=4, max_positions=64, seed=9,
+                                                            num_shards=2, shard_id=rank) is itr
         shards.append([b["id"].tolist() for b in itr.next_epoch_itr(shuffle=True) if b])
     whole = mt_sampling.epoch_batches("uniform", [24, 18, 18, 24], 4, seed=9, epoch=1)
     assert shards[0] == [b.tolist() for b in whole[0::2]] and shards[1] == [b.tolist() for b in whole[1::2]]

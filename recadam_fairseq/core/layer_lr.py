@@ -37,6 +37,12 @@ def check_gamma(gamma: float) -> None:
                           f"BERT-base fine-tuning 0.9 to 0.95)")
 
 
+def layer_of(name: str) -> Optional[int]:
+    """The encoder layer (0-based) parameter ``name`` belongs to, or None outside the encoder layers."""
+    m = _LAYER.search(name)
+    return int(m.group(1)) if m else None
+
+
 def num_layers(names: Iterable[str]) -> int:
     """L: how many encoder layers the parameter names show (0 when none)."""
     found = {int(m.group(1)) for m in map(_LAYER.search, names) if m}

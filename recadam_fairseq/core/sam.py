@@ -122,20 +122,40 @@ def mask_eligible(name: str) -> bool:
     return "bias" not in name and "embed" not in name
 
 
+def top_k_mask(flat: torch.Tensor, k: int) -> torch.Tensor:
+    """Bool mask of the k largest elements of the 1-D ``flat``; among elements equal to the k-th largest,
+    the first ones (lowest index) are kept, so the mask is a function of the values alone.
+
+    The k-th largest value comes from ``topk`` (on CUDA far faster than ``kthvalue`` for one long
+    tensor, pytorch#75599); only the ties at it are listed.
+    """
+    n = flat.numel()
+    if k >= n:
+        return torch.ones(n, dtype=torch.bool, device=flat.device)
+    if k <= 0:
+        return torch.zeros(n, dtype=torch.bool, device=flat.device)
+    t = torch.topk(flat, k, sorted=False).values.min()
+    keep = flat > t
+    need = k - int(keep.sum())
+    if need > 0:
+        keep[(flat == t).nonzero().squeeze(1)[:need]] = True
+    return keep
+
+
 def fisher_mask(fisher: Sequence[Optional[torch.Tensor]], keep_ratio: float) -> List[Optional[torch.Tensor]]:
     """Exact top-k of the empirical Fisher information over all eligible elements together.
 
     ``fisher`` holds g² for eligible tensors and None elsewhere; k = max(1, ⌊keep_ratio·N⌋) of the N
-    eligible elements get True. Returns bool masks (None where ``fisher`` is None).
+    eligible elements get True; ties at the threshold go to the earliest elements (tensor order, then
+    row-major, :func:`top_k_mask`). Returns bool masks (None where ``fisher`` is None).
     """
     idx = [i for i, f in enumerate(fisher) if f is not None]
     out: List[Optional[torch.Tensor]] = [None] * len(fisher)
     if not idx:
         return out
     flat = torch.cat([fisher[i].reshape(-1).to(accumulation_dtype(fisher[i])) for i in idx])
-    k = max(1, int(flat.numel() * keep_ratio))
-    keep = torch.zeros(flat.numel(), dtype=torch.bool, device=flat.device)
-    keep[torch.topk(flat, k, sorted=False).indices] = True
+    keep = top_k_mask(flat, max(1, int(flat.numel() * keep_ratio)))
+    del flat
     off = 0
     for i in idx:
         n = fisher[i].numel()

@@ -15,14 +15,15 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from fairseq.optim.adam import FairseqAdamConfig
 from omegaconf import II, OmegaConf
 
-from ..config import (ANCHOR_DTYPES, FLAG_NAMES, LayerLRHyperparams, RecAdamHyperparams, SAMHyperparams,
-                      check_anneal, check_checkpoint_paths, lr_values, redefault)
+from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, LayerLRHyperparams, RecAdamHyperparams,
+                      SAMHyperparams, check_anneal, check_checkpoint_paths, lr_values, redefault)
 from ..core.anchor import build_anchors, pretrained_model_state
 from ..core.anneal import anneal_lambda
 from ..core.errors import ConfigError
 from ..core.recadam import RecAdam, validate_hparams
 from ..events import LoopOptimizer
 from ..report import log_recadam_metrics
+from .child_tuning import add_child_tuning
 from .layer_lr import add_layer_lr
 from .sam_support import add_sam
 
@@ -33,7 +34,7 @@ FUSED = {"auto": None, "on": True, "off": False}
 
 
 @dataclass
-class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparams):
+class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams):
     # fairseq's adam flags, as its FairseqAdamConfig declares them (weight decay: decoupled, applied last)
     adam_betas: Any = redefault(FairseqAdamConfig, "adam_betas", (0.9, 0.999))
     adam_eps: float = redefault(FairseqAdamConfig, "adam_eps")
@@ -85,7 +86,8 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
 
     Like fairseq's ``adam`` this is the AdamW variant (decoupled weight decay). ``--sam-type`` adds a
     sharpness-aware gradient (``sam_support.py``); the RecAdam step is unchanged. ``--layer-lr-decay``
-    scales each layer's lr (``layer_lr.py``); with ``--recadam-anneal-w 0`` this is plain Adam with it.
+    scales each layer's lr (``layer_lr.py``), ``--child-tuning`` masks the gradient (``child_tuning.py``);
+    with ``--recadam-anneal-w 0`` this is plain Adam with them.
     """
 
     def __init__(self, cfg: FairseqRecAdamConfig, params):
@@ -97,6 +99,7 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         check_pull_stability(cfg, hp)
         check_sharding(cfg)
         self._optimizer = RecAdam(params, **hp, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
+        add_child_tuning(self, cfg)  # --child-tuning: before SAM, so D's Fisher passes run before SAM's first pass 1
         add_sam(self, cfg, seed=cfg.seed)  # first: θ is restored before the anchor reads the weights
         self.anchoring = Anchoring(self._optimizer, cfg)
         self.listen("anchoring", self.anchoring)

@@ -12,8 +12,9 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
-from ..config import CheckpointPaths, LayerLRHyperparams, SAMHyperparams, check_checkpoint_paths
+from ..config import ChildTuningHyperparams, CheckpointPaths, LayerLRHyperparams, SAMHyperparams, check_checkpoint_paths
 from ..events import LoopOptimizer
+from .child_tuning import add_child_tuning
 from .layer_lr import LayerwiseSteps, add_layer_lr
 from .sam_support import add_sam
 
@@ -21,18 +22,20 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SAMSGDConfig(SAMHyperparams, LayerLRHyperparams, CheckpointPaths, FairseqAdamConfig):
+class SAMSGDConfig(SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams, CheckpointPaths, FairseqAdamConfig):
     seed: int = II("common.seed")
 
 
 @register_optimizer("samsgd", dataclass=SAMSGDConfig)
 class SAMSGD(LoopOptimizer, LayerwiseSteps, FairseqAdam):
     """fairseq's Adam with a sharpness-aware gradient (SAM, ESAM, GSAM, and their Fisher-masked forms);
-    ``--layer-lr-decay`` scales each layer's lr (``layer_lr.py``: one inner step per distinct scale)."""
+    ``--layer-lr-decay`` scales each layer's lr (``layer_lr.py``: one inner step per distinct scale);
+    ``--child-tuning`` masks the gradient (``child_tuning.py``)."""
 
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
         check_checkpoint_paths(cfg)
+        add_child_tuning(self, cfg)  # before SAM: D's Fisher passes run before SAM's first pass 1
         add_sam(self, cfg, seed=cfg.seed)
         self.layer_lr = add_layer_lr(self, cfg)
         if str(cfg.sam_type) == "none":

@@ -215,7 +215,8 @@ class GlueMultitaskTask(FairseqTask):
             num_shards=num_shards, shard_id=shard_id, num_workers=num_workers, epoch=epoch,
             buffer_size=data_buffer_size, disable_shuffling=True,  # the order is the sampler's
             skip_remainder_batch=skip_remainder_batch)
-        self.dataset_to_epoch_iter[dataset] = itr
+        if not disable_iterator_cache:  # as fairseq's: another caller's iterator (ChildTuning-D's) is not the trainer's
+            self.dataset_to_epoch_iter[dataset] = itr
         return itr
 
     def _kept_indices(self, dataset, max_positions, ignore_invalid_inputs):
