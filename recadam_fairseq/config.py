@@ -174,8 +174,7 @@ class RDropHyperparams(FairseqDataclass):
 
 def check_consistency_terms(cfg) -> None:
     """R-Drop and R3F are each a consistency term on a second forward of the batch: one at a time."""
-    r3f_on = getattr(cfg, "r3f_lambda", 0) > 0 and getattr(cfg, "eps", 0) > 0
-    if cfg.rdrop_alpha > 0 and r3f_on:
+    if cfg.rdrop_alpha > 0 and cfg.r3f_lambda > 0 and cfg.eps > 0:
         raise ConfigError(f"--rdrop-alpha {cfg.rdrop_alpha:g} with --r3f-lambda {cfg.r3f_lambda:g}: R-Drop and R3F "
                           f"each add a consistency term on a second forward; use one (--rdrop-alpha 0 or "
                           f"--r3f-lambda 0)")

@@ -71,15 +71,15 @@ def stochastic_round(x: torch.Tensor, dtype: torch.dtype, generator=None) -> tor
     return torch.where(u < p_other, other, near)
 
 
-def symm_kl(noised_logits: torch.Tensor, input_logits: torch.Tensor, pad_mask=None) -> torch.Tensor:
+def symm_kl(noised_logits: torch.Tensor, input_logits: torch.Tensor) -> torch.Tensor:
     """KL(p_clean ‖ p_noised) + KL(p_noised ‖ p_clean) summed over all positions, over the batch size
-    (dim 0), in fp32: fairseq's term, the same float operations. ``pad_mask`` (the logits' shape without
-    the last dim, True at padding): those positions left out (R-Drop's seq2seq term)."""
-    return symm_kl_sum(noised_logits, input_logits, pad_mask) / noised_logits.size(0)
+    (dim 0), in fp32: fairseq's term, the same float operations."""
+    return symm_kl_sum(noised_logits, input_logits) / noised_logits.size(0)
 
 
 def symm_kl_sum(p_logits: torch.Tensor, q_logits: torch.Tensor, pad_mask=None) -> torch.Tensor:
-    """KL(p ‖ q) + KL(q ‖ p) of the softmaxes of the last dim, summed over every position but ``pad_mask``'s.
+    """KL(p ‖ q) + KL(q ‖ p) of the softmaxes of the last dim, summed over every position but those where
+    ``pad_mask`` (the logits' shape without the last dim) is True: R-Drop's seq2seq term leaves padding out.
     (The operations in fairseq's order: autograd sums the logits' gradients in the order they were made.)"""
     pq = F.kl_div(F.log_softmax(p_logits, dim=-1, dtype=torch.float32),
                   F.softmax(q_logits, dim=-1, dtype=torch.float32), None, None, "sum" if pad_mask is None else "none")
