@@ -9,6 +9,7 @@ The authors' loss is CE₁ + CE₂ + α·½·(KL(p₁‖p₂) + KL(p₂‖p₁))
 """
 
 import os
+import resource
 from argparse import Namespace
 from concurrent.futures import ThreadPoolExecutor
 
@@ -232,6 +233,7 @@ ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two runs at a time on CI's 2 cores: no 
 def runs(tiny, tmp_path_factory):
     """Every fairseq-train run of this module, two at a time (mostly start-up)."""
     root = tmp_path_factory.mktemp("rdrop")
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     cases = {
         "base": ((), dict(optimizer="adam", updates=4)),
         "alpha0": ((*RDROP, "--rdrop-alpha", "0"), dict(optimizer="adam", updates=4)),
@@ -251,6 +253,8 @@ def runs(tiny, tmp_path_factory):
     out["resumed"] = tiny.train(root / "resumed", *RDROP, "--rdrop-alpha", "0.5", "--restore-file",
                                 str(root / "straight" / "checkpoint_1_2.pt"), updates=4, restore=False,
                                 env=ONE_THREAD)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    print(f"fairseq-train runs: {after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime:.0f} CPU s")
     return dict(root=root, out=out, load=lambda name: load_ckpt(root / name / "checkpoint_last.pt"))
 
 
