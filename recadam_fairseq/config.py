@@ -1,6 +1,6 @@
 """Shared flags as fairseq dataclasses: RecAdam's (``--recadam-*``), R3F's (``--eps``, ``--r3f-lambda``,
-``--noise-type``), the SAM family's (``--sam-type`` ...), LLRD's and ChildTuning's. A flag exists once: every
-component that reads it includes the one dataclass that defines it."""
+``--noise-type``), R-Drop's (``--rdrop-alpha``), the SAM family's (``--sam-type`` ...), LLRD's and ChildTuning's.
+A flag exists once: every component that reads it includes the one dataclass that defines it."""
 
 import os
 from collections.abc import Collection
@@ -187,6 +187,26 @@ class R3FHyperparams(FairseqDataclass):
     noise_type: ChoiceEnum(list(NOISE_TYPES)) = field(
         default="uniform", metadata={"help": "R3F: noise distribution, U(-eps, eps) or N(0, eps^2)"}
     )
+
+
+@dataclass
+class RDropHyperparams(FairseqDataclass):
+    """R-Drop's flag: read by the GLUE criteria and ``label_smoothed_cross_entropy_rdrop``."""
+
+    rdrop_alpha: float = field(
+        default=0.0,
+        metadata={"help": "R-Drop: weight α of the consistency term between two dropout passes of each batch, the "
+                          "authors' α (their loss CE1 + CE2 + α·(KL(p1‖p2) + KL(p2‖p1))/2, here over 2); for "
+                          "--regression-target the squared difference; 0 turns R-Drop off"},
+    )
+
+
+def check_consistency_terms(cfg) -> None:
+    """R-Drop and R3F are each a consistency term on a second forward of the batch: one at a time."""
+    if cfg.rdrop_alpha > 0 and cfg.r3f_lambda > 0 and cfg.eps > 0:
+        raise ConfigError(f"--rdrop-alpha {cfg.rdrop_alpha:g} with --r3f-lambda {cfg.r3f_lambda:g}: R-Drop and R3F "
+                          f"each add a consistency term on a second forward; use one (--rdrop-alpha 0 or "
+                          f"--r3f-lambda 0)")
 
 
 def lr_values(cfg) -> list:

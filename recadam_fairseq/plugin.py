@@ -5,11 +5,12 @@ A new optimizer, criterion, task or model adds its import here.
 
 from . import errors_hook, safe_globals  # noqa: F401  (one-line errors; torch.load allow-list for fairseq's checkpoints)
 from .criterions import sentence_prediction_recadam, sentence_prediction_r3f  # noqa: F401
+from .criterions import sentence_prediction_rdrop  # noqa: F401
 from .optim import fairseq_recadam  # noqa: F401
 from .tasks import glue_multitask  # noqa: F401  (--task glue_multitask)
 from .criterions import glue_multitask as glue_multitask_criterion  # noqa: F401  (--criterion glue_multitask)
 from .models import ca_mtl_roberta, roberta_ft  # noqa: F401  (--arch ca_mtl_roberta_*, roberta_ft_*)
 from .optim import samsgd  # noqa: F401
-from .criterions import label_smoothed_cross_entropy_r3f  # noqa: F401
+from .criterions import label_smoothed_cross_entropy_r3f, label_smoothed_cross_entropy_rdrop  # noqa: F401
 
 errors_hook.install()

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
-"""What R3F costs: updates/s of sentence_prediction vs R3F vs RecAdam + R3F, measured in one run.
+"""What R3F costs: updates/s of sentence_prediction vs R3F vs RecAdam + R3F, measured in one run
+(``--rdrop``: also R-Drop, as run (one forward of the batch twice over) and as two forwards).
 
 One update = the criterion's forward (R3F: clean and noised), backward, optimizer step, on a
 RoBERTa encoder built by fairseq (dropout 0.1, a classification head), in training mode.
@@ -8,6 +9,7 @@ the table gives the median ms/update and the ratio of updates/s to sentence_pred
 
     python scripts/bench_r3f.py                    # tiny and MiniLM-sized shapes, CPU
     python scripts/bench_r3f.py --sizes minilm --device cuda
+    python scripts/bench_r3f.py --sizes tiny --threads 1 --rounds 7 --rdrop     # docs/rdrop.md
 
 Sizes: tiny (the tests' model: 2 layers, dim 64) and minilm (6 layers, dim 384, 12 heads,
 ffn 1536, vocab 30522, as all-MiniLM-L6-v2).
@@ -26,6 +28,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 # layers, dim, ffn, heads, vocab, batch, tokens
 SIZES = {"tiny": (2, 64, 128, 2, 104, 16, 24), "minilm": (6, 384, 1536, 12, 30522, 16, 128)}
 METHODS = ("sentence_prediction", "r3f", "recadam+r3f")
+RDROP = ("rdrop", "rdrop-two-forwards")
 
 
 def build(size, device):
@@ -77,7 +80,20 @@ def make_updates(model, task, device):
     adam = torch.optim.Adam(params, **hp)
     recadam = RecAdam(params, **hp, anneal_k=0.1, anneal_t0=1000, pretrain_params=[p.detach().clone() for p in params],
                       fused=False)
-    return {"sentence_prediction": (plain, adam), "r3f": (r3f, adam), "recadam+r3f": (r3f, recadam)}
+    rdrop = criterion("sentence_prediction_rdrop", task, rdrop_alpha=1.0)
+    return {"sentence_prediction": (plain, adam), "r3f": (r3f, adam), "recadam+r3f": (r3f, recadam),
+            "rdrop": (rdrop, adam), "rdrop-two-forwards": (rdrop_two_forwards, adam)}
+
+
+def rdrop_two_forwards(model, sample, alpha=1.0):
+    """R-Drop's loss with two forwards of B rows (what the criterion does in one forward of 2B)."""
+    from recadam_fairseq.core import r3f
+    from recadam_fairseq.criterions import glue_core
+
+    a, b = (glue_core.head_logits(model, sample["net_input"], "sentence_classification_head") for _ in range(2))
+    y = sample["target"]
+    both = glue_core.summed_loss(a, y, False) + glue_core.summed_loss(b, y, False)
+    return r3f.rdrop_loss(both, r3f.symm_kl(b, a) * len(y), alpha), len(y), {}
 
 
 def batch(size, device, gen):
@@ -93,7 +109,7 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def bench(size, device, rounds, steps):
+def bench(size, device, rounds, steps, methods=METHODS):
     model, task = build(size, device)
     updates = make_updates(model, task, device)
     sample = batch(size, device, torch.Generator().manual_seed(0))
@@ -105,11 +121,11 @@ def bench(size, device, rounds, steps):
         (loss / n).backward()
         opt.step()
 
-    times = {m: [] for m in METHODS}
-    for m in METHODS:  # warm-up
+    times = {m: [] for m in methods}
+    for m in methods:  # warm-up
         update(m)
     for r in range(rounds):
-        for m in METHODS[r % 3:] + METHODS[:r % 3]:
+        for m in methods[r % len(methods):] + methods[:r % len(methods)]:
             sync(device)
             t = time.perf_counter()
             for _ in range(steps):
@@ -118,7 +134,7 @@ def bench(size, device, rounds, steps):
             times[m].append((time.perf_counter() - t) / steps)
     med = {m: statistics.median(v) for m, v in times.items()}
     return [{"size": size, "method": m, "ms": 1e3 * med[m], "ups": 1 / med[m],
-             "ratio": med["sentence_prediction"] / med[m]} for m in METHODS]
+             "ratio": med["sentence_prediction"] / med[m]} for m in methods]
 
 
 def main(argv=None):
@@ -128,12 +144,14 @@ def main(argv=None):
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="updates per timed block")
     ap.add_argument("--threads", type=int, default=None, help="torch CPU threads (default: torch's)")
+    ap.add_argument("--rdrop", action="store_true", help="also R-Drop: one forward of 2B rows, and two of B")
     args = ap.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
     torch.manual_seed(0)
-    rows = [row for size in args.sizes for row in bench(size, device, args.rounds, args.steps)]
+    methods = METHODS + RDROP if args.rdrop else METHODS
+    rows = [row for size in args.sizes for row in bench(size, device, args.rounds, args.steps, methods)]
     print(f"device {device} ({torch.get_num_threads()} threads), torch {torch.__version__}; "
           f"median of {args.rounds} rounds x {args.steps} updates")
     print("| size | method | ms/update | updates/s | vs sentence_prediction |")

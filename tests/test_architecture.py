@@ -80,7 +80,7 @@ def test_every_flag_is_declared_once():
         elif how not in ("redefault", "II"):
             problems.append(f"{name} ({path}:{cls}): declared with {how}, not field/redefault/II")
     assert not problems, "\n".join(problems)
-    assert {"recadam_anneal_k", "sam_type", "r3f_lambda", "mt_tasks"} <= set(own)
+    assert {"recadam_anneal_k", "sam_type", "r3f_lambda", "rdrop_alpha", "mt_tasks"} <= set(own)
 
 
 def test_every_registered_component_parses_and_flags_agree():
@@ -96,6 +96,9 @@ def test_every_registered_component_parses_and_flags_agree():
               ["--optimizer", "recadam", "--criterion", "glue_multitask", "--task", "glue_multitask", "--mt-tasks",
                "RTE", "--arch", "ca_mtl_roberta_tiny"],
               ["--optimizer", "adam", "--criterion", "label_smoothed_cross_entropy_r3f", "--task", "translation",
+               "--arch", "transformer"],
+              ["--optimizer", "samsgd", "--criterion", "sentence_prediction_rdrop"],
+              ["--optimizer", "adam", "--criterion", "label_smoothed_cross_entropy_rdrop", "--task", "translation",
                "--arch", "transformer"]]
     helps = {}
     for extra in combos:
@@ -107,7 +110,7 @@ def test_every_registered_component_parses_and_flags_agree():
             for opt in action.option_strings:
                 if opt.startswith("--"):
                     helps.setdefault(opt, set()).add(action.help)
-    shared = {k: v for k, v in helps.items() if len(v) > 1 and k.startswith(("--recadam", "--r3f", "--rho",
+    shared = {k: v for k, v in helps.items() if len(v) > 1 and k.startswith(("--recadam", "--r3f", "--rdrop", "--rho",
                                                                                "--sam", "--eps", "--noise"))}
     assert not shared, shared
 

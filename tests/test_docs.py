@@ -104,7 +104,7 @@ def test_pages_exist():
     names = {os.path.basename(p) for p in DOCS}
     want = {"recadam.md", "r3f.md", "sam.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
             "benchmark.md", "bench_sam.md", "bench_baselines.md", "forgetting-adam-400.md", "reinit.md", "lora.md",
-            "llrd.md", "wise-ft.md", "child-tuning.md"}
+            "llrd.md", "wise-ft.md", "child-tuning.md", "rdrop.md"}
     assert want <= names, sorted(want - names)
 
 
@@ -186,6 +186,9 @@ FLAG_TABLES = {
     "docs/sam.md": [["--optimizer", "samsgd"]],
     "docs/llrd.md": [["--optimizer", "recadam"]],
     "docs/child-tuning.md": [["--optimizer", "recadam"]],
+    "docs/rdrop.md": [["--criterion", "sentence_prediction_rdrop"],
+                      ["--criterion", "label_smoothed_cross_entropy_rdrop", "--task", "translation", "--arch",
+                       "transformer"]],
     "docs/ca-mtl.md": [["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"],
                        ["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"]],
     "docs/reinit.md": [["--arch", "roberta_ft_base"]],

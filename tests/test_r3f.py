@@ -163,9 +163,9 @@ def test_fp16_noise_survives_in_the_noised_input():
     assert noised.dtype == torch.half and not torch.equal(clean, noised)
 
 
-def stock_roberta(classes=3):
-    """fairseq's own RobertaModel (roberta arch), tiny, no dropout: the clean and noised passes differ
-    by the noise only."""
+def stock_roberta(classes=3, dropout=0.0):
+    """fairseq's own RobertaModel (roberta arch), tiny, no dropout by default: the clean and noised passes
+    differ by the noise only."""
     from argparse import Namespace
 
     from fairseq.data import Dictionary
@@ -175,8 +175,8 @@ def stock_roberta(classes=3):
     for i in range(20):
         d.add_symbol(f"w{i}")
     args = Namespace(encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=2,
-                     max_positions=32, dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                     pooler_dropout=0.0)
+                     max_positions=32, dropout=dropout, attention_dropout=dropout, activation_dropout=0.0,
+                     pooler_dropout=dropout)
     torch.manual_seed(0)
     model = RobertaModel.build_model(args, type("Task", (), {"source_dictionary": d})())
     model.register_classification_head("sentence_classification_head", num_classes=classes)

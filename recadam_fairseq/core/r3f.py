@@ -1,6 +1,9 @@
-"""R3F (Aghajanyan et al., 2020, "Better Fine-Tuning by Reducing Representational Collapse"): pure torch.
+"""R3F (Aghajanyan et al., 2020, "Better Fine-Tuning by Reducing Representational Collapse") and R-Drop
+(Liang et al., 2021, "R-Drop: Regularized Dropout for Neural Networks"): pure torch.
 
 The R3F loss is L(f(x), y) + λ·KL_S(f(x) ‖ f(x + z)), z ~ U(−ε, ε) or N(0, ε²) on the token embeddings.
+R-Drop's is the same consistency term without the noise, between two dropout passes f₁, f₂ of the batch,
+with the task loss of both passes: ½·(L(f₁(x), y) + L(f₂(x), y) + α·½·KL_S(f₁(x) ‖ f₂(x))).
 This module holds the math; the fairseq criteria call it. No fairseq import.
 
 The draws match fairseq's ``examples/rxf`` (``torch.distributions`` on the default CPU generator, fp32,
@@ -71,11 +74,21 @@ def stochastic_round(x: torch.Tensor, dtype: torch.dtype, generator=None) -> tor
 def symm_kl(noised_logits: torch.Tensor, input_logits: torch.Tensor) -> torch.Tensor:
     """KL(p_clean ‖ p_noised) + KL(p_noised ‖ p_clean) summed over all positions, over the batch size
     (dim 0), in fp32: fairseq's term, the same float operations."""
-    a = F.kl_div(F.log_softmax(noised_logits, dim=-1, dtype=torch.float32),
-                 F.softmax(input_logits, dim=-1, dtype=torch.float32), None, None, "sum")
-    b = F.kl_div(F.log_softmax(input_logits, dim=-1, dtype=torch.float32),
-                 F.softmax(noised_logits, dim=-1, dtype=torch.float32), None, None, "sum")
-    return (a + b) / noised_logits.size(0)
+    return symm_kl_sum(noised_logits, input_logits) / noised_logits.size(0)
+
+
+def symm_kl_sum(p_logits: torch.Tensor, q_logits: torch.Tensor, pad_mask=None) -> torch.Tensor:
+    """KL(p ‖ q) + KL(q ‖ p) of the softmaxes of the last dim, summed over every position but those where
+    ``pad_mask`` (the logits' shape without the last dim) is True: R-Drop's seq2seq term leaves padding out.
+    (The operations in fairseq's order: autograd sums the logits' gradients in the order they were made.)"""
+    pq = F.kl_div(F.log_softmax(p_logits, dim=-1, dtype=torch.float32),
+                  F.softmax(q_logits, dim=-1, dtype=torch.float32), None, None, "sum" if pad_mask is None else "none")
+    qp = F.kl_div(F.log_softmax(q_logits, dim=-1, dtype=torch.float32),
+                  F.softmax(p_logits, dim=-1, dtype=torch.float32), None, None, "sum" if pad_mask is None else "none")
+    if pad_mask is None:
+        return pq + qp
+    pad = pad_mask.unsqueeze(-1)
+    return pq.masked_fill(pad, 0.0).sum() + qp.masked_fill(pad, 0.0).sum()
 
 
 def regression_consistency(noised_pred: torch.Tensor, input_pred: torch.Tensor) -> torch.Tensor:
@@ -87,3 +100,24 @@ def regression_consistency(noised_pred: torch.Tensor, input_pred: torch.Tensor) 
     """
     d = noised_pred.float().view(-1) - input_pred.float().view(-1)
     return (d * d).sum() / noised_pred.size(0)
+
+
+# --------------------------------------------------------------------------- R-Drop
+def check_rdrop_alpha(alpha: float) -> None:
+    if not 0 <= alpha < float("inf"):  # also NaN
+        raise ConfigError(f"--rdrop-alpha must be a finite number >= 0 (the weight of R-Drop's consistency term), "
+                          f"got {alpha}")
+
+
+def twice(net_input: dict) -> dict:
+    """The batch followed by its copy along dim 0 (nested dicts too): one forward of 2B rows gives two
+    passes of the batch whose dropout draws are independent (dropout draws each element's mask apart)."""
+    return {k: torch.cat([v, v]) if torch.is_tensor(v) else twice(v) if isinstance(v, dict) else v
+            for k, v in net_input.items()}
+
+
+def rdrop_loss(task_loss_both: torch.Tensor, consistency: torch.Tensor, alpha: float) -> torch.Tensor:
+    """The authors' loss over 2, ½·(L₁ + L₂ + α·½·S): ``task_loss_both`` = L₁ + L₂ (summed over both
+    passes' examples), ``consistency`` = S, summed over the batch (R3F's KL_S, or its squared difference
+    for a regression). Over 2: the task part is the mean of the passes, on the scale of one pass's loss."""
+    return 0.5 * task_loss_both + (0.25 * alpha) * consistency

@@ -46,6 +46,11 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         if cfg.r3f_lambda > 0 and cfg.eps > 0:  # the consistency term is per head; a batch mixes tasks
             raise ConfigError(f"--r3f-lambda {cfg.r3f_lambda}: R3F is not available with --criterion glue_multitask "
                               f"(its consistency term is per head and a batch mixes tasks); use --r3f-lambda 0")
+        r3f.check_rdrop_alpha(cfg.rdrop_alpha)
+        if cfg.rdrop_alpha > 0:
+            raise ConfigError(f"--rdrop-alpha {cfg.rdrop_alpha}: R-Drop is not available with --criterion "
+                              f"glue_multitask (its consistency term is per head and a batch mixes tasks); use "
+                              f"--rdrop-alpha 0")
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)

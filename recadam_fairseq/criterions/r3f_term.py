@@ -1,4 +1,5 @@
-"""R3F's consistency term for GLUE-style heads (``--r3f-lambda`` > 0), added to the criterion's loss.
+"""The consistency term for GLUE-style heads, added to the criterion's loss: R3F's (``--r3f-lambda`` > 0)
+and R-Drop's (``--rdrop-alpha`` > 0), the same term (``core/r3f.py``) between different pairs of passes.
 
 A second forward on noised token embeddings and λ·KL_S(f(x) ‖ f(x+z)) (the regression head: the
 squared difference), with fairseq's ``examples/rxf`` draws and order (``core/r3f.py``): clean
@@ -35,12 +36,25 @@ def clean_and_consistency(model, net_input, head: str, eps: float, noise_type: s
     logits = logits_from_embeddings(model, net_input, embeddings, head)
     noise = r3f.sample_noise(embeddings.shape, eps, noise_type)
     noised = logits_from_embeddings(model, net_input, r3f.add_noise(embeddings, noise), head)
-    consistency = r3f.regression_consistency if regression else r3f.symm_kl
-    return logits, consistency(noised, logits)
+    return logits, consistency(regression)(noised, logits)
+
+
+def two_passes_and_consistency(model, net_input, head: str, regression: bool):
+    """R-Drop: (both passes' logits, 2B rows: the batch, then its copy; the consistency term between the
+    two passes over the batch size). One forward of the batch twice over: each copy its own dropout draws."""
+    logits = head_logits(model, r3f.twice(net_input), head)
+    first, second = logits.chunk(2)
+    return logits, consistency(regression)(second, first)
+
+
+def consistency(regression: bool):
+    """KL_S of the two passes' class distributions, or for a regression head their squared difference."""
+    return r3f.regression_consistency if regression else r3f.symm_kl
 
 
 def reduce_symm_kl(logging_outputs) -> None:
-    """``symm_kl``: the summed term over every sentence of the update (all micro-batches and ranks), in nats."""
+    """``symm_kl``: the summed term over the update's sample size (all micro-batches and ranks), in nats
+    (the GLUE criteria: per sentence)."""
     if any("symm_kl" in log for log in logging_outputs):
         sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
         symm = sum(log.get("symm_kl", 0) for log in logging_outputs)

@@ -5,8 +5,9 @@
 - The GLUE dev metrics over the whole valid set, usable as ``--best-checkpoint-metric``: accuracy,
   mcc (CoLA), f1 and acc_and_f1 (MRPC, QQP), pearson, spearman and pearson_and_spearman (STS-B);
   ``target_loss`` (the task loss alone) beside fairseq's ``loss``.
-- Terms added to the loss, each in its own file: R3F's consistency (``--r3f-lambda`` > 0,
-  ``r3f_term.py``; ``sentence_prediction_r3f`` turns it on by default) and the paper's coupled
+- Terms added to the loss, each in its own file: the consistency term of R3F (``--r3f-lambda`` > 0) or of
+  R-Drop (``--rdrop-alpha`` > 0: two dropout passes, the task loss of both), ``r3f_term.py``;
+  ``sentence_prediction_r3f`` / ``sentence_prediction_rdrop`` turn one on by default; and the paper's coupled
   RecAdam objective (``--recadam-objective coupled``, ``coupled_term.py``). The default,
   ``decoupled``, leaves the penalty to ``--optimizer recadam``.
 """
@@ -19,8 +20,8 @@ from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.logging import metrics
 
-from ..config import (R3FHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal,
-                      redefault)
+from ..config import (R3FHyperparams, RDropHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal,
+                      check_consistency_terms, redefault)
 from ..core import r3f
 from ..core.errors import ConfigError
 from . import coupled_term, glue_core, r3f_term
@@ -28,7 +29,7 @@ from .label_check import check_labels
 
 
 @dataclass
-class SentencePredictionRecAdamConfig(RecAdamHyperparams, RecAdamObjective, R3FHyperparams):
+class SentencePredictionRecAdamConfig(RecAdamHyperparams, RecAdamObjective, R3FHyperparams, RDropHyperparams):
     # fairseq's sentence_prediction flags, as its SentencePredictionConfig declares them
     classification_head_name: str = redefault(SentencePredictionConfig, "classification_head_name")
     regression_target: bool = redefault(SentencePredictionConfig, "regression_target")
@@ -45,6 +46,9 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         self.regression_target = cfg.regression_target
         r3f.check_hyperparams(cfg.eps, cfg.r3f_lambda, str(cfg.noise_type))
         self.r3f = cfg.r3f_lambda > 0 and cfg.eps > 0  # off: no noise draw, no second forward
+        r3f.check_rdrop_alpha(cfg.rdrop_alpha)
+        check_consistency_terms(cfg)
+        self.rdrop = cfg.rdrop_alpha > 0  # off: one pass, the batch as it is
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
@@ -74,26 +78,33 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         if not self._model_checked and model.training:
             self._check_model(model)
         head, cfg = self.classification_head_name, self.cfg
-        term = None
+        term = both = None
         if self.r3f and model.training:  # the term first: the order autograd sums the clean logits' gradients in
             logits, term = r3f_term.clean_and_consistency(model, sample["net_input"], head, cfg.eps,
                                                           str(cfg.noise_type), self.regression_target)
+        elif self.rdrop and model.training:  # both passes' logits (2B rows); accuracy counts the first pass
+            both, term = r3f_term.two_passes_and_consistency(model, sample["net_input"], head, self.regression_target)
+            logits = both[:len(both) // 2]
         else:
             logits = glue_core.head_logits(model, sample["net_input"], head)
         targets = glue_core.targets_of(model, sample, logits)
         sample_size = targets.numel()
-        task_loss = glue_core.summed_loss(logits, targets, self.regression_target)
+        if both is None:
+            task_loss = glue_core.summed_loss(logits, targets, self.regression_target)
+        else:  # R-Drop: the task loss is the mean of the two passes' (core/r3f.rdrop_loss)
+            both_loss = glue_core.summed_loss(both, targets.repeat(2), self.regression_target)
+            task_loss = 0.5 * both_loss
         loss = task_loss
         logging_output = {"target_loss": task_loss.data, "ntokens": sample["ntokens"], "nsentences": sample_size,
                           "sample_size": sample_size}
         if term is not None:  # summed over the batch (sum/batch·size): one value per update in reduce
             term = term * sample_size
-            loss = loss + cfg.r3f_lambda * term
+            loss = loss + cfg.r3f_lambda * term if both is None else r3f.rdrop_loss(both_loss, term, cfg.rdrop_alpha)
             logging_output["symm_kl"] = term.data
         if not self.regression_target:
             logging_output["ncorrect"] = (logits.argmax(dim=1) == targets).sum()
         if self.coupled is not None and model.training:
-            loss = self.coupled(model, loss, sample_size, logging_output)  # Loss_T: with the R3F term
+            loss = self.coupled(model, loss, sample_size, logging_output)  # Loss_T: with the R3F/R-Drop term
         if not model.training:  # the GLUE metrics need the whole valid set
             k = logits.size(-1)
             if k not in self._label_orders and not self.regression_target:
