@@ -10,7 +10,8 @@ Every tensor of the fine-tuned model that the pretrained checkpoint has under th
 is interpolated (the pretrained names after RoBERTa's own renames of released checkpoints:
 decoder.* -> encoder.*, emb_layer_norm -> layernorm_embedding); the rest (classification heads,
 CA-MTL's task-conditioned modules, R4F's spectral-norm tensors) is the fine-tuned model's; a LoRA
-checkpoint is first merged into plain RoBERTa (scripts/merge_lora.py). Each
+checkpoint is first merged into plain RoBERTa (scripts/merge_lora.py); a mixout checkpoint's weights W
+are interpolated under their parametrized names and its targets θ* kept. Each
 output is the fine-tuned checkpoint with these model tensors and without optimizer state (as
 --no-save-optimizer-state writes it), so fairseq-validate, checkpoint_utils.load_model_ensemble_and_task
 and --restore-file (with --reset-optimizer) read it as they read the input. Bad input: one line on
@@ -29,6 +30,7 @@ import torch  # noqa: E402
 from recadam_fairseq.core.anchor import AnchorError, load_checkpoint  # noqa: E402
 from recadam_fairseq.core.errors import ConfigError  # noqa: E402
 from recadam_fairseq.core.interpolate import check_alpha, interpolate, shared_names  # noqa: E402
+from recadam_fairseq.core.mixout import mixout_groups  # noqa: E402
 
 
 def load_merge_lora():
@@ -57,8 +59,13 @@ def roberta_names(pretrained, finetuned):
 
 
 def model_states(finetuned, pretrained):
-    """(θ_ft, θ*) as plain state dicts under the same names."""
-    return finetuned, roberta_names(pretrained, finetuned)
+    """(θ_ft, θ*) as plain state dicts under the same names. A mixout checkpoint's trained W
+    (``<module>.parametrizations.weight.original``) pairs with θ*'s ``<module>.weight``; its targets stay."""
+    pre = roberta_names(pretrained, finetuned)
+    for plain, parts in mixout_groups(finetuned).items():
+        if plain in pre:
+            pre[parts["original"]] = pre[plain]
+    return finetuned, pre
 
 
 def interpolated_checkpoint(state, pretrained_model, alpha, provenance=None):

@@ -104,7 +104,7 @@ def test_pages_exist():
     names = {os.path.basename(p) for p in DOCS}
     want = {"recadam.md", "r3f.md", "sam.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
             "benchmark.md", "bench_sam.md", "bench_baselines.md", "forgetting-adam-400.md", "reinit.md", "lora.md",
-            "llrd.md", "wise-ft.md", "child-tuning.md", "rdrop.md"}
+            "llrd.md", "wise-ft.md", "child-tuning.md", "rdrop.md", "mixout.md"}
     assert want <= names, sorted(want - names)
 
 
@@ -193,6 +193,7 @@ FLAG_TABLES = {
                        ["--task", "glue_multitask", "--criterion", "glue_multitask", "--arch", "ca_mtl_roberta_base"]],
     "docs/reinit.md": [["--arch", "roberta_ft_base"]],
     "docs/lora.md": [["--arch", "roberta_ft_base"]],
+    "docs/mixout.md": [["--arch", "roberta_ft_base"]],
 }
 
 

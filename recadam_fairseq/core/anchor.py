@@ -216,6 +216,9 @@ class AnchorPlan:
         self.anchored = common
         self.free = [n for n, _ in named if n not in pretrained]
         self.numel = {n: p.numel() for n, p in named}
+        self.shapes = shapes
+        self.shared: List[str] = []  # anchors that are a given tensor itself (build's ``shared``)
+        self.views: Dict[str, Tensor] = {}  # name -> its piece of a built anchor, holding the same numbers
 
     def summary(self) -> str:
         a = sum(self.numel[n] for n in self.anchored)
@@ -228,28 +231,47 @@ class AnchorPlan:
     def runs(self) -> List[List[Tuple[int, int]]]:
         return [runs_of(parts, self.anchored) for parts in self.parts]
 
-    def build(self, values: Optional[Dict[str, Tensor]], dtype: Optional[torch.dtype] = None):
+    def build(self, values: Optional[Dict[str, Tensor]], dtype: Optional[torch.dtype] = None,
+              shared: Optional[Dict[str, Tensor]] = None):
         """Yield (tensor, anchor, runs or None) per optimizer tensor; anchor None = not anchored.
 
         ``values`` None snapshots the optimizer's tensors; else the named pretrained values.
+        ``shared``: {name: a tensor that already holds θ* (a model's mixout target)}. A tensor of the
+        optimizer's own that is one such name gets that tensor as its anchor, not a copy, when it holds
+        the very numbers the copy would (``same_numbers``; the anchor may be of another dtype: the update
+        reads it in the tensor's). In a flat tensor (``--fp16``) the anchor is built in the shared
+        tensors' dtype when that loses nothing, and ``self.views`` maps each shared name to its piece
+        of the anchor, for the caller to make that piece the model's tensor (one copy of θ*).
         """
+        shared = shared or {}
         for t, parts, runs in zip(self.tensors, self.parts, self.runs()):
             if not runs:
                 yield t, None, None
                 continue
-            buf = torch.empty(sum(n for _, n in runs), dtype=dtype or t.dtype, device=t.device)
-            if values is None:
-                flat, off = t.detach().reshape(-1), 0
-                for s, n in runs:
-                    buf[off:off + n].copy_(flat[s:s + n])
-                    off += n
-            else:
-                off = 0
-                for name, s, n in parts:
-                    if name in values and name in self.anchored:
-                        buf[off:off + n].copy_(values[name].reshape(-1))
-                        off += n
             whole = len(runs) == 1 and runs[0] == (0, t.numel())
+            want = dtype or t.dtype
+            source = {name: (t.detach().reshape(-1)[s:s + n] if values is None else values[name].reshape(-1))
+                      for name, s, n in parts if name in self.anchored}
+            mine = [name for name in source if name in shared and shared[name].device == t.device]
+            if whole and len(parts) == 1 and mine:
+                (name,) = mine
+                if fits(source[name], want) and same_numbers(shared[name].reshape(-1), source[name]):
+                    self.shared.append(name)
+                    yield t, shared[name].view_as(t), None
+                    continue
+            kinds = {shared[name].dtype for name in mine}
+            if len(kinds) == 1 and want not in kinds:
+                narrow = kinds.pop()  # the model's dtype (--fp16): one copy if every value is exact there
+                if all(fits(x, want) and fits(x, narrow) for x in source.values()):
+                    want = narrow
+            buf = torch.empty(sum(n for _, n in runs), dtype=want, device=t.device)
+            off = 0
+            for name, x in source.items():
+                piece = buf[off:off + x.numel()]
+                piece.copy_(x)
+                if name in mine and piece.dtype == shared[name].dtype and same_numbers(piece, shared[name].reshape(-1)):
+                    self.views[name] = piece.view(self.shapes[name])
+                off += x.numel()
             yield t, (buf.view_as(t) if whole else buf), (None if whole else runs)
 
 
@@ -268,10 +290,12 @@ def _preview(names: List[str], k: int = 3) -> str:
 
 
 def build_anchors(tensors: Sequence[Tensor], model: torch.nn.Module, cfg, preloaded=None,
-                  dtype: Optional[torch.dtype] = None, resuming_is_error: bool = False):
+                  dtype: Optional[torch.dtype] = None, resuming_is_error: bool = False,
+                  shared: Optional[Dict[str, Tensor]] = None):
     """θ* for ``tensors`` (the optimizer's, or the model's own) from the source ``cfg`` names.
 
-    Returns (one log line, [(tensor, anchor or None, runs or None)]).
+    Returns (one log line, [(tensor, anchor or None, runs or None)], the plan: its ``shared`` and
+    ``views`` say which anchors are ``shared``'s tensors or pieces to share, see ``AnchorPlan.build``).
     """
     source, state, from_file = anchor_source(cfg, preloaded, resuming_is_error)
     try:
@@ -280,5 +304,65 @@ def build_anchors(tensors: Sequence[Tensor], model: torch.nn.Module, cfg, preloa
         check_finite(named, plan.anchored)
     except AnchorError as e:
         raise AnchorError(f"{source}: {e}") from None
-    anchors = list(plan.build(named if from_file else None, dtype=dtype))
-    return f"pretrained weights θ* from {source}: {plan.summary()}", anchors
+    anchors = list(plan.build(named if from_file else None, dtype=dtype, shared=shared))
+    return f"pretrained weights θ* from {source}: {plan.summary()}", anchors, plan
+
+
+# --------------------------------------------------------------------------- one copy of θ*
+CHUNK = 1 << 20  # elements compared at a time: no model-sized temporary
+
+
+def same_numbers(a: Tensor, b: Tensor) -> bool:
+    """Whether two tensors of equal numel hold the same numbers, whatever their float dtypes."""
+    if a.numel() != b.numel():
+        return False
+    if a.dtype == b.dtype:
+        return bool(torch.equal(a.reshape(-1), b.reshape(-1)))
+    a, b = a.reshape(-1), b.reshape(-1)
+    return all(torch.equal(a[i:i + CHUNK].double(), b[i:i + CHUNK].double()) for i in range(0, a.numel(), CHUNK))
+
+
+def fits(x: Tensor, dtype: torch.dtype) -> bool:
+    """Whether every value of ``x`` is exact in ``dtype``."""
+    if x.dtype == dtype or dtype == torch.float64 or (dtype == torch.float32 and x.dtype in (torch.float16,
+                                                                                            torch.bfloat16)):
+        return True
+    x = x.reshape(-1)
+    return all(torch.equal(x[i:i + CHUNK].to(dtype).to(x.dtype), x[i:i + CHUNK]) for i in range(0, x.numel(), CHUNK))
+
+
+def share_existing(tensors: Sequence[Tensor], anchors, model: torch.nn.Module, shared: Dict[str, Tensor]):
+    """Anchors restored from a checkpoint's optimizer state, with the ``shared`` tensors put in their place.
+
+    ``anchors``: [(anchor or None, runs or None)] per optimizer tensor. Returns ([(anchor, runs)] in the
+    same order, the names whose anchor is now ``shared``'s tensor, {name: piece of an anchor} to share as
+    ``AnchorPlan.build`` gives them). Only tensors holding the anchor's very numbers take its place.
+    """
+    named = trainable_named_parameters(model)
+    shapes = {n: tuple(p.shape) for n, p in named}
+    out, used, views = [], [], {}
+    for t, parts, (a, runs) in zip(tensors, layout(tensors, named), anchors):
+        if a is None:
+            out.append((None, None))
+            continue
+        spans, off = [], 0  # (name, offset in the anchor, numel) of the parts the anchor covers
+        for s, n in (runs or [(0, t.numel())]):
+            spans += [(name, off + ps - s, pn) for name, ps, pn in parts if name and s <= ps and ps + pn <= s + n]
+            off += n
+        mine = [(name, o, n) for name, o, n in spans if name in shared and shared[name].device == a.device]
+        if runs is None and len(parts) == 1 and mine and same_numbers(shared[mine[0][0]], a):
+            out.append((shared[mine[0][0]].view_as(t), None))
+            used.append(mine[0][0])
+            continue
+        kinds = {shared[name].dtype for name, _, _ in mine}
+        if len(kinds) == 1 and a.dtype not in kinds:
+            narrow = kinds.pop()
+            if fits(a, narrow):
+                a = a.to(narrow)  # the model's dtype (--fp16), the same numbers: one copy of θ*
+        flat = a.reshape(-1)
+        for name, o, n in mine:
+            piece = flat[o:o + n]
+            if piece.dtype == shared[name].dtype and same_numbers(piece, shared[name]):
+                views[name] = piece.view(shapes[name])
+        out.append((a, runs))
+    return out, used, views

@@ -85,6 +85,7 @@ def lora_groups(state: Dict[str, Tensor]) -> Dict[str, Dict[str, str]]:
     """{plain tensor name: {part: key}} of the LoRA-parametrized tensors of a state dict.
 
     part is ``original``, ``0.lora_A``, ``0.lora_B``, ``0.scaling``; raises ValueError when one is missing.
+    An ``original`` without any LoRA part is another parametrization's (mixout's), not LoRA's.
     """
     groups: Dict[str, Dict[str, str]] = {}
     for k in state:
@@ -92,6 +93,7 @@ def lora_groups(state: Dict[str, Tensor]) -> Dict[str, Dict[str, str]]:
         if m:
             plain = (m["module"] + "." if m["module"] else "") + m["tensor"]
             groups.setdefault(plain, {})[m["part"]] = k
+    groups = {plain: parts for plain, parts in groups.items() if set(parts) != {"original"}}
     for plain, parts in groups.items():
         missing = [p for p in _PARTS if p not in parts]
         if missing:
@@ -101,7 +103,7 @@ def lora_groups(state: Dict[str, Tensor]) -> Dict[str, Dict[str, str]]:
 
 def is_lora_state(state: Dict[str, Tensor]) -> bool:
     """Whether the state dict holds LoRA-parametrized tensors."""
-    return any(_KEY.match(k) for k in state)
+    return any(m and m["part"] != "original" for m in map(_KEY.match, state))
 
 
 def lora_scaling(state: Dict[str, Tensor]) -> Optional[float]:

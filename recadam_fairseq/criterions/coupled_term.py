@@ -26,7 +26,7 @@ class CoupledObjective:
         cfg = self.cfg
         if self.anchors is None:  # first training forward: fairseq has loaded --restore-file
             params = [p for _, p in model.named_parameters() if p.requires_grad]
-            line, anchors = build_anchors(params, model, cfg, resuming_is_error=True)
+            line, anchors, _ = build_anchors(params, model, cfg, resuming_is_error=True)
             self.anchors = [(p, a) for p, a, _ in anchors if a is not None]
             logger.info(f"recadam (coupled objective): {line}")
         dist = sum(((p.float() - a.float()) ** 2).sum() for p, a in self.anchors)

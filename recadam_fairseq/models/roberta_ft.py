@@ -7,7 +7,11 @@
 - ``--lora-rank r``: LoRA (Hu et al., 2021, ``core/lora.py``) on ``--lora-modules`` of every layer;
   every pretrained tensor is frozen, A, B and the classification heads train.
 
-Both act where fairseq loads ``--restore-file`` / ``--finetune-from-model``, before the optimizer
+- ``--mixout p``: Mixout (Lee et al., ICLR 2020, ``core/mixout.py``) on the six Linear weights of every
+  encoder layer (q, k, v, out, fc1, fc2), toward the pretrained weights: in training each reads as
+  θ* + M⊙(W − θ*)/(1 − p), M ~ Bernoulli(1 − p) per input neuron; in evaluation as W.
+
+All act where fairseq loads ``--restore-file`` / ``--finetune-from-model``, before the optimizer
 is built: ``upgrade_state_dict_named`` puts the model's own tensors under the names that are not
 to be loaded (as fairseq does for new classification heads), so loading leaves them as they are and
 RecAdam's anchor-by-name treats them as new (plain Adam). With no flag the model is fairseq's
@@ -15,7 +19,9 @@ RoBERTa: same tensors, names and random numbers.
 
 A re-initialising model carries a buffer ``reinit_layers`` (N) in its state dict: a checkpoint that
 has it was written by such a run (checkpoint_last.pt, fine-tuned) and loads as it is; one without it
-is pretrained and gets its top layers replaced. A LoRA checkpoint tells itself by its names.
+is pretrained and gets its top layers replaced. A LoRA checkpoint tells itself by its names, and so
+does a mixout one: its targets θ* are persistent buffers, loaded as they are when resuming; a
+checkpoint without them (the pretrained one) sets every target to the weight it loads.
 """
 
 import logging
@@ -27,7 +33,7 @@ from fairseq.models.roberta.model import base_architecture as roberta_base_archi
 from fairseq.models.roberta.model import roberta_large_architecture
 from fairseq.utils import safe_getattr
 
-from ..core import lora
+from ..core import lora, mixout
 from ..core.errors import ConfigError
 from .tiny import tiny_sizes
 
@@ -46,6 +52,16 @@ def check_args(args) -> None:
         raise ConfigError(f"--reinit-layers {n}: must be between 0 and the model's {layers} encoder layers")
     modules = lora.parse_modules(args.lora_modules)
     r, alpha = args.lora_rank, args.lora_alpha
+    p = args.mixout
+    if not 0 <= p < 1:  # nan too
+        raise ConfigError(f"--mixout {p:g}: must be in [0, 1) (0: off; at 1 every weight would be its pretrained "
+                          f"value in training and nothing would learn)")
+    if p and r:
+        raise ConfigError(f"--mixout {p:g} with --lora-rank {r}: LoRA freezes every pretrained weight, so mixout "
+                          f"would have nothing to mix; use one of them")
+    if p and n == layers:
+        raise ConfigError(f"--mixout {p:g} with --reinit-layers {n}: every encoder layer is re-initialised, no "
+                          f"pretrained weight is left to mix toward")
     if r < 0:
         raise ConfigError(f"--lora-rank {r}: must be >= 1 (0: LoRA off)")
     if alpha <= 0:
@@ -67,7 +83,8 @@ def check_args(args) -> None:
 
 @register_model("roberta_ft")
 class RobertaFtModel(RobertaModel):
-    """RoBERTa with ``--reinit-layers`` and LoRA (``--lora-rank``, ``--lora-alpha``, ``--lora-modules``)."""
+    """RoBERTa with ``--reinit-layers``, LoRA (``--lora-rank``, ``--lora-alpha``, ``--lora-modules``) and
+    ``--mixout``."""
 
     @staticmethod
     def add_args(parser):
@@ -83,6 +100,10 @@ class RobertaFtModel(RobertaModel):
         parser.add_argument("--lora-modules", type=str, metavar="LIST",
                             help="comma-separated Linear layers of each encoder layer that get LoRA: q, k, v, "
                                  "out (attention output), fc1, fc2 (default q,v)")
+        parser.add_argument("--mixout", type=float, metavar="P",
+                            help="mixout probability p in [0, 1) on the six Linear weights of every encoder layer "
+                                 "(q, k, v, out, fc1, fc2), toward the pretrained weights loaded from the checkpoint; "
+                                 "kept in the checkpoint, not reset when resuming (default 0: off)")
 
     @classmethod
     def build_model(cls, args, task):
@@ -116,14 +137,61 @@ class RobertaFtModel(RobertaModel):
             logger.info(f"roberta_ft: LoRA r={r} α={alpha:g} (scaling {alpha / r:g}) on {args.lora_modules} of "
                         f"{layers} layers: {len(self.lora_weights)} weights; trainable A, B: {trainable:,} elements; "
                         f"frozen: {frozen:,} (every pretrained tensor); the classification heads train")
+        self.mixout_weights = {}  # plain weight name -> its mixout parametrization
+        p = args.mixout
+        if p > 0:
+            modules = dict(self.named_modules())
+            layers = [i for i in range(args.encoder_layers) if i not in self.reinit_indices]
+            for i in layers:
+                for path in lora.MODULES.values():
+                    path = f"{LAYERS}.{i}.{path}"
+                    self.mixout_weights[path + ".weight"] = mixout.add_mixout(modules[path], p)
+            numel = sum(m.target.numel() for m in self.mixout_weights.values())
+            skipped = (f"; none in the re-initialised layers {self.reinit_indices[0]}-{self.reinit_indices[-1]} "
+                       f"(no pretrained target)" if self.reinit_indices else "")
+            logger.info(f"roberta_ft: mixout p={p:g} on q,k,v,out,fc1,fc2 of layers {layers[0]}-{layers[-1]}: "
+                        f"{len(self.mixout_weights)} weights, {numel:,} elements{skipped}; the classification "
+                        f"heads have none")
 
     def upgrade_state_dict_named(self, state_dict, name):
         """RoBERTa's upgrade, then LoRA's names and the re-initialised layers (the model's own tensors go in)."""
         super().upgrade_state_dict_named(state_dict, name)
         prefix = name + "." if name != "" else ""
         own = self.state_dict()
+        self._plain_mixout(state_dict, prefix)
         self._upgrade_lora(state_dict, prefix, own)
+        self._upgrade_mixout(state_dict, prefix)
         self._upgrade_reinit(state_dict, prefix, own)
+
+    def _plain_mixout(self, state_dict, prefix):
+        """A mixout checkpoint's weights this model does not mix: W under the plain name, the target dropped."""
+        ckpt = mixout.mixout_groups({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)})
+        plain = [w for w in ckpt if w not in self.mixout_weights]
+        for w in plain:
+            state_dict[prefix + w] = state_dict.pop(prefix + ckpt[w]["original"])
+            del state_dict[prefix + ckpt[w]["0.target"]]
+        if plain:
+            logger.info(f"roberta_ft: {len(plain)} mixout weights of the checkpoint loaded as plain weights (W; "
+                        f"their targets dropped)")
+
+    def _upgrade_mixout(self, state_dict, prefix):
+        """W of a plain checkpoint goes to ``.original`` and becomes the target too (a checkpoint without
+        targets is the pretrained one); a checkpoint with targets (this run's: resuming) keeps them."""
+        fresh, kept = [], []
+        for plain in self.mixout_weights:
+            base = prefix + plain[:-len(".weight")] + ".parametrizations.weight."
+            if base + "0.target" in state_dict:
+                kept.append(plain)
+            elif prefix + plain in state_dict or base + "original" in state_dict:
+                w = state_dict.pop(prefix + plain) if prefix + plain in state_dict else state_dict[base + "original"]
+                state_dict[base + "original"] = state_dict[base + "0.target"] = w  # two tensors once loaded
+                fresh.append(plain)
+        if fresh:
+            logger.info(f"roberta_ft: mixout targets θ* = the loaded weights for {len(fresh)} weights (the "
+                        f"checkpoint has none: a pretrained model)")
+        if kept:
+            logger.info(f"roberta_ft: mixout targets θ* of {len(kept)} weights loaded from the checkpoint (a mixout "
+                        f"run's), not reset")
 
     def _upgrade_lora(self, state_dict, prefix, own):
         ckpt = lora.lora_groups({k[len(prefix):]: v for k, v in state_dict.items() if k.startswith(prefix)})
@@ -181,6 +249,7 @@ def _ft_defaults(args):
     args.lora_rank = safe_getattr(args, "lora_rank", 0)
     args.lora_alpha = safe_getattr(args, "lora_alpha", DEFAULT_ALPHA)
     args.lora_modules = safe_getattr(args, "lora_modules", DEFAULT_MODULES)
+    args.mixout = safe_getattr(args, "mixout", 0.0)
 
 
 @register_model_architecture("roberta_ft", "roberta_ft")

@@ -17,10 +17,12 @@ from omegaconf import II, OmegaConf
 
 from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, LayerLRHyperparams, RecAdamHyperparams,
                       SAMHyperparams, check_anneal, check_checkpoint_paths, lr_values, redefault)
-from ..core.anchor import build_anchors, pretrained_model_state
+from ..core import mixout
+from ..core.anchor import build_anchors, pretrained_model_state, share_existing
 from ..core.anneal import anneal_lambda
 from ..core.errors import ConfigError
 from ..core.recadam import RecAdam, validate_hparams
+from ..core.wrappers import unwrap_model
 from ..events import LoopOptimizer
 from ..report import log_recadam_metrics
 from .child_tuning import add_child_tuning
@@ -167,17 +169,47 @@ class Anchoring:
             self.bound, self.pretrained = True, None
             return
         tensors = [p for g in opt.param_groups for p in g["params"]]
+        targets = mixout.targets_by_parameter(unwrap_model(model))  # --mixout: the model's own copy of θ*
+        dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
         if any(opt.anchor_of(t) is not None for t in tensors):
             logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")
+            if targets:
+                restored = [(opt.anchor_of(t), opt.state[t].get("anchor_runs")) for t in tensors]
+                unshared = mixout.held_bytes([a for a, _ in restored]) + mixout.held_bytes(targets.values())
+                anchors, used, views = share_existing(tensors, restored, model, targets)
+                for t, (anchor, runs) in zip(tensors, anchors):
+                    if anchor is not None:
+                        opt.set_anchor(t, anchor, runs)
+                self._share(model, targets, used, views, unshared)
             self.bound = True
             return
-        dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
-        line, anchors = build_anchors(tensors, model, self.cfg, self.pretrained, dtype)
+        line, anchors, plan = build_anchors(tensors, model, self.cfg, self.pretrained, dtype, shared=targets)
         for t, anchor, runs in anchors:
             opt.set_anchor(t, anchor, runs)
         self.pretrained = None  # the anchor holds what is needed; free the mapping
         logger.info(f"recadam: {line}")
+        if targets:
+            itemsize = torch.empty(0, dtype=dtype).element_size()
+            unshared = sum(plan.numel[n] for n in plan.anchored) * itemsize + mixout.held_bytes(targets.values())
+            self._share(model, targets, plan.shared, plan.views, unshared)
         self.bound = True
+
+    def _share(self, model, targets, used, views, unshared: int) -> None:
+        """--mixout: the model's targets are θ* (anchors ``used``; ``views``: pieces of the anchor that
+        become the targets); log what anchor and targets hold together, and what they would apart."""
+        for name, piece in views.items():
+            mixout.set_target(unwrap_model(model), name, piece)
+        targets = mixout.targets_by_parameter(unwrap_model(model))
+        anchors = [self.opt.anchor_of(p) for g in self.opt.param_groups for p in g["params"]]
+        held = mixout.held_bytes([*anchors, *targets.values()])
+        how = []
+        if used:
+            how.append(f"{len(used)} anchors are the model's targets")
+        if views:
+            how.append(f"{len(views)} targets are pieces of the {str(next(iter(views.values())).dtype)[6:]} anchor")
+        logger.info(f"recadam: --mixout: θ* stored once for {len(used) + len(views)} of {len(targets)} mixout weights"
+                    f"{' (' + ', '.join(how) + ')' if how else ''}; anchor + targets hold {held:,} bytes ({unshared:,} "
+                    f"as two copies)")
 
     def after_step(self) -> None:
         """λ(t) and the distance to θ*, on log steps only: the distance costs a pass over the weights.
