@@ -681,3 +681,12 @@ def test_changed_alphas_measure_again_without_training(pipeline, converted, caps
         assert log.read_bytes() == log_before
     finally:
         result.write_bytes(before)
+
+
+def test_distance_counts_parametrized_weights():
+    """A --mixout model's weights are named ...parametrizations.weight.original: they count as W."""
+    g = torch.Generator().manual_seed(0)
+    pre = {"l.weight": torch.randn(3, 4, generator=g, dtype=torch.float64), "l.bias": torch.randn(3, generator=g, dtype=torch.float64)}
+    ft = {"l.parametrizations.weight.original": pre["l.weight"] + 0.5, "l.bias": pre["l.bias"] - 1.0}
+    d = forgetting.measure.distance(ft, pre)
+    assert d["tensors"] == 2 and d["dist_sq"] == pytest.approx(12 * 0.25 + 3 * 1.0, rel=1e-12)

@@ -143,8 +143,9 @@ def head_of(model) -> str:
 def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor]) -> Dict[str, float]:
     """‖θ − θ*‖₂ (and its square, recadam's ``recadam_dist``) over the model's parameters that the
     pretrained checkpoint has with the same shape; relative to ‖θ*‖₂. ``params``: named_parameters()
-    (a tied tensor counts once, as in recadam's anchor; a state dict would list it twice)."""
-    params = {k: v.detach() for k, v in params.items()}
+    (a tied tensor counts once, as in recadam's anchor; a state dict would list it twice). A
+    parametrized weight (``--mixout``) counts under its plain name: W itself, what evaluation reads."""
+    params = {k.replace(".parametrizations.weight.original", ".weight"): v.detach() for k, v in params.items()}
     names = [k for k, v in params.items() if k in pretrained and pretrained[k].shape == v.shape]
     if not names:
         raise ValueError("the checkpoint shares no tensor with the pretrained model")
