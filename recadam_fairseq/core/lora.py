@@ -15,21 +15,19 @@ Pure torch (no fairseq).
 """
 
 import math
-import re
 from typing import Dict, List, Optional
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
+from . import parametrized
 from .errors import ConfigError
 
 # --lora-modules names -> the Linear inside a fairseq TransformerEncoderLayer
 MODULES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_proj",
            "out": "self_attn.out_proj", "fc1": "fc1", "fc2": "fc2"}
 
-_KEY = re.compile(r"^(?:(?P<module>.*)\.)?parametrizations\.(?P<tensor>[^.]+)\."
-                  r"(?P<part>original|0\.lora_A|0\.lora_B|0\.scaling)$")
 _PARTS = ("original", "0.lora_A", "0.lora_B", "0.scaling")
 
 
@@ -87,13 +85,7 @@ def lora_groups(state: Dict[str, Tensor]) -> Dict[str, Dict[str, str]]:
     part is ``original``, ``0.lora_A``, ``0.lora_B``, ``0.scaling``; raises ValueError when one is missing.
     An ``original`` without any LoRA part is another parametrization's (mixout's), not LoRA's.
     """
-    groups: Dict[str, Dict[str, str]] = {}
-    for k in state:
-        m = _KEY.match(k)
-        if m:
-            plain = (m["module"] + "." if m["module"] else "") + m["tensor"]
-            groups.setdefault(plain, {})[m["part"]] = k
-    groups = {plain: parts for plain, parts in groups.items() if set(parts) != {"original"}}
+    groups = {plain: parts for plain, parts in parametrized.groups(state, _PARTS).items() if set(parts) != {"original"}}
     for plain, parts in groups.items():
         missing = [p for p in _PARTS if p not in parts]
         if missing:
@@ -103,7 +95,7 @@ def lora_groups(state: Dict[str, Tensor]) -> Dict[str, Dict[str, str]]:
 
 def is_lora_state(state: Dict[str, Tensor]) -> bool:
     """Whether the state dict holds LoRA-parametrized tensors."""
-    return any(m and m["part"] != "original" for m in map(_KEY.match, state))
+    return any(set(parts) != {"original"} for parts in parametrized.groups(state, _PARTS).values())
 
 
 def lora_scaling(state: Dict[str, Tensor]) -> Optional[float]:

@@ -16,14 +16,14 @@ persistent buffer ``<module>.parametrizations.weight.0.target``, so a checkpoint
 targets. Pure torch (no fairseq).
 """
 
-import re
 from typing import Dict
 
 import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-_KEY = re.compile(r"^(?:(?P<module>.*)\.)?parametrizations\.(?P<tensor>[^.]+)\.(?P<part>original|0\.target)$")
+from . import parametrized
+
 _PARTS = ("original", "0.target")
 
 
@@ -102,13 +102,8 @@ def mixout_groups(state: Dict[str, Tensor]) -> Dict[str, Dict[str, str]]:
 
     A parametrized tensor counts only when its target is there (LoRA's ``original`` has none).
     """
-    groups: Dict[str, Dict[str, str]] = {}
-    for k in state:
-        m = _KEY.match(k)
-        if m:
-            plain = (m["module"] + "." if m["module"] else "") + m["tensor"]
-            groups.setdefault(plain, {})[m["part"]] = k
-    return {plain: parts for plain, parts in groups.items() if "0.target" in parts and "original" in parts}
+    both = parametrized.groups(state, _PARTS)
+    return {plain: parts for plain, parts in both.items() if len(parts) == 2}
 
 
 def is_mixout_state(state: Dict[str, Tensor]) -> bool:

@@ -88,13 +88,17 @@ DEFAULT_METHODS = (
     "llrd:0.9", "llrd:0.7", "recadam-llrd:k=0.1,t0=25,decay=0.9",
     "reinit:1", "reinit:2", "recadam-reinit:k=0.1,t0=25,reinit=1",
     "lora:8", "lora:32",
+    "mixout:0.5", "mixout:0.9", "recadam-mixout:k=0.1,t0=25,p=0.9",
+    "childtune-d:0.1", "childtune-d:0.3", "recadam-childtune-d:k=0.1,t0=25,ratio=0.3",
+    "rdrop:1", "rdrop:5", "recadam-rdrop:k=0.1,t0=25,alpha=1",
 )
 # WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
 DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
 # the plot's main panel leaves out settings below this (near chance: 0.5) when most settings are above it
 CHART_MIN_ACCURACY = 0.6
 # relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
-COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2}
+COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2,
+        "rdrop": 2, "recadam-rdrop": 2, "childtune-d": 1.6, "recadam-childtune-d": 1.6}  # D: + one Fisher pass
 
 
 def make_grid(specs, gamma):
