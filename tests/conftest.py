@@ -5,6 +5,7 @@ import os
 import socket
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -130,3 +131,21 @@ def parse_config(*argv):
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     return convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), list(argv)))
+
+
+def run_jobs(jobs, workers=2):
+    """Call ``jobs`` (each returns a dict of results) ``workers`` at a time: one dict of them all."""
+    out = {}
+    with ThreadPoolExecutor(workers) as pool:
+        for part in pool.map(lambda job: job(), jobs):
+            out.update(part)
+    return out
+
+
+def assert_one_line_error(run, save_dir, message):
+    """A tiny.train(..., check=False) run stopped before training with the one line ``message``."""
+    rc, log = run
+    assert rc == 1 and "Traceback" not in log, log[-3000:]
+    assert [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")] == [
+        "train_entry.py: error: " + message]
+    assert not [f for f in os.listdir(save_dir) if f.endswith(".pt")]

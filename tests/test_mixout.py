@@ -16,14 +16,13 @@ import math
 import os
 import re
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import USER_DIR, _load_script, load_ckpt, random_tokens, tiny_roberta
+from conftest import USER_DIR, _load_script, assert_one_line_error, load_ckpt, random_tokens, run_jobs, tiny_roberta
 from recadam_fairseq.core import anchor as anchor_mod
 from recadam_fairseq.core import lora, mixout
 from recadam_fairseq.core.errors import ConfigError
@@ -307,11 +306,7 @@ def runs(tiny, tmp_path_factory):
         lambda: {"fp16": tiny.train(d["fp16"], *rec, "--fp16", updates=2)[1]},
         lambda: {"bad": tiny.train(d["bad"], *FT, "--mixout", "1", optimizer="adam", check=False)},
     ]
-    logs = {}
-    with ThreadPoolExecutor(2) as pool:
-        for out in pool.map(lambda job: job(), jobs):
-            logs.update(out)
-    return d, logs
+    return d, run_jobs(jobs)
 
 
 def _ckpt(save, name="checkpoint_last.pt"):
@@ -434,9 +429,5 @@ def test_evaluation_reads_w_and_loads_without_mixout(runs, tiny, tmp_path, pretr
 
 def test_bad_p_stops_with_one_line(runs):
     d, logs = runs
-    rc, log = logs["bad"]
-    assert rc == 1 and "Traceback" not in log, log[-3000:]
-    errors = [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")]
-    assert errors == ["train_entry.py: error: --mixout 1: must be in [0, 1) (0: off; at 1 every weight would be its "
-                      "pretrained value in training and nothing would learn)"]
-    assert not [f for f in os.listdir(d["bad"]) if f.endswith(".pt")]
+    assert_one_line_error(logs["bad"], d["bad"], "--mixout 1: must be in [0, 1) (0: off; at 1 every weight would "
+                          "be its pretrained value in training and nothing would learn)")
