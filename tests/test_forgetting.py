@@ -196,13 +196,17 @@ def test_help_shows_every_default(capsys, monkeypatch):
     options = [a for a in forgetting.build_parser()._actions if a.option_strings and a.dest != "help"]
     assert out.count("(default:") == len(options) > 20
     assert "(default: None)" not in out
-    for text in ("--updates UPDATES updates per run (same for every run) (default: 200)",
+    for text in ("--updates UPDATES updates per run (same for every run) (default: 200; 200 per task for --task multi)",
+                 "--task {movie,tweets,nli,multi} the target task: movie: movie-review sentiment",
+                 "(default: the task's, movie 2000, tweets 1600, nli 2000)",
                  "--early-every EARLY_EVERY also measure the checkpoints every N updates of --early-methods' runs, "
                  "0: off (default: --updates // 5, so 40 at 200 updates; off below 5 updates)",
                  "--log-interval LOG_INTERVAL fairseq's --log-interval; --updates must be a multiple of it "
                  "(default: the largest divisor of --updates up to 10, so 10 for a multiple of 10)",
                  "(default: WORK/sdists)", "sentences per update (default: 16)", "(default: [1, 2])",
-                 "(default: adam recadam:0.1:25 recadam:0.1:50 ", "python scripts/forgetting/run.py --work /tmp/fg"):
+                 "(default: movie: adam recadam:0.1:25 recadam:0.1:50 ",
+                 "the other tasks: each method's best setting on the movie task, adam recadam:0.1:25 ",
+                 "python scripts/forgetting/run.py --work /tmp/fg"):
         assert text in out, text
 
 
@@ -233,7 +237,9 @@ def test_defaults_follow_updates(tmp_path, capsys):
            (["--updates", "0"], "--updates 0: must be >= 1"),
            (["--pretrained-dir", str(tmp_path)], f"--pretrained-dir {tmp_path}: no model.pt"),
            (["--interpolate", "0.5", "1"], "--interpolate 1: must be in [0, 1) (1 is the run's own final checkpoint)"),
-           (["--interpolate", "-0.5"], "--interpolate -0.5: must be in [0, 1)")]
+           (["--interpolate", "-0.5"], "--interpolate -0.5: must be in [0, 1)"),
+           (["--methods", "adam", "--third-seed", "r3f:1"], "--third-seed r3f:1: not a setting of --methods"),
+           (["--task", "multi", "--methods", "r3f:1"], "the multi-task setting runs only adam, recadam,")]
     for argv, message in bad:
         with pytest.raises(SystemExit) as e:
             _args(tmp_path, *argv)
@@ -690,3 +696,186 @@ def test_distance_counts_parametrized_weights():
     ft = {"l.parametrizations.weight.original": pre["l.weight"] + 0.5, "l.bias": pre["l.bias"] - 1.0}
     d = forgetting.measure.distance(ft, pre)
     assert d["tensors"] == 2 and d["dist_sq"] == pytest.approx(12 * 0.25 + 3 * 1.0, rel=1e-12)
+
+
+# --- the other target tasks (tweets, nli), the multi-task setting and the summary across tasks ---
+
+def test_nli_split_leaves_out_probe_sentences():
+    """Pairs without a gold label or sharing a sentence (either side, surrounding spaces ignored) with the
+    SNLI test set are never drawn; the split is fixed by the seed and disjoint."""
+    n = 60
+    prem = [f"premise {i}" for i in range(n)]
+    hyp = [f"hypothesis {i}" for i in range(n)]
+    gold = np.array(["entailment", "neutral", "contradiction", "-"] * (n // 4))
+    test_sentences = {"premise 1", "hypothesis 2", "premise 13"}
+    prem[5] = " premise 1 "  # the same sentence as a probe one
+    prepare = forgetting.prepare
+    train, test, y, dropped = prepare.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
+    used = set(train) | set(test)
+    assert len(used) == 30 and not set(train) & set(test)
+    assert not used & {1, 2, 5, 13} and all(gold[i] != "-" for i in used)
+    assert dropped == 4  # pairs 1, 2, 5 and 13; those without a gold label (3, 7, ...) are counted apart
+    assert list(y[:4]) == [0, 1, 2, -1]
+    again = prepare.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
+    assert np.array_equal(again[0], train) and np.array_equal(again[1], test)
+    with pytest.raises(prepare.DataError, match="--train-size 40 \\+ --test-size 10 > 41 usable SNLI training pairs"):
+        prepare.split_nli(prem, hyp, gold, test_sentences, 40, 10, seed=0)
+
+
+def test_task_methods_are_the_movie_best():
+    """TASK_METHODS (what the other tasks run) = best_on_movie() of the recorded movie table."""
+    with open(os.path.join(ROOT, "docs", "forgetting.json"), encoding="utf-8") as f:
+        rows = json.load(f)["rows"]
+    want = {methods.parse(m)["method"]: methods.setting_name(methods.parse(m)) for m in forgetting.TASK_METHODS}
+    assert forgetting.best_on_movie(rows) == want
+    # the rule: least forgetting within BEST_TOLERANCE of Adam's accuracy, else the most accurate
+    synthetic = [{"method": "adam", "name": "adam", "target_accuracy": 0.86, "forgetting": -0.05},
+                 {"method": "x", "name": "x1", "target_accuracy": 0.852, "forgetting": -0.03},
+                 {"method": "x", "name": "x2", "target_accuracy": 0.849, "forgetting": -0.001},
+                 {"method": "y", "name": "y1", "target_accuracy": 0.70, "forgetting": 0.0},
+                 {"method": "y", "name": "y2", "target_accuracy": 0.80, "forgetting": -0.2},
+                 {"method": "recadam", "name": "r0", "gamma": 0, "target_accuracy": 0.86, "forgetting": 0.0},
+                 {"method": "recadam", "name": "r1", "gamma": 5000, "target_accuracy": 0.80, "forgetting": -0.01}]
+    assert forgetting.best_on_movie(synthetic) == {"adam": "adam", "x": "x1", "y": "y2", "recadam": "r1"}
+
+
+def _probe_and_target_sentences(data, task):
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    probe = {tuple(x.tolist()) for x in forgetting.measure.sentences(os.path.join(data, "snli-bin", "sentences"))}
+    target = set()
+    for sub in ("input0", "input1"):
+        for split in ("train", "valid"):
+            prefix = os.path.join(data, f"{task}-bin", sub, split)
+            if os.path.isfile(prefix + ".idx"):
+                ds = MMapIndexedDataset(prefix)
+                target |= {tuple(ds[i].tolist()) for i in range(len(ds))}
+    return probe, target
+
+
+@pytest.fixture(scope="module")
+def tasks_pipeline(tmp_path_factory, converted):
+    """run.py on tweets and nli (adam, 2 updates) and the multi-task setting on all three tasks (CA-MTL
+    with RecAdam, 3 updates), in one work directory, on tiny subsets of the real data."""
+    work = tmp_path_factory.mktemp("tasks")
+    common = ["--work", str(work), "--sdist-dir", sdists(tmp_path_factory), "--pretrained-dir", converted,
+              "--train-size", "32", "--test-size", "24", "--snli-pairs", "16", "--batch-size", "16",
+              "--log-interval", "1", "--seeds", "3", "--early-every", "0", "--interpolate", "0.5"]
+    res = {t: forgetting.main(common + ["--task", t, "--results", str(work / t), "--updates", "2",
+                                        "--methods", "adam"]) for t in ("tweets", "nli")}
+    res["multi"] = forgetting.main(common + ["--task", "multi", "--results", str(work / "multi"), "--updates", "3",
+                                             "--methods", "recadam-ca-mtl:k=0.5,t0=1,freeze=3"])
+    return work, res
+
+
+@pytest.mark.parametrize("task", ["tweets", "nli"])
+def test_task_data_and_run(tasks_pipeline, task):
+    """Each new task's data: the counts and classes asked for, labels as written, no probe sentence in
+    the target's data; its run measured as fairseq validated it (pairs fed as sentence_prediction does)."""
+    work, res = tasks_pipeline
+    data = work / f"data-{task}"
+    info = json.loads((data / "data.json").read_text())
+    t = info["target"]
+    classes = forgetting.prepare.TARGETS[task].classes
+    assert (t["train"], t["valid"], t["classes"]) == (32, 24, list(classes))
+    assert sum(t["train_per_class"]) == 32 and sum(t["valid_per_class"]) == 24
+    assert info["settings"] == dict(train_size=32, test_size=24, snli_pairs=16, neutral_band=1.0, max_tokens=64,
+                                    data_seed=0, task=task)
+    labels = json.loads((data / f"{task}-bin" / "labels.json").read_text())
+    assert labels["task"] == task and labels["num_classes"] == len(classes)
+    pair = task == "nli"
+    assert (data / f"{task}-bin" / "input1" / "train.bin").exists() == pair
+    probe, target = _probe_and_target_sentences(str(data), task)
+    assert len(probe) > 16 and len(target) > 32 and not probe & target
+    (run,) = res[task]["runs"]
+    cmd = run["command"]
+    assert cmd[1] == os.path.relpath(str(data / f"{task}-bin"), ROOT) if str(data).startswith(ROOT) else True
+    assert cmd[cmd.index("--num-classes") + 1] == str(len(classes))
+    assert abs(run["fairseq_valid_accuracy"] - run["target_accuracy"]) <= 0.0011
+    assert [p["alpha"] for p in run["interpolated"]] == [0.5]
+    assert res[task]["complete"] and f"**{task}**" not in (work / f"{task}.md").read_text()
+
+
+def test_multitask_setting(tasks_pipeline):
+    """One run on movie, tweets and nli at once: per-task accuracy from each task's head, their mean as
+    the target accuracy, one forgetting figure; CA-MTL with RecAdam trains (and pulls) as asked."""
+    work, res = tasks_pipeline
+    multi = res["multi"]
+    assert multi["complete"] and len(multi["runs"]) == 1
+    for run in multi["runs"]:
+        cmd = run["command"]
+        assert cmd[cmd.index("--mt-tasks") + 1] == "movie,tweets,nli"
+        assert cmd[cmd.index("--mt-sampling") + 1] == "uniform" and cmd[cmd.index("--max-update") + 1] == "3"
+        per = run["task_accuracy"]
+        assert sorted(per) == ["movie", "nli", "tweets"]
+        assert run["target_accuracy"] == pytest.approx(np.mean(list(per.values())))
+        # each head read on its own task's held-out split (24 examples): a multiple of 1/24
+        assert all(abs(a * 24 - round(a * 24)) < 1e-9 for a in per.values())
+    camtl = next(r for r in multi["runs"] if r["method"] == "recadam-ca-mtl")
+    cmd = camtl["command"]
+    assert cmd[cmd.index("--arch") + 1] == "ca_mtl_roberta" and cmd[cmd.index("--optimizer") + 1] == "recadam"
+    assert cmd[cmd.index("--freeze-encoder-layers") + 1] == "0-2"
+    assert camtl["logged_recadam_dist"] == pytest.approx(camtl["dist_sq"], rel=1e-4)
+    table = (work / "multi.md").read_text()
+    assert "**movie**" in table and "**nli**" in table and "(movie 0." in table
+    with pytest.raises(SystemExit) as e:  # a method the multi-task setting does not run
+        forgetting.parse_args(["--task", "multi", "--methods", "r3f:1", "--results", str(work / "x")])
+    assert e.value.code == 2
+
+
+def test_summary_across_tasks(tmp_path):
+    """summary.py on synthetic per-task results: wins within the noise rule, frontier ranks among the
+    compared settings, the missing task said, the markers' blocks written and the rest kept."""
+    summary = _load_summary()
+    base = {"snli_auc": 0.9}
+
+    def result(rows, complete=True):
+        out = []
+        for name, method, acc, acc_std, fgt, fgt_std, secs in rows:
+            out.append({"name": name, "method": method, "label": name, "seeds": [1, 2], "target_accuracy": acc,
+                        "target_accuracy_std": acc_std, "forgetting": fgt, "forgetting_std": fgt_std,
+                        "train_seconds": secs})
+        return {"rows": out, "runs": [], "complete": complete, "pretrained": base}
+
+    rec = methods.setting_name(methods.parse("recadam:0.1:25"))
+    r3f = methods.setting_name(methods.parse("r3f:1"))
+    movie = result([("adam", "adam", 0.86, 0.004, -0.05, 0.004, 100), (rec, "recadam", 0.857, 0.003, -0.02, 0.002, 80),
+                    (r3f, "r3f", 0.80, 0.001, -0.06, 0.001, 200), ("r3f-lambda5", "r3f", 0.9, 0, 0, 0, 1)])
+    tweets = result([("adam", "adam", 0.80, 0.0, -0.03, 0.0, 100), (rec, "recadam", 0.79, 0.0, -0.028, 0.0, 90)],
+                    complete=False)
+    for name, res in (("fg.json", movie), ("fg-tweets.json", tweets)):
+        (tmp_path / name).write_text(json.dumps(res))
+    marks = "\n".join(summary.SUMMARY + summary.MULTITASK)
+    (tmp_path / "fg.md").write_text(f"# prose\n{marks}\nafter\n")
+    (tmp_path / "README.md").write_text(f"top\n{summary.SUMMARY[0]}\nold\n{summary.SUMMARY[1]}\nbottom\n")
+    out = summary.main(["--results", str(tmp_path / "fg"), "--readme", str(tmp_path / "README.md")])
+    # movie: recadam's −0.003 is inside 2·SE (0.0063) and +0.03 of ΔAUC beyond it; tweets: −0.01 is outside
+    # the 0.005 floor. r3f's other setting (λ=5, better than all) is not compared: r3f λ=1 is behind both
+    assert out["recadam"]["tasks"]["movie"]["wins"] and not out["recadam"]["tasks"]["tweets"]["wins"]
+    assert out["recadam"]["wins"] == 1 and out["adam"]["wins"] == 0 and out["r3f"]["wins"] == 0
+    assert [out[m]["tasks"]["movie"]["rank"] for m in ("adam", "recadam", "r3f")] == [1, 1, 2]
+    assert out["recadam"]["cost"] == pytest.approx((0.8 + 0.9) / 2)
+    md = (tmp_path / "fg.md").read_text()
+    assert md.startswith("# prose\n") and md.endswith("\nafter\n")
+    assert "tweets (partial: 0 runs recorded)" in md and "nli (no " in md
+    assert "The multi-task runs are not recorded yet" in md
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith("top\n") and readme.endswith("bottom\n") and "old" not in readme
+    assert "- on 1 of them: recadam (movie)" in readme and "- on none: adam, r3f" in readme
+    assert (tmp_path / "fg-overview.png").stat().st_size > 10000
+    # movie's recadam: its seeds differ by 0.003·√2 in accuracy, more than its gap to Adam (0.003)
+    assert "a third seed decides" in md and "movie: recadam:0.1:25" in md
+    assert summary.main(["--results", str(tmp_path / "fg"), "--third-seed-args", "movie"]) == ["recadam:0.1:25"]
+    assert summary.main(["--results", str(tmp_path / "fg"), "--recorded-third-seed-args", "movie"]) == []
+    (tmp_path / "bad.md").write_text("no markers\n")
+    with pytest.raises(SystemExit) as e:
+        summary.main(["--results", str(tmp_path / "bad"), "--readme", ""])
+    assert e.value.code == 2 and (tmp_path / "bad.md").read_text() == "no markers\n"
+
+
+def _load_summary():
+    spec = importlib.util.spec_from_file_location("forgetting_summary",
+                                                  os.path.join(ROOT, "scripts", "forgetting", "summary.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod

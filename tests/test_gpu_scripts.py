@@ -113,3 +113,39 @@ def test_run_sh_skips_a_stage_the_time_budget_cannot_hold(tmp_path):
     proc = subprocess.run(["bash", RUN_SH, "tests"], capture_output=True, text=True, env=env)
     assert proc.returncode == 124, proc.stdout + proc.stderr
     assert "== tests: skipped" in (tmp_path / "gpu-tests.log").read_text()
+
+
+def test_forgetting_pack_round_trip(tmp_path):
+    """forgetting_pack.py: the converted model split into two carries under a device call's 64 MiB and
+    put back byte for byte with its mtime (so verify.json / baseline.json stay valid); a missing
+    carry or a wrong model stops with one line."""
+    work, there = tmp_path / "work", tmp_path / "there"
+    (work / "pretrained").mkdir(parents=True)
+    model = work / "pretrained" / "model.pt"
+    model.write_bytes(os.urandom(3001))
+    os.utime(model, ns=(1_600_000_000_123_456_789, 1_600_000_000_123_456_789))
+    (work / "pretrained" / "verify.json").write_text("{}")
+    for d in ("data", "data-tweets", "data-nli"):
+        (work / d / "glue").mkdir(parents=True)
+        (work / d / "baseline.json").write_text(d)
+    script = os.path.join(ROOT, "scripts", "gpu", "forgetting_pack.py")
+
+    def call(what, w):
+        env = dict(os.environ, RECADAM_FORGETTING_WORK=str(w), RECADAM_FGPACK_DIR=str(tmp_path))
+        return subprocess.run([sys.executable, script, what], env=env, capture_output=True, text=True)
+
+    assert call("pack", work).returncode == 0
+    parts = [(tmp_path / p / "model.pt.part").read_bytes() for p in (".fgpack0", ".fgpack1")]
+    assert parts[0] + parts[1] == model.read_bytes() and abs(len(parts[0]) - len(parts[1])) <= 1
+    assert not (tmp_path / ".fgpack0" / "data" / "glue").exists()  # run.py makes the layouts again
+    proc = call("unpack", there)
+    assert proc.returncode == 0, proc.stderr
+    got = there / "pretrained" / "model.pt"
+    assert got.read_bytes() == model.read_bytes() and got.stat().st_mtime_ns == model.stat().st_mtime_ns
+    assert (there / "data-nli" / "baseline.json").read_text() == "data-nli"
+    (tmp_path / ".fgpack1" / "model.pt.part").write_bytes(b"x")
+    proc = call("unpack", tmp_path / "again")
+    assert proc.returncode != 0 and "sha256 differs" in proc.stderr.strip().splitlines()[-1]
+    (tmp_path / ".fgpack1" / "model.pt.part").unlink()
+    proc = call("unpack", tmp_path / "again")
+    assert proc.returncode != 0 and "carry .fgpack0 and .fgpack1" in proc.stderr

@@ -119,15 +119,16 @@ def snli_auc(model, snli_dir: str, embeddings: Optional[torch.Tensor] = None) ->
 
 
 @torch.inference_mode()
-def target_accuracy(model, sentiment_dir: str, split: str = "valid", batch_size: int = 128) -> Dict[str, float]:
+def target_accuracy(model, target_dir: str, split: str = "valid", batch_size: int = 128,
+                    head: Optional[str] = None) -> Dict[str, float]:
     """Accuracy of the classification head on ``split`` (targets: label ids − fairseq's 4 specials); a
     pair task's input is ``input0 --separator-token input1``, as sentence_prediction feeds it."""
-    head = head_of(model)
-    items = sentences(os.path.join(sentiment_dir, "input0", split))
-    if os.path.isfile(os.path.join(sentiment_dir, "input1", split + ".idx")):  # pairs: as sentence_prediction
+    head = head or head_of(model)
+    items = sentences(os.path.join(target_dir, "input0", split))
+    if os.path.isfile(os.path.join(target_dir, "input1", split + ".idx")):  # pairs: as sentence_prediction
         items = [torch.cat([a, a.new_tensor([SEP]), b])  # <s> a </s> </s> b </s> (<s> added by batches())
-                 for a, b in zip(items, sentences(os.path.join(sentiment_dir, "input1", split)))]
-    target = torch.stack([x[0] for x in sentences(os.path.join(sentiment_dir, "label", split))]) - 4
+                 for a, b in zip(items, sentences(os.path.join(target_dir, "input1", split)))]
+    target = torch.stack([x[0] for x in sentences(os.path.join(target_dir, "label", split))]) - 4
     pred = torch.empty_like(target)
     for rows, tokens in batches(items, batch_size, pad=1, bos=0):
         logits, _ = model(tokens, features_only=True, classification_head_name=head)
@@ -159,29 +160,49 @@ def distance(params: Dict[str, torch.Tensor], pretrained: Dict[str, torch.Tensor
     return {"dist": sq ** 0.5, "dist_sq": sq, "rel_dist": (sq / ref) ** 0.5, "tensors": len(names)}
 
 
-def measures(model, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
+def parse_targets(specs: Sequence[str]) -> Dict[Optional[str], str]:
+    """``--target`` values: one DIR (the model's one head), or NAME=DIR per task of a multi-task model
+    (head ``head_name(NAME)``, as glue_multitask names them)."""
+    named = dict(x.split("=", 1) for x in specs if "=" in x)
+    if len(named) == len(specs):
+        return named
+    if len(specs) == 1:
+        return {None: specs[0]}
+    raise ValueError(f"--target {' '.join(specs)}: one DIR, or NAME=DIR for each task of a multi-task model")
+
+
+def measures(model, pretrained_state: Dict[str, torch.Tensor], target_dir,
              snli_dir: str) -> Dict[str, float]:
-    """All three measures of a loaded model."""
-    out = {"target_accuracy": target_accuracy(model, sentiment_dir)["accuracy"]}
+    """All three measures of a loaded model; ``target_dir``: a directory, or {task name: directory} (a
+    multi-task model: the mean accuracy over the tasks, each under ``task_accuracy``)."""
+    if isinstance(target_dir, dict) and None not in target_dir:
+        from recadam_fairseq.core.glue_tasks import head_name
+
+        per = {n: target_accuracy(model, d, head=head_name(n))["accuracy"] for n, d in target_dir.items()}
+        out = {"target_accuracy": float(np.mean(list(per.values()))), "task_accuracy": per}
+    else:
+        d = target_dir[None] if isinstance(target_dir, dict) else target_dir
+        out = {"target_accuracy": target_accuracy(model, d)["accuracy"]}
     out.update({f"snli_{k}": v for k, v in snli_auc(model, snli_dir).items()})
     out.update(distance(dict(model.named_parameters()), pretrained_state))
     return out
 
 
-def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], sentiment_dir: str,
+def measure_run(checkpoint: str, pretrained_state: Dict[str, torch.Tensor], target_dir: str,
                 snli_dir: str, data_dir: Optional[str] = None, alphas: Sequence[float] = ()) -> dict:
     """All three measures of one fine-tuned checkpoint; ``data_dir``: the run's data path (where its
-    task finds the dictionaries; default ``sentiment_dir``). With ``alphas``, also those of its
+    task finds the dictionaries; default ``target_dir``). With ``alphas``, also those of its
     interpolations with θ*, under ``interpolated``."""
-    model, _ = load(checkpoint, data_dir or sentiment_dir)
-    out = measures(model, pretrained_state, sentiment_dir, snli_dir)
+    first = target_dir if isinstance(target_dir, str) else next(iter(target_dir.values()))
+    model, _ = load(checkpoint, data_dir or first)
+    out = measures(model, pretrained_state, target_dir, snli_dir)
     if alphas:
-        out["interpolated"] = measure_interpolated(model, pretrained_state, alphas, sentiment_dir, snli_dir)
+        out["interpolated"] = measure_interpolated(model, pretrained_state, alphas, target_dir, snli_dir)
     return out
 
 
 def measure_interpolated(model, pretrained_state: Dict[str, torch.Tensor], alphas: Sequence[float],
-                         sentiment_dir: str, snli_dir: str) -> List[dict]:
+                         target_dir: str, snli_dir: str) -> List[dict]:
     """[{alpha, measures}] of θ_α = (1 − α)·θ* + α·θ for each α, θ the loaded model's weights (heads
     and modules θ* lacks are θ's at every α); the model holds θ again afterwards."""
     from recadam_fairseq.core.interpolate import interpolate
@@ -191,7 +212,7 @@ def measure_interpolated(model, pretrained_state: Dict[str, torch.Tensor], alpha
     out = []
     for alpha in alphas:
         torch.nn.Module.load_state_dict(model, interpolate(own, pre, alpha), strict=True)
-        out.append(dict(alpha=alpha, **measures(model, pretrained_state, sentiment_dir, snli_dir)))
+        out.append(dict(alpha=alpha, **measures(model, pretrained_state, target_dir, snli_dir)))
     torch.nn.Module.load_state_dict(model, state, strict=True)
     return out
 
@@ -209,8 +230,9 @@ def main(argv: Optional[List[str]] = None):
                                              "distance to the pretrained weights); prints a JSON list.")
     ap.add_argument("checkpoints", nargs="+")
     ap.add_argument("--data", required=True, help="the run's data path (its task's dictionaries)")
-    ap.add_argument("--target", "--sentiment", dest="sentiment", required=True,
-                    help="the target task's binarized data (valid split)")
+    ap.add_argument("--target", "--sentiment", dest="sentiment", required=True, nargs="+", metavar="[NAME=]DIR",
+                    help="the target task's binarized data (valid split); NAME=DIR for each task of a multi-task "
+                         "run (its head: glue_multitask's for NAME)")
     ap.add_argument("--snli", required=True, help="the SNLI probe (sentences, pairs.npz)")
     ap.add_argument("--pretrained", required=True, help="the pretrained checkpoint (θ*)")
     ap.add_argument("--threads", type=int, default=1)
@@ -222,6 +244,10 @@ def main(argv: Optional[List[str]] = None):
     from recadam_fairseq.core.errors import ConfigError
     from recadam_fairseq.core.interpolate import check_alpha
 
+    try:
+        args.sentiment = parse_targets(args.sentiment)
+    except ValueError as e:
+        ap.error(str(e))
     try:
         for a in args.interpolate or []:
             check_alpha(a, "--interpolate")

@@ -13,6 +13,7 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     freeze:3                  the embeddings and encoder layers 0..N-1 frozen (glue_multitask's freezing)
     ca-mtl:0   ca-mtl:3       CA-MTL's task-conditioned encoder (ca_mtl_roberta) on the target task,
                               encoder layers 0..N-1 frozen (the paper freezes the lower half)
+    recadam-ca-mtl:k=0.1,t0=25,freeze=3   RecAdam with it (CA-MTL's new modules are not pulled)
     llrd:0.9                  layer-wise lr decay γ (--layer-lr-decay) with plain Adam (recadam, w = 0)
     recadam-llrd:k=0.1,t0=50,decay=0.9    RecAdam with layer-wise lr decay
     reinit:2                  the top N encoder layers re-initialised (roberta_ft, --reinit-layers), Adam
@@ -28,7 +29,9 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     recadam-rdrop:k=0.1,t0=50,alpha=1     RecAdam with R-Drop
 
 Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed);
-nothing here runs anything.
+nothing here runs anything. In the multi-task setting (``flags(..., multitask=True)``) every run trains
+on all the target tasks at once through ``--task glue_multitask`` (uniform task sampling), and only the
+methods of MULTITASK_METHODS are allowed.
 """
 
 from typing import Dict, List, Tuple
@@ -54,6 +57,7 @@ METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional orde
     "recadam+fsam": RECADAM + ("rho",),
     "freeze": ("layers",),
     "ca-mtl": ("freeze",),
+    "recadam-ca-mtl": RECADAM + ("freeze",),
     "llrd": ("decay",),
     "recadam-llrd": RECADAM + ("decay",),
     "reinit": ("reinit",),
@@ -73,6 +77,8 @@ INT_KNOBS = ("layers", "freeze", "reinit", "rank")
 LORA_LR, LORA_ALPHA = 5e-4, 8
 # the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
 MT_TASK = "SST-2"
+# what the multi-task setting compares: plain RoBERTa and CA-MTL, each with and without RecAdam
+MULTITASK_METHODS = ("adam", "recadam", "freeze", "ca-mtl", "recadam-ca-mtl")
 
 
 class MethodError(ValueError):
@@ -144,14 +150,18 @@ def knob_text(s: dict) -> str:
 
 
 def uses_multitask(s: dict) -> bool:
-    return s["method"] in ("freeze", "ca-mtl")
+    return s["method"] in ("freeze", "ca-mtl", "recadam-ca-mtl")
 
 
-def flags(s: dict, num_layers: int, mt_task: str = MT_TASK) -> Dict[str, List[str]]:
+def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = False) -> Dict[str, List[str]]:
     """What the method changes on the shared command: ``optimizer``, ``criterion``, ``task`` flags,
     ``arch`` (None: the pretrained arch), ``restore`` (False: no --restore-file) and ``extra``;
-    ``mt_task``: the target's name for ``--task glue_multitask``."""
+    ``mt_task``: the target's name for ``--task glue_multitask`` (comma-separated names with ``multitask``:
+    every method trains on them all at once)."""
     m = s["method"]
+    if multitask and m not in MULTITASK_METHODS:
+        raise MethodError(f"--methods {setting_name(s)}: the multi-task setting runs only "
+                          f"{', '.join(MULTITASK_METHODS)}")
     out = {"optimizer": ["--optimizer", "adam"], "criterion": ["--criterion", "sentence_prediction"],
            "task": None, "arch": None, "restore": True, "extra": []}
     recadam = ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(s.get("k", 0.0)),
@@ -200,17 +210,18 @@ def flags(s: dict, num_layers: int, mt_task: str = MT_TASK) -> Dict[str, List[st
         out["optimizer"] = ["--optimizer", "samsgd"]
     if m in ("sam", "fsam", "recadam+fsam"):
         out["optimizer"] += ["--sam-type", "sam" if m == "sam" else "fisher-sam", "--rho", fmt(s["rho"])]
-    if uses_multitask(s):
-        n = s["layers"] if m == "freeze" else s["freeze"]
+    if uses_multitask(s) or multitask:
+        n = s.get("layers", s.get("freeze", 0))
         if n > num_layers:
             raise MethodError(f"--methods {setting_name(s)}: {n} frozen layers, the encoder has {num_layers}")
-        out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task]
+        out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task] + (
+            ["--mt-sampling", "uniform"] if multitask else [])
         out["criterion"] = ["--criterion", "glue_multitask"]
         if n:
             out["extra"] += ["--freeze-encoder-layers", f"0-{n - 1}"]
         if m == "freeze" and n:
             out["extra"] += ["--freeze-embeddings"]
-        if m == "ca-mtl":
+        if m in ("ca-mtl", "recadam-ca-mtl"):
             out["arch"] = "ca_mtl_roberta"
     return out
 

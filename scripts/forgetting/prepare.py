@@ -385,3 +385,26 @@ def own_layout(data: str, task: str) -> str:
         os.symlink(os.path.join("..", f"{task}-bin"), link)
     return glue
 
+
+
+def multi_layout(out: str, targets: Dict[str, str]) -> str:
+    """``out/glue/<task>-bin`` for each {task: its data directory}: links to the directory's input0
+    (input1) and label, and a labels.json under the task's own name, so that ``--task glue_multitask
+    --mt-tasks movie,tweets,nli`` reads every task's prepared files as they are."""
+    glue = os.path.join(out, "glue")
+    for task, src in targets.items():
+        dest = os.path.join(glue, f"{task}-bin")
+        os.makedirs(dest, exist_ok=True)
+        for sub in ("input0", "input1", "label"):
+            link = os.path.join(dest, sub)
+            if os.path.isdir(os.path.join(src, sub)) and not os.path.islink(link):
+                os.symlink(os.path.relpath(os.path.join(src, sub), dest), link)
+        with open(os.path.join(src, "label", "dict.txt"), encoding="utf-8") as f:
+            classes = [line.split()[0] for line in f if line.strip()]
+        meta = {"task": task, "num_classes": len(classes), "id2label": dict(enumerate(TARGETS[task].classes)),
+                "note": TARGETS[task].what}
+        with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
+            json.dump({k: ({str(i): c for i, c in v.items()} if k == "id2label" else v) for k, v in meta.items()},
+                      f, indent=2)
+            f.write("\n")
+    return glue

@@ -105,6 +105,12 @@ TASK_METHODS = (
     "rdrop:5", "recadam-rdrop:k=0.1,t0=25,alpha=1",
 )
 BEST_TOLERANCE = 0.01  # about 3 seed standard deviations of Adam's accuracy on the movie task (0.0035)
+MULTI = "multi"  # --task: all the target tasks at once
+UPDATES = 200  # per run, per task in the multi-task setting
+# the multi-task setting: plain RoBERTa (adam) and CA-MTL, without and with the lower half frozen, each
+# with and without RecAdam (at its movie setting); the single-task runs to compare with are each task's
+MULTITASK_SETTINGS = ("adam", "recadam:0.1:25", "ca-mtl:0", "ca-mtl:3", "recadam-ca-mtl:k=0.1,t0=25,freeze=0",
+                      "recadam-ca-mtl:k=0.1,t0=25,freeze=3")
 # WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
 DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
 # the plot's main panel leaves out settings below this (near chance: 0.5) when most settings are above it
@@ -156,7 +162,7 @@ def fairseq_train():
 
 def train_command(args, ctx, setting, seed, save_dir):
     """The fairseq-train arguments of one run: one shared command, the method's flags on it."""
-    f = methods.flags(setting, ctx["num_layers"], ctx.get("mt_task", methods.MT_TASK))
+    f = methods.flags(setting, ctx["num_layers"], ctx.get("mt_task", methods.MT_TASK), ctx.get("multitask", False))
     warmup = max(1, round(args.warmup * args.updates))
     arch, task = methods.arch_and_task(f, ctx["arch"], ctx.get("num_classes", 2))
     data = ctx["glue"] if f["task"] else ctx["sentiment"]
@@ -184,7 +190,8 @@ def train_command(args, ctx, setting, seed, save_dir):
         cmd += ["--no-epoch-checkpoints", "--save-interval", "1000000"]
     # fairseq validates (on the held-out split) at the end and at each intermediate save;
     # checkpoints without optimizer state (measuring needs the weights only)
-    cmd += ["--cpu", "--num-workers", "0", "--save-dir", save_dir, "--no-save-optimizer-state",
+    cmd += (["--cpu"] if args.device == "cpu" else []) + [
+            "--num-workers", "0", "--save-dir", save_dir, "--no-save-optimizer-state",
             "--validate-interval", "1000000", "--log-format", "json", "--log-interval", str(args.log_interval)]
     return [rel(c) if c in (save_dir, ctx["pretrained"], data) else c for c in cmd]
 
@@ -198,8 +205,9 @@ def early_points(args, setting):
 
 def measure_command(ctx, data, checkpoints, out, alphas=()):
     """measure.py's command; with ``alphas``, it also measures the last checkpoint's interpolations with θ*."""
+    targets = [f"{t}={rel(d)}" for t, d in ctx["targets"].items()] if ctx.get("targets") else [rel(ctx["sentiment"])]
     return [sys.executable, rel(os.path.join(HERE, "measure.py")), *map(rel, checkpoints), "--data", rel(data),
-            "--target", rel(ctx["sentiment"]), "--snli", rel(ctx["snli"]), "--pretrained", rel(ctx["pretrained"]),
+            "--target", *targets, "--snli", rel(ctx["snli"]), "--pretrained", rel(ctx["pretrained"]),
             "--threads", "1", *(["--interpolate", *map(fmt, alphas)] if alphas else []), "--out", rel(out)]
 
 
@@ -244,6 +252,14 @@ def _without_interpolate(mcmd):
         return list(mcmd)
     i = mcmd.index("--interpolate")
     return mcmd[:i] + mcmd[mcmd.index("--out"):]
+
+
+def same_command(recorded, cmd):
+    """A recorded run is this run: the same fairseq-train command, on CPU or CUDA (``--cpu`` aside; the
+    run records its ``device``)."""
+    def strip(c):
+        return [x for x in c or [] if x != "--cpu"]
+    return recorded is not None and strip(recorded) == strip(cmd)
 
 
 def reinterpolate(args, ctx, setting, old, cmd, run_dir, say, env):
@@ -304,7 +320,7 @@ def run_one(args, ctx, setting, seed, say):
     # measured again (--report-only shows what was measured)
     trained = None
     for old, where in ((_read(done), done), (args.prior.get((name, seed)), args.results + ".json")):
-        if old and old.get("command") == ["fairseq-train"] + cmd and old.get("data") == args.data_key:
+        if old and same_command(old.get("command"), ["fairseq-train"] + cmd) and old.get("data") == args.data_key:
             if recorded_alphas(old) == args.interpolate or args.report_only:
                 say(f"== {name} seed {seed}: done before ({where})" + (
                     "" if recorded_alphas(old) == args.interpolate else
@@ -350,7 +366,7 @@ def run_one(args, ctx, setting, seed, say):
     for e in res["early"]:
         say(f"   {name} seed {seed} after {e['updates']} updates: acc {e['target_accuracy']:.4f}  "
             f"SNLI AUC {e['snli_auc']:.4f}")
-    res.update(command=["fairseq-train"] + cmd, measure_command=mcmd[1:], data=args.data_key,
+    res.update(command=["fairseq-train"] + cmd, measure_command=mcmd[1:], data=args.data_key, device=args.device,
                measure_seconds=round(time.time() - t, 1))
     if args.interpolate:  # a run without interpolation is recorded as before
         res["interpolated"] = measured[args.updates]["interpolated"]
@@ -403,8 +419,11 @@ def run_all(args, ctx, grid, on_done=None):
         with lock:
             print(text, flush=True)
 
-    todo = [(s, seed) for seed in args.seeds for s in grid]
-    order = sorted(range(len(todo)), key=lambda i: (args.seeds.index(todo[i][1]), -COST.get(todo[i][0]["method"], 1)))
+    third = {methods.setting_name(methods.parse(x, args.gamma)) for x in args.third_seed}
+    todo = [(s, seed) for seed in args.seeds for s in grid] + [
+        (s, max(args.seeds) + 1) for s in grid if methods.setting_name(s) in third]
+    order = sorted(range(len(todo)), key=lambda i: (todo[i][1] not in args.seeds, todo[i][1],
+                                                    -COST.get(todo[i][0]["method"], 1)))
     results = [None] * len(todo)
     with ThreadPoolExecutor(max_workers=args.jobs) as pool:
         futures = {i: pool.submit(run_one, args, ctx, *todo[i], say) for i in order}
@@ -423,7 +442,21 @@ def run_all(args, ctx, grid, on_done=None):
 
 
 def baseline(args, pretrained_dir, data):
-    """Zero-shot SNLI AUC of the converted model, and of the original weights (plain BERT forward)."""
+    """Zero-shot SNLI AUC of the converted model, and of the original weights (plain BERT forward);
+    kept in ``data/baseline.json`` for this model.pt (a machine without the BERT package reads it there)."""
+    path = os.path.join(data, "baseline.json")
+    stamp = conv.model_stamp(pretrained_dir)
+    cached = _read(path)
+    if cached and cached.get("model") == stamp:
+        return cached["baseline"]
+    out = _baseline(args, pretrained_dir, data)
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump({"model": stamp, "baseline": out}, f, indent=2)
+        f.write("\n")
+    return out
+
+
+def _baseline(args, pretrained_dir, data):
     import torch
 
     model, _ = measure.load(os.path.join(pretrained_dir, "model.pt"), pretrained_dir)
@@ -457,6 +490,9 @@ def _stats(row, points, base):
     for key in STATS:
         vals = [p["snli_auc"] - base["snli_auc"] if key == "forgetting" else p.get(key) for p in points]
         row[key], row[key + "_std"] = mean_std(vals)
+    if all("task_accuracy" in p for p in points):  # the multi-task setting: each task's accuracy, mean over seeds
+        row["task_accuracy"] = {t: float(np.mean([p["task_accuracy"][t] for p in points]))
+                                for t in points[0]["task_accuracy"]}
     return row
 
 
@@ -535,7 +571,9 @@ def markdown(rows, base, conversion, info, command, runs, args):
         knobs = methods.knob_text(r) + (" (λ(t) only, no pull)" if r.get("gamma") == 0 else "")
         secs = "" if r.get("stopped_at") else f"{r['train_seconds']:.0f}"
         mark = "" if r.get("stopped_at") else ("**all**" if r["frontier"] else ("method" if r["method_frontier"] else ""))
-        lines.append(f"| {method} | {knobs} | {pm(r, 'target_accuracy', 4)} | {pm(r, 'snli_auc', 4)} | "
+        per = (" (" + ", ".join(f"{t} {a:.3f}" for t, a in r["task_accuracy"].items()) + ")"
+               if r.get("task_accuracy") else "")
+        lines.append(f"| {method} | {knobs} | {pm(r, 'target_accuracy', 4)}{per} | {pm(r, 'snli_auc', 4)} | "
                      f"{pm(r, 'forgetting', 4)} | {pm(r, 'dist', 2)} | {secs} | {len(r['seeds'])} | {mark} |"
                      + (f" {wise_cell(r)} |" if wise else ""))
     adam, better = beats_adam(rows)
@@ -576,6 +614,9 @@ def markdown(rows, base, conversion, info, command, runs, args):
 
 def target_text(info):
     """The data line's target part, from data.json."""
+    if "tasks" in info:  # the multi-task setting
+        return "all at once, uniform task sampling: " + "; ".join(
+            f"**{t}**: {target_text(i)}" for t, i in info["tasks"].items())
     if "snippets" in info:  # the movie task
         sn = info["snippets"]
         return (f"{sn['train']} training / {sn['valid']} held-out movie-review snippets with |rating| ≥ "
@@ -636,11 +677,15 @@ def chart_limits(rows):
 
 
 def plot(rows, base, out, updates):
-    """The figure at ``out``; returns the main panel's (xlim, ylim)."""
+    """The figure at ``out``; returns the main panel's (xlim, ylim) (None without matplotlib: the GPU
+    machine's image may lack it; --report-only draws it later)."""
     import logging
 
     logging.getLogger("matplotlib").setLevel(logging.WARNING)  # its import logs at DEBUG when the root does
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        return None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -737,8 +782,10 @@ def default_log_interval(updates):
 
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--task", default="movie", choices=list(prepare.TARGETS),
-                    help="the target task: " + "; ".join(f"{t.name}: {t.what}" for t in prepare.TARGETS.values()))
+    ap.add_argument("--task", default="movie", choices=list(prepare.TARGETS) + [MULTI],
+                    help="the target task: " + "; ".join(f"{t.name}: {t.what}" for t in prepare.TARGETS.values())
+                    + f"; {MULTI}: all of them at once (--task glue_multitask, uniform task sampling; only "
+                    + ", ".join(methods.MULTITASK_METHODS) + ")")
     ap.add_argument("--work", default=os.path.join(ROOT, "forgetting-out"),
                     help="work directory: converted model, data (WORK/data, WORK/data-TASK), run logs (WORK/runs, "
                          "WORK/runs-TASK)")
@@ -758,9 +805,14 @@ def build_parser():
                     help="what to run (scripts/forgetting/methods.py): " + ", ".join(methods.METHODS)
                     + " (default: movie: " + " ".join(DEFAULT_METHODS) + "; the other tasks: each method's best "
                     "setting on the movie task, " + " ".join(TASK_METHODS) + ")")
+    ap.add_argument("--third-seed", nargs="*", default=[], metavar="METHOD[:VALUES]",
+                    help="settings of --methods that also run one more seed (max(--seeds) + 1): where two seeds "
+                         "disagree by more than the gap being read (scripts/forgetting/summary.py lists them)")
     ap.add_argument("--gamma", type=float, default=5000.0, help="γ (--recadam-pretrain-cof) where a setting has none")
     ap.add_argument("--lr", type=float, default=1e-4, help="peak lr (polynomial decay to 0 after warmup)")
-    ap.add_argument("--updates", type=int, default=200, help="updates per run (same for every run)")
+    ap.add_argument("--updates", type=int,
+                    help=f"updates per run (same for every run) (default: {UPDATES}; {UPDATES} per task for --task "
+                         f"{MULTI})")
     ap.add_argument("--warmup", type=float, default=0.06, help="warmup fraction of the updates")
     ap.add_argument("--batch-size", type=int, default=16, help="sentences per update")
     ap.add_argument("--log-interval", type=int,
@@ -776,6 +828,9 @@ def build_parser():
     ap.add_argument("--max-tokens", type=int, default=64, help="tokens per sentence, <s> and </s> included")
     ap.add_argument("--data-seed", type=int, default=0, help="seed of the data subsample")
     ap.add_argument("--threads", type=int, default=1, help="torch threads per fine-tuning run")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="where fairseq-train runs (cuda: without --cpu; measuring stays on the CPU); a run "
+                         "recorded on the other device counts as done")
     ap.add_argument("--jobs", type=int, default=2, help="runs at a time")
     ap.add_argument("--early-every", type=int,
                     help="also measure the checkpoints every N updates of --early-methods' runs, 0: off "
@@ -798,14 +853,15 @@ def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     args.work = os.path.abspath(args.work)
-    target = prepare.TARGETS[args.task]
-    args.train_size = target.train_size if args.train_size is None else args.train_size
-    args.test_size = target.test_size if args.test_size is None else args.test_size
+    args.tasks = list(prepare.TARGETS) if args.task == MULTI else [args.task]
+    if args.updates is None:
+        args.updates = UPDATES * len(args.tasks)
     if args.methods is None:
-        args.methods = list(DEFAULT_METHODS if args.task == "movie" else TASK_METHODS)
+        args.methods = list(DEFAULT_METHODS if args.task == "movie" else MULTITASK_SETTINGS if args.task == MULTI
+                            else TASK_METHODS)
     if args.results is None:
         args.results = os.path.join(ROOT, "docs", "forgetting" + ("" if args.task == "movie" else f"-{args.task}"))
-    if args.train_size < 1 or args.test_size < 1:
+    if (args.train_size or 1) < 1 or (args.test_size or 1) < 1:
         ap.error(f"--train-size {args.train_size} / --test-size {args.test_size}: must be >= 1")
     if args.updates < 1:
         ap.error(f"--updates {args.updates}: must be >= 1")
@@ -831,8 +887,18 @@ def parse_args(argv=None):
         ap.error(err)
     try:
         grid = make_grid(args.methods, args.gamma)
+        for s in grid:  # the multi-task setting's methods (before anything runs)
+            methods.flags(s, 1 << 10, multitask=args.task == MULTI)
     except methods.MethodError as e:
         ap.error(str(e))
+    names = {methods.setting_name(s) for s in grid}
+    for x in args.third_seed:
+        try:
+            name = methods.setting_name(methods.parse(x, args.gamma))
+        except methods.MethodError as e:
+            ap.error(str(e).replace("--methods", "--third-seed", 1))
+        if name not in names:
+            ap.error(f"--third-seed {x}: not a setting of --methods")
     bad = [a for a in args.interpolate if not 0 <= a < 1]
     if bad:
         ap.error(f"--interpolate {fmt(bad[0])}: must be in [0, 1) (1 is the run's own final checkpoint)")
@@ -843,17 +909,48 @@ def parse_args(argv=None):
     return args, grid
 
 
-def data_settings(args):
-    """What the prepared data depends on; a recorded run counts only with the same (its ``data``)."""
-    out = dict(train_size=args.train_size, test_size=args.test_size, snli_pairs=args.snli_pairs,
-               neutral_band=args.neutral_band, max_tokens=args.max_tokens, data_seed=args.data_seed)
-    return out if args.task == "movie" else dict(out, task=args.task)  # the movie runs' key as recorded
+def data_settings(args, task=None):
+    """What the prepared data of ``task`` (default --task) depends on; a recorded run counts only with
+    the same (its ``data``). The sizes are the task's unless given."""
+    task = task or args.task
+    if task == MULTI:
+        return {t: data_settings(args, t) for t in args.tasks}
+    t = prepare.TARGETS[task]
+    out = dict(train_size=args.train_size or t.train_size, test_size=args.test_size or t.test_size,
+               snli_pairs=args.snli_pairs, neutral_band=args.neutral_band, max_tokens=args.max_tokens,
+               data_seed=args.data_seed)
+    return out if task == "movie" else dict(out, task=task)  # the movie runs' key as recorded
 
 
-def task_dirs(args):
-    """(data directory, runs directory) of --task in WORK: the movie task's are WORK/data and WORK/runs."""
-    suffix = "" if args.task == "movie" else f"-{args.task}"
-    return os.path.join(args.work, "data" + suffix), os.path.join(args.work, "runs" + suffix)
+def task_dirs(work, task):
+    """(data directory, runs directory) of ``task`` in ``work``: the movie task's are WORK/data and WORK/runs."""
+    suffix = "" if task == "movie" else f"-{task}"
+    return os.path.join(work, "data" + suffix), os.path.join(work, "runs" + suffix)
+
+
+def ensure_data(args, task, pre_dir):
+    """(data directory, data.json) of ``task``, prepared unless there with the same settings."""
+    data = task_dirs(args.work, task)[0]
+    settings = data_settings(args, task)
+    info_path = os.path.join(data, "data.json")
+    if os.path.isfile(info_path):
+        with open(info_path, encoding="utf-8") as f:
+            info = json.load(f)
+        if info.get("settings") == settings:
+            return data, info
+    print(f"== preparing data in {data}", flush=True)
+    try:
+        info = prepare.prepare_target(
+            conv, prep_glue, task, args.sdist_dir or os.path.join(args.work, "sdists"),
+            args.model_dir or conv.packaged_model_dir(), os.path.join(pre_dir, "dict.txt"), data,
+            **{k: v for k, v in settings.items() if k != "task"})
+    except prepare.DataError as e:
+        sys.exit(f"run.py: error: {e}")
+    info["settings"] = settings
+    with open(info_path, "w", encoding="utf-8") as f:
+        json.dump(info, f, indent=2)
+        f.write("\n")
+    return data, info
 
 
 def main(argv=None):
@@ -879,30 +976,13 @@ def main(argv=None):
         arch = json.load(f)["arch_args"]
     pretrained = os.path.join(pre_dir, "model.pt")
 
-    # 2. data
-    data, args.runs_dir = task_dirs(args)
-    settings = data_settings(args)
-    args.data_key = json.dumps(settings, sort_keys=True)
-    info_path = os.path.join(data, "data.json")
-    info = None
-    if os.path.isfile(info_path):
-        with open(info_path, encoding="utf-8") as f:
-            info = json.load(f)
-        if info.get("settings") != settings:
-            info = None
-    if info is None:
-        print(f"== preparing data in {data}", flush=True)
-        try:
-            info = prepare.prepare_target(
-                conv, prep_glue, args.task, args.sdist_dir or os.path.join(args.work, "sdists"),
-                args.model_dir or conv.packaged_model_dir(), os.path.join(pre_dir, "dict.txt"), data,
-                **{k: v for k, v in settings.items() if k != "task"})
-        except prepare.DataError as e:
-            sys.exit(f"run.py: error: {e}")
-        info["settings"] = settings
-        with open(info_path, "w", encoding="utf-8") as f:
-            json.dump(info, f, indent=2)
-            f.write("\n")
+    # 2. data (every task's for the multi-task setting)
+    args.runs_dir = task_dirs(args.work, args.task)[1]
+    args.data_key = json.dumps(data_settings(args), sort_keys=True)
+    prepared = {t: ensure_data(args, t, pre_dir) for t in args.tasks}
+    data, info = prepared[args.tasks[0]]  # the probe: the same in every task's directory
+    if args.task == MULTI:
+        info = {"tasks": {t: i for t, (_, i) in prepared.items()}, "snli": info["snli"]}
 
     # 3. the pretrained model's zero-shot skill
     base = baseline(args, pre_dir, data)
@@ -912,7 +992,7 @@ def main(argv=None):
     # 4. the runs (those recorded in RESULTS.json with the same command and data are reused)
     prior = None if args.fresh else _read(args.results + ".json")
     args.prior = {(r["name"], r["seed"]): r for r in (prior or {}).get("runs", [])}
-    ctx = dict(task_context(args, data), arch=arch, num_layers=int(arch[arch.index("--encoder-layers") + 1]),
+    ctx = dict(task_context(args, data, {t: d for t, (d, _) in prepared.items()}), arch=arch, num_layers=int(arch[arch.index("--encoder-layers") + 1]),
                pretrained=pretrained)
     command = "python scripts/forgetting/run.py " + " ".join(shlex.quote(a) for a in (argv if argv is not None
                                                                                         else sys.argv[1:]))
@@ -924,7 +1004,7 @@ def main(argv=None):
 
     try:
         for s in grid:  # every spec builds its command before anything runs
-            methods.flags(s, ctx["num_layers"], ctx["mt_task"])
+            methods.flags(s, ctx["num_layers"], ctx["mt_task"], ctx.get("multitask", False))
         runs = run_all(args, ctx, grid, on_done=write)
     except (methods.MethodError, RunError) as e:
         sys.exit(f"run.py: error: {e}")
@@ -936,9 +1016,15 @@ def main(argv=None):
     return result
 
 
-def task_context(args, data):
+def task_context(args, data, dirs):
     """The target's data directory, its class count, the probe, and the glue_multitask layout (freeze,
-    ca-mtl): the movie task in SST-2's slot (as its runs were recorded), the others under their own names."""
+    ca-mtl): the movie task in SST-2's slot (as its runs were recorded), the others under their own names;
+    for the multi-task setting every task's (``targets``), under its own name. ``dirs``: {task: data dir}."""
+    if args.task == MULTI:
+        targets = {t: os.path.join(d, "sentiment-bin" if t == "movie" else f"{t}-bin") for t, d in dirs.items()}
+        glue = prepare.multi_layout(task_dirs(args.work, MULTI)[0], targets)
+        return {"targets": {t: os.path.join(glue, f"{t}-bin") for t in targets}, "snli": os.path.join(data, "snli-bin"),
+                "glue": glue, "mt_task": ",".join(targets), "num_classes": None, "multitask": True}
     if args.task == "movie":
         return {"sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"),
                 "glue": prepare.glue_layout(data), "mt_task": methods.MT_TASK, "num_classes": 2}
@@ -961,7 +1047,8 @@ def report(args, runs, total, base, conversion, info, command, wall, final):
     result = {"pretrained": base, "conversion": conversion, "data": info, "rows": rows, "runs": done,
               "complete": len(done) == total, "command": command,
               "settings": {k: getattr(args, k) for k in ("lr", "updates", "warmup", "batch_size", "threads", "jobs",
-                                                         "early_every", "seeds", "methods", "interpolate")},
+                                                         "early_every", "seeds", "methods", "interpolate",
+                                                         "third_seed")},
               "compute_seconds": round(compute_seconds(done), 1)}
     if final:
         result["wall_seconds"] = round(wall, 1)

@@ -10,6 +10,8 @@
 #   bench        the optimizer-step benchmark on CUDA, base and large shapes      -> bench.log, benchmark.{md,json}
 #   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
 #   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
+#   forgetting   the forgetting harness, fairseq-train on CUDA (scripts/gpu/forgetting.sh; first carry
+#                .fgpack0 and .fgpack1 of scripts/gpu/forgetting_pack.py, one call each) -> forgetting*.json
 # Logs and results go to $OUT (the device tool's folder; here: gpu-out/). The exit status is the
 # first failing stage's, after all stages ran.
 set -uo pipefail
@@ -21,7 +23,7 @@ PY=${PYTHON:-python3}
 SITE=${RECADAM_GPU_SITE:-/tmp/recadam-gpu-site}
 export PYTHONUNBUFFERED=1
 
-STAGES="check tests suite bench e2e-recadam e2e"
+STAGES="check tests suite bench e2e-recadam e2e forgetting"
 for s in "$@"; do
     case " $STAGES " in *" $s "*) ;; *) echo "run.sh: unknown stage '$s' (one of: $STAGES)" >&2; exit 2 ;; esac
 done
@@ -93,6 +95,7 @@ for s in "$@"; do
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
     e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
+    forgetting) stage forgetting forgetting.log env PYTHON="$PY" OUT="$OUT" bash scripts/gpu/forgetting.sh ;;
     esac
 done
 exit $status

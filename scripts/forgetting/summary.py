@@ -1,0 +1,305 @@
+#!/usr/bin/env python
+"""Which method forgets least across the target tasks: the summary of the per-task results.
+
+    python scripts/forgetting/summary.py          # reads docs/forgetting{,-tweets,-nli,-multi}.json
+
+Reads each task's results (scripts/forgetting/run.py's ``--results`` JSON) and writes
+
+- the summary table between the ``<!-- forgetting-summary:start -->`` / ``end`` lines of
+  docs/forgetting.md: per method (at the setting the other tasks run, run.TASK_METHODS), on how many
+  tasks it reaches Adam's accuracy within seed noise with less forgetting, its mean rank on the
+  frontier, its cost against Adam, and its accuracy / ΔAUC gap to Adam on every task;
+- the multi-task comparison between the ``<!-- forgetting-multitask:start -->`` / ``end`` lines:
+  one run on all the tasks at once (plain RoBERTa, CA-MTL without and with the lower half frozen,
+  each with and without RecAdam) against one single-task run per task, the same total updates;
+- the short form between the same summary markers of README.md;
+- docs/forgetting-overview.png: every method's gap to Adam on every task, in one picture.
+
+Within seed noise: the gap is smaller than twice its standard error over the seeds,
+2·sqrt(s_m²/n_m + s_adam²/n_adam), and never counted below NOISE_FLOOR (two seeds can agree by chance).
+Rank on the frontier: non-dominated sorting of the compared settings on the task (1 = on the frontier
+over all methods, 2 = on it once those are removed, ...), a setting being better with higher accuracy
+and less forgetting. A task whose results are missing or partial is left out and the table says so.
+"""
+
+import argparse
+import importlib.util
+import json
+import os
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def _load(name, path):
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+run = _load("forgetting_run_for_summary", os.path.join(HERE, "run.py"))
+methods, prepare, readme_block = run.methods, run.prepare, run.readme_block
+SUMMARY = ("<!-- forgetting-summary:start -->", "<!-- forgetting-summary:end -->")
+MULTITASK = ("<!-- forgetting-multitask:start -->", "<!-- forgetting-multitask:end -->")
+NOISE_FLOOR = 0.005  # accuracy and ΔAUC gaps below this are never read as differences
+TASKS = tuple(prepare.TARGETS)  # movie, tweets, nli
+
+
+def results_path(prefix, task):
+    return prefix + ("" if task == "movie" else f"-{task}") + ".json"
+
+
+def read(path):
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def final_rows(result):
+    return [r for r in result["rows"] if not r.get("stopped_at")]
+
+
+def pareto_ranks(rows):
+    """{name: its non-dominated sorting layer (1 = the frontier)} over (accuracy up, forgetting down)."""
+    left, ranks, layer = list(rows), {}, 1
+    while left:
+        front = [r for r in left if not any(
+            q is not r and q["target_accuracy"] >= r["target_accuracy"] and q["forgetting"] >= r["forgetting"]
+            and (q["target_accuracy"] > r["target_accuracy"] or q["forgetting"] > r["forgetting"]) for q in left)]
+        for r in front:
+            ranks[r["name"]] = layer
+        left = [r for r in left if r["name"] not in ranks]
+        layer += 1
+    return ranks
+
+
+def noise(row, adam, key):
+    """Twice the standard error of the gap between a setting's mean and Adam's (floored)."""
+    se = np.sqrt(row[key + "_std"] ** 2 / len(row["seeds"]) + adam[key + "_std"] ** 2 / len(adam["seeds"]))
+    return max(2 * float(se), NOISE_FLOOR)
+
+
+def compare(result, settings, specs=None):
+    """{method: its row's gaps to Adam on one task} for the settings asked (name by method; ``specs``:
+    their --methods specs, by method)."""
+    specs = specs or {}
+    rows = {r["name"]: r for r in final_rows(result)}
+    adam = rows.get("adam")
+    if adam is None:
+        return {}
+    ranks = pareto_ranks([rows[n] for n in settings.values() if n in rows])  # the same settings on every task
+    out = {}
+    for method, name in settings.items():
+        r = rows.get(name)
+        if r is None:
+            continue
+        d_acc, d_fgt = r["target_accuracy"] - adam["target_accuracy"], r["forgetting"] - adam["forgetting"]
+        out[method] = {
+            "name": name, "spec": specs.get(method, name), "label": r["label"], "accuracy": r["target_accuracy"], "forgetting": r["forgetting"],
+            "d_accuracy": d_acc, "d_forgetting": d_fgt, "seeds": len(r["seeds"]), "rank": ranks[name],
+            "keeps_accuracy": d_acc >= -noise(r, adam, "target_accuracy"),
+            "forgets_less": d_fgt > noise(r, adam, "forgetting"),
+            "cost": r["train_seconds"] / adam["train_seconds"] if adam.get("train_seconds") else None,
+        }
+        out[method]["wins"] = out[method]["keeps_accuracy"] and out[method]["forgets_less"]
+        # two seeds that disagree by more than the gap read from them: a third seed decides
+        out[method]["third_seed"] = method != "adam" and len(r["seeds"]) < 3 and any(
+            spread(r, key) > abs(gap) for key, gap in (("target_accuracy", d_acc), ("forgetting", d_fgt)))
+    return out
+
+
+def spread(row, key):
+    """The largest difference between two seeds' values, from the std over n seeds (n = 2: |a − b|)."""
+    n = len(row["seeds"])
+    return row[key + "_std"] * np.sqrt(2) if n == 2 else 0.0 if n < 2 else 2 * row[key + "_std"]
+
+
+def summarize(per_task):
+    """{method: {tasks: {task: comparison}, wins, mean_rank, cost}} over the tasks given."""
+    out = {}
+    for spec in run.TASK_METHODS:
+        s = methods.parse(spec)
+        m = s["method"]
+        tasks = {t: c[m] for t, c in per_task.items() if m in c}
+        if not tasks:
+            continue
+        costs = [c["cost"] for c in tasks.values() if c["cost"]]
+        out[m] = {"tasks": tasks, "wins": sum(c["wins"] for c in tasks.values()),
+                  "mean_rank": float(np.mean([c["rank"] for c in tasks.values()])),
+                  "cost": float(np.mean(costs)) if costs else None, "label": methods.label(s)}
+    return out
+
+
+def summary_markdown(summary, tasks, missing):
+    head = " | ".join(f"{t}: Δacc, ΔΔAUC" for t in tasks)
+    lines = [f"| method (setting) | tasks where it keeps Adam's accuracy and forgets less | mean frontier rank | "
+             f"time / Adam | {head} |",
+             "|---|---|---|---|" + "---|" * len(tasks)]
+    order = sorted(summary.items(), key=lambda kv: (-kv[1]["wins"], kv[1]["mean_rank"]))
+    for m, s in order:
+        cells = []
+        for t in tasks:
+            c = s["tasks"].get(t)
+            cells.append("" if c is None else (f"{c['d_accuracy']:+.3f}, {c['d_forgetting']:+.3f}"
+                                               + (" **✓**" if c["wins"] else "")))
+        cost = f"{s['cost']:.2f}×" if s["cost"] else ""
+        lines.append(f"| {s['label']} | {s['wins']} of {len(s['tasks'])} | {s['mean_rank']:.1f} | {cost} | "
+                     + " | ".join(cells) + " |")
+    lines += ["", "Δacc: the setting's held-out accuracy minus Adam's on that task; ΔΔAUC: its forgetting minus "
+              "Adam's (positive = forgets less); means over seeds. **✓**: Δacc above −2 standard errors of the "
+              f"gap and ΔΔAUC above +2 (each at least {NOISE_FLOOR}). Frontier rank: 1 = no other setting of this "
+              "table has higher accuracy and less forgetting, 2 = on the frontier once those are removed, ...; "
+              "among the settings compared here, mean over the tasks. Time: seconds per run against Adam's, mean over the tasks."]
+    third = {t: [s["tasks"][t]["spec"] for s in summary.values() if s["tasks"].get(t, {}).get("third_seed")]
+             for t in tasks}
+    if any(third.values()):
+        lines += ["", "Two seeds disagree by more than the gap to Adam: a third seed decides (`make forgetting` "
+                  "runs these as `run.py --task TASK --seeds 1 2 3 --methods ...`): " + "; ".join(
+                      f"{t}: {', '.join(v)}" for t, v in third.items() if v) + "."]
+    if missing:
+        lines += ["", "**Not yet in the summary:** " + "; ".join(missing) + "."]
+    return "\n".join(lines) + "\n"
+
+
+def multitask_markdown(multi, singles, tasks):
+    """One run on every task against one single-task run per task (each task's own table)."""
+    lines = ["| setting | " + " | ".join(f"{t} acc" for t in tasks) + " | mean acc | ΔAUC (forgetting) | seeds |",
+             "|---|" + "---|" * (len(tasks) + 3)]
+    for name, label in (("adam", "adam"), ("recadam-k0.1-t25-g5000", "recadam k=0.1 t0=25")):
+        rows = [next((r for r in final_rows(singles[t]) if r["name"] == name), None) if singles.get(t) else None
+                for t in tasks]
+        if any(r is None for r in rows):
+            continue
+        f = [r["forgetting"] for r in rows]
+        lines.append(f"| single-task runs ({label}), one model per task | "
+                     + " | ".join(f"{r['target_accuracy']:.3f}" for r in rows)
+                     + f" | {np.mean([r['target_accuracy'] for r in rows]):.3f} | {np.mean(f):+.4f} "
+                       f"(per task {', '.join(f'{x:+.3f}' for x in f)}) | {min(len(r['seeds']) for r in rows)} |")
+    for r in final_rows(multi) if multi else []:
+        per = r.get("task_accuracy", {})
+        lines.append(f"| multi-task: {r['label']} | " + " | ".join(f"{per.get(t, float('nan')):.3f}" for t in tasks)
+                     + f" | {r['target_accuracy']:.3f} | {r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
+                       f"{len(r['seeds'])} |")
+    updates = multi["settings"]["updates"] if multi else None
+    lines += ["", "Single-task runs: each task's own table (200 updates each, so "
+              f"{200 * len(tasks)} in all); their forgetting is the mean of the three models'. Multi-task: one "
+              f"model trained on all the tasks at once ({updates or 'the same total'} updates, uniform task "
+              "sampling, `--task glue_multitask`), one forgetting figure. Means over seeds."]
+    if not multi:
+        lines += ["", "**The multi-task runs are not recorded yet** (`run.py --task multi`)."]
+    return "\n".join(lines) + "\n"
+
+
+def overview_plot(summary, tasks, out):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6.5))
+    marks = dict(zip(tasks, "os^"))
+    colors = plt.cm.tab20(np.linspace(0, 1, max(len(summary), 2)))
+    for (m, s), color in zip(sorted(summary.items()), colors):
+        pts = [(s["tasks"][t]["d_forgetting"], s["tasks"][t]["d_accuracy"], t) for t in tasks if t in s["tasks"]]
+        ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.6, alpha=0.5)
+        for x, y, t in pts:
+            ax.scatter(x, y, marker=marks[t], color=color, s=36, label=m if t == pts[0][2] else None, zorder=3)
+    ax.axhline(0, color="k", lw=0.8)
+    ax.axvline(0, color="k", lw=0.8)
+    ax.set_xlabel("forgetting saved against Adam (ΔAUC − Adam's ΔAUC; right = forgets less)")
+    ax.set_ylabel("held-out accuracy − Adam's")
+    ax.set_ylim(max(ax.get_ylim()[0], -0.15), ax.get_ylim()[1])
+    handles = [plt.Line2D([], [], marker=marks[t], color="gray", ls="", label=t) for t in tasks]
+    first = ax.legend(handles=handles, title="task", loc="lower left", fontsize=8)
+    ax.add_artist(first)
+    ax.legend(fontsize=7, ncol=2, loc="upper right", title="method (its movie setting)")
+    ax.set_title("Every method against Adam on every target task (points below −0.15 accuracy clipped)")
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+
+
+def readme_markdown(summary, tasks, missing):
+    """The README's short form: the methods grouped by on how many tasks they win, the best mean ranks."""
+    lines = [f"Across {len(tasks)} target tasks ({', '.join(tasks)}), each method at its movie setting; "
+             "keeps Adam's accuracy within seed noise and forgets less beyond it:"]
+    for k in range(len(tasks), -1, -1):
+        group = [(m, s) for m, s in summary.items() if s["wins"] == k]
+        if group:
+            names = ", ".join(m + (f" ({', '.join(t for t in tasks if s['tasks'].get(t, {}).get('wins'))})"
+                                   if 0 < k < len(tasks) else "") for m, s in group)
+            lines.append(f"- on {'none' if k == 0 else ('all ' if k == len(tasks) else '') + str(k)}"
+                         f"{'' if k == 0 else ' of them'}: {names}")
+    best = sorted(summary.items(), key=lambda kv: kv[1]["mean_rank"])[:5]
+    lines.append("- best mean rank on the frontier: " + ", ".join(f"{m} ({s['mean_rank']:.1f})" for m, s in best))
+    if missing:
+        lines.append(f"- not yet in it: {'; '.join(missing)}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--results", default=os.path.join(ROOT, "docs", "forgetting"),
+                    help="the prefix run.py wrote each task's results to (PREFIX.json, PREFIX-TASK.json); the "
+                         "summary goes between the markers of PREFIX.md, the plot to PREFIX-overview.png")
+    ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
+                    help="also write the short summary between its markers (empty: no README)")
+    ap.add_argument("--third-seed-args", metavar="TASK", choices=TASKS,
+                    help="print run.py's --third-seed arguments for TASK (the settings whose two seeds disagree by "
+                         "more than their gap to Adam) and write nothing: make forgetting's second pass")
+    ap.add_argument("--recorded-third-seed-args", metavar="TASK", choices=TASKS,
+                    help="the same, only those recorded in TASK's results (make forgetting-report: no new run)")
+    args = ap.parse_args(argv)
+    md_path = args.results + ".md"
+    if args.recorded_third_seed_args:
+        res = read(results_path(args.results, args.recorded_third_seed_args)) or {}
+        wanted = res.get("settings", {}).get("third_seed", [])
+        print(" ".join(["--third-seed", *wanted]) if wanted else "")
+        return wanted
+    if args.third_seed_args:
+        res = read(results_path(args.results, args.third_seed_args))
+        specs = {methods.parse(s)["method"]: s for s in run.TASK_METHODS}
+        found = compare(res, {m: methods.setting_name(methods.parse(s)) for m, s in specs.items()}, specs) if res else {}
+        # those run before stay (with three seeds they no longer look undecided)
+        wanted = list(dict.fromkeys((res or {}).get("settings", {}).get("third_seed", [])
+                                    + [c["spec"] for c in found.values() if c["third_seed"]]))
+        print(" ".join(["--third-seed", *wanted]) if wanted else "")
+        return wanted
+    for path, marks, flag in ((md_path, SUMMARY, "--results"), (md_path, MULTITASK, "--results")) + (
+            ((args.readme, SUMMARY, "--readme"),) if args.readme else ()):
+        if err := readme_block.marker_problem(path, *marks, flag):  # before anything is written
+            ap.error(err)
+    per_task, results, missing = {}, {}, []
+    for t in TASKS:
+        res = read(results_path(args.results, t))
+        if res is None:
+            missing.append(f"{t} (no {os.path.relpath(results_path(args.results, t), ROOT)})")
+            continue
+        results[t] = res
+        if not res.get("complete", False):
+            missing.append(f"{t} (partial: {len(res['runs'])} runs recorded)")
+        settings = {methods.parse(s)["method"]: methods.setting_name(methods.parse(s)) for s in run.TASK_METHODS}
+        per_task[t] = compare(res, settings, {methods.parse(s)["method"]: s for s in run.TASK_METHODS})
+    tasks = [t for t in TASKS if t in per_task]
+    summary = summarize(per_task)
+    md = summary_markdown(summary, tasks, missing)
+    multi = read(results_path(args.results, run.MULTI))
+    readme_block.replace_block(md_path, *SUMMARY, md.rstrip("\n"), flag="--results")
+    readme_block.replace_block(md_path, *MULTITASK, multitask_markdown(multi, results, tasks).rstrip("\n"),
+                               flag="--results")
+    if args.readme:
+        readme_block.replace_block(args.readme, *SUMMARY, readme_markdown(summary, tasks, missing).rstrip("\n"),
+                                   flag="--readme")
+    overview_plot(summary, tasks, args.results + "-overview.png")
+    with open(args.results + "-summary.json", "w", encoding="utf-8") as f:
+        json.dump({"tasks": tasks, "missing": missing, "methods": summary, "noise_floor": NOISE_FLOOR}, f, indent=2)
+        f.write("\n")
+    print(md)
+    return summary
+
+
+if __name__ == "__main__":
+    main()
