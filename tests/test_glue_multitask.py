@@ -2,13 +2,15 @@
 
 The data: data-prep/prepare_glue.py on the tiny GLUE TSVs of test_prepare_glue (rows repeated),
 binarized with its tiny GPT-2 BPE; the "pretrained" model: the session's tiny RoBERTa with its
-vocabulary tensors resized to that BPE dictionary (every other tensor as pretrained).
+vocabulary tensors resized to that BPE dictionary (every other tensor as pretrained). A user's
+own tasks (not GLUE) are made at the end as a fairseq user makes them, with fairseq-preprocess.
 """
 
 import importlib.util
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -85,8 +87,8 @@ def mt(tiny, tmp_path_factory):
     return SimpleNamespace(root=root, glue=glue, bpe=bpe, data=data, pretrained=str(root / "pretrained.pt"))
 
 
-def mt_args(mt, save_dir, *extra, tasks=TASKS, updates=12, optimizer="adam", restore=True):
-    args = [str(mt.data), "--task", "glue_multitask", "--mt-tasks", ",".join(tasks),
+def mt_args(mt, save_dir, *extra, tasks=TASKS, updates=12, optimizer="adam", restore=True, data=None):
+    args = [str(data or mt.data), "--task", "glue_multitask", "--mt-tasks", ",".join(tasks),
             "--criterion", "glue_multitask", *tiny_roberta.TINY_ARCH,
             "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
             "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
@@ -504,7 +506,9 @@ def setup(mt, data=None, **kw):
 def test_bad_task_names_and_directories(mt, tmp_path):
     from recadam_fairseq.tasks.glue_multitask import MultiTaskError
 
-    with pytest.raises(MultiTaskError, match=r"--mt-tasks: unknown GLUE task 'SST2'; known: MNLI, QNLI, QQP, RTE, SST-2"):
+    with pytest.raises(MultiTaskError, match=r"--mt-tasks SST2: not a GLUE task \(MNLI, QNLI, QQP, RTE, SST-2, MRPC, "
+                                             r"CoLA, STS-B, WNLI\) and .*/SST2-bin does not exist: name a GLUE task "
+                                             r"or a <NAME>-bin directory with labels.json$"):
         setup(mt, mt_tasks="CoLA,SST2")
     with pytest.raises(MultiTaskError, match=r"--mt-tasks is empty"):
         setup(mt, mt_tasks="")
@@ -620,3 +624,235 @@ def test_resume_mid_epoch_is_bit_exact(mt, run, tmp_path):
     assert "(epoch 1 @ 6 updates)" in log
     got, want = (load_ckpt(p)["model"] for p in (tmp_path / "checkpoint_last.pt", run.save / "checkpoint_last.pt"))
     assert all(torch.equal(got[k], want[k]) for k in want)
+
+
+# ----------------------------------------------------------------------------- a user's own tasks
+
+# name -> (sentences per example, labels), made below as a fairseq user makes sentence_prediction data
+OWN = {"Movie-Sent": (1, ["pos", "neg"]), "snli3": (2, ["entailment", "neutral", "contradiction"])}
+OWN_HEADS = {"Movie-Sent": "movie_sent", "snli3": "snli3", "CoLA": "cola"}
+OWN_SIZES = {"train": 16, "valid": 10}
+
+
+def make_own_task(data, bpe, name, sentences, labels, seed):
+    """<data>/<name>-bin: GPT-2 BPE text per input, fairseq-preprocess --only-source on each input (with
+    RoBERTa's dict.txt) and on the labels, and labels.json: the layout of fairseq's sentence_prediction."""
+    from test_prepare_glue import WORDS
+
+    rng = np.random.default_rng(seed)
+    raw = data / f"{name}-raw"
+    raw.mkdir()
+    for split, n in OWN_SIZES.items():
+        ys = rng.permutation(np.arange(n) % len(labels))  # every label in every split
+        for k in range(sentences):  # the last sentence's first word says the label (something to learn)
+            first = [rng.choice(WORDS[y::len(labels)]) if k == sentences - 1 else rng.choice(WORDS) for y in ys]
+            texts = [" ".join([w, *rng.choice(WORDS, size=rng.integers(1, 5))]).capitalize() + "." for w in first]
+            pg.write_lines(str(raw / f"{split}.input{k}"), pg.bpe_encode(texts, str(bpe), 1))
+        pg.write_lines(str(raw / f"{split}.label"), [labels[y] for y in ys])
+    dest = data / f"{name}-bin"
+    for kind in [f"input{k}" for k in range(sentences)] + ["label"]:
+        pg.fairseq_preprocess(["--only-source", "--trainpref", str(raw / f"train.{kind}"), "--validpref",
+                               str(raw / f"valid.{kind}"), "--destdir", str(dest / kind), "--workers", "1"]
+                              + (["--srcdict", str(bpe / "dict.txt")] if kind != "label" else []))
+    (dest / "labels.json").write_text(json.dumps({"task": name, "num_classes": len(labels)}))
+
+
+@pytest.fixture(scope="module")
+def own(mt, tmp_path_factory):
+    """Two user tasks (single sentence 2-class, sentence pair 3-class) and GLUE's CoLA, trained together by
+    CA-MTL (task ids from the --mt-tasks order), layer 0 frozen, one epoch (14 updates, task after task), validated."""
+    import shutil
+
+    data = tmp_path_factory.mktemp("own-bin")
+    for seed, (name, (sentences, labels)) in enumerate(OWN.items()):
+        make_own_task(data, mt.bpe, name, sentences, labels, seed)
+    shutil.copytree(mt.data / "CoLA-bin", data / "CoLA-bin")
+    save = tmp_path_factory.mktemp("own-run")
+    _, log = train(mt, save, "--arch", "ca_mtl_roberta_tiny", "--mt-sampling", "sequential", "--freeze-encoder-layers", "0",
+                   "--lr", "1e-2", tasks=list(OWN_HEADS), updates=14, data=data)  # lr: Movie-Sent learns its word
+    return SimpleNamespace(data=data, save=save, log=log, pretrained=mt.pretrained)
+
+
+def own_dev_predictions(own):
+    """Per task: (predictions, targets) on its dev set through fairseq's own sentence_prediction datasets and
+    the saved model, each example conditioned on its task id (its place in --mt-tasks)."""
+    from fairseq import checkpoint_utils
+    from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
+
+    models, _, _ = checkpoint_utils.load_model_ensemble_and_task([str(own.save / "checkpoint_last.pt")])
+    model = models[0].eval()
+    out = {}
+    for t, (name, head) in enumerate(OWN_HEADS.items()):
+        k = len(OWN[name][1]) if name in OWN else 2
+        task = SentencePredictionTask.setup_task(SentencePredictionConfig(
+            data=str(own.data / f"{name}-bin"), num_classes=k, regression_target=False, classification_head_name=head, seed=1,
+            no_shuffle=True,
+            init_token=0, separator_token=2))
+        ds = task.load_dataset("valid")
+        sample = ds.collater([ds[i] for i in range(len(ds))])
+        with torch.no_grad():
+            logits, _ = model(**sample["net_input"], classification_head_name=head,
+                              task_ids=torch.full((len(ds),), t, dtype=torch.long))
+        names = [task.label_dictionary[task.label_dictionary.nspecial + i] for i in range(k)]
+        out[name] = ([names[i] for i in logits.argmax(-1).tolist()], [names[i] for i in sample["target"].view(-1).tolist()])
+    return out
+
+
+def test_own_tasks_train_with_glue_and_report_their_dev_metrics(own):
+    from recadam_fairseq.core import glue_metrics
+
+    assert ("glue_multitask: Movie-Sent (id 0, head movie_sent, 2 classes), snli3 (id 1, head snli3, 3 classes), "
+            "CoLA (id 2, head cola, 2 classes)") in own.log
+    (valid,) = valid_records(own.log, "valid")
+    preds = own_dev_predictions(own)
+    want = {}
+    for name in OWN:
+        h = OWN_HEADS[name]
+        p, t = preds[name]
+        assert len(t) == OWN_SIZES["valid"] and set(t) == set(OWN[name][1])
+        if name == "Movie-Sent":  # it learned: its accuracy is not that of one class everywhere
+            assert set(p) == set(t), p
+        want[h] = 100 * glue_metrics.accuracy(p, t)  # the primary metric: accuracy
+        assert float(valid[f"valid_{h}_accuracy"]) == pytest.approx(want[h], abs=0.006)
+        assert float(valid[f"valid_{h}_mcc"]) == pytest.approx(100 * glue_metrics.matthews_corrcoef(p, t), abs=0.006)
+        assert f"valid_{h}_f1" not in valid and f"valid_{h}_acc_and_f1" not in valid  # no "class 1" of a user's labels
+    p, t = preds["CoLA"]
+    want["cola"] = 100 * glue_metrics.matthews_corrcoef([int(x) for x in p], [int(x) for x in t])
+    assert float(valid["valid_cola_mcc"]) == pytest.approx(want["cola"], abs=0.006)
+    assert "valid_cola_f1" in valid  # GLUE tasks keep GLUE's metrics
+    assert len({round(x, 2) for x in want.values()}) == 3  # three different numbers enter the mean
+    assert float(valid["valid_glue_avg"]) == pytest.approx(np.mean(list(want.values())), abs=0.006)
+    # the heads, CA-MTL's task embedding (one row per task), layer 0 frozen, and every task trained on
+    pre, ck = load_ckpt(own.pretrained)["model"], load_ckpt(own.save / "checkpoint_last.pt")["model"]
+    assert {h: ck[f"classification_heads.{h}.out_proj.weight"].shape[0] for h in OWN_HEADS.values()} == \
+        {"movie_sent": 2, "snli3": 3, "cola": 2}
+    (emb,) = [v for k, v in ck.items() if k.endswith("task_embedding.weight")]
+    assert emb.shape[0] == 3
+    frozen = [k for k in pre if k.startswith("encoder.sentence_encoder.layers.0.")]
+    assert frozen and all(torch.equal(ck[k], pre[k]) for k in frozen)
+    train_rec = json_records(own.log, "train")[-1]
+    assert all(train_rec.get(f"train_{h}_loss") not in (None, "null") for h in OWN_HEADS.values()), train_rec
+
+
+
+def test_own_tasks_in_the_glue_scripts(mt, own, tmp_path, capsys):
+    """predict_multitask.py writes GLUE's files and skips the user's tasks (refuses them by name);
+    summarize.py gives GLUE rows only and says which tasks it left out."""
+    import csv
+
+    spec = importlib.util.spec_from_file_location("predict_multitask", os.path.join(ROOT, "scripts", "glue", "predict_multitask.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    ckpt = str(own.save / "checkpoint_last.pt")
+    args = [ckpt, "--glue-dir", str(mt.glue), "--bpe-dir", str(mt.bpe), "--out", str(tmp_path / "pred"), "--cpu"]
+    assert mod.main(args) == 0
+    assert os.listdir(tmp_path / "pred") == ["CoLA.tsv"]
+    assert "predict_multitask: skipping Movie-Sent, snli3: not GLUE tasks (no GLUE test file to predict)" in \
+        capsys.readouterr().err
+    with pytest.raises(SystemExit, match=r"^predict_multitask: --tasks snli3: not GLUE tasks \(this script writes GLUE's "
+                                         r"test submission files\)$"):
+        mod.main(args + ["--tasks", "CoLA", "snli3"])
+
+    spec = importlib.util.spec_from_file_location("summarize", os.path.join(ROOT, "scripts", "glue", "summarize.py"))
+    summarize = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(summarize)
+    d = tmp_path / "runs" / "MTL" / "own" / "seed1"
+    d.mkdir(parents=True)
+    (d / "train.log").write_text(own.log)
+    (d / "done").write_text("x")
+    summarize.main([str(tmp_path / "runs")])
+    assert "summarize.py: MTL/own/seed1: left out movie_sent, snli3: not GLUE tasks" in capsys.readouterr().err
+    runs = list(csv.DictReader(open(tmp_path / "runs" / "runs.csv")))
+    assert [r["task"] for r in runs] == ["CoLA"] and "left out: movie_sent, snli3" in runs[0]["note"]
+    (valid,) = valid_records(own.log, "valid")
+    assert float(runs[0]["best"]) == pytest.approx(float(valid["valid_cola_mcc"]))
+
+
+def test_glue_avg_of_own_classification_and_regression_heads():
+    """The criterion's reduction over two validation batches of a user's classification head (accuracy), a
+    user's regression head (pearson) and CoLA (mcc): glue_avg is their mean, computed here from the counts."""
+    from fairseq.logging import metrics
+
+    from recadam_fairseq.criterions.glue_multitask import GlueMultitaskCriterion
+
+    g = torch.Generator().manual_seed(0)
+    cm = [torch.tensor([[3, 1], [2, 4]]), torch.tensor([[2, 2], [0, 3]])]  # [target, prediction]
+    cola = [torch.tensor([[1, 2], [1, 3]]), torch.tensor([[2, 0], [1, 1]])]
+    pred, targ = torch.randn(9, generator=g, dtype=torch.float64), torch.randn(9, generator=g, dtype=torch.float64)
+    logs = []
+    for b, at in enumerate([range(0, 5), range(5, 9)]):
+        reg = torch.zeros(3, 9, dtype=torch.float64)
+        reg[0, at], reg[1, at], reg[2, at] = pred[at], targ[at], 1.0
+        logs.append({"loss": 1.0, "target_loss": 1.0, "sample_size": 10, "ntokens": 50, "nsentences": 10,
+                     "mood_n": int(cm[b].sum()), "mood_loss": 1.0, "mood_ncorrect": torch.trace(cm[b]), "mood_cm": cm[b],
+                     "score_n": len(at), "score_loss": 1.0, "score_reg": reg,
+                     "cola_n": int(cola[b].sum()), "cola_loss": 1.0, "cola_ncorrect": torch.trace(cola[b]),
+                     "cola_cm": cola[b]})
+    with metrics.aggregate(new_root=True) as agg:
+        GlueMultitaskCriterion.reduce_metrics(logs)
+        got = agg.get_smoothed_values()
+    c, k = (sum(cm).double().numpy(), sum(cola).double().numpy())
+    accuracy = 100 * np.trace(c) / c.sum()
+    pearson = 100 * np.corrcoef(pred.numpy(), targ.numpy())[0, 1]
+    (tn, fp), (fn, tp) = k
+    mcc = 100 * (tp * tn - fp * fn) / math.sqrt((tp + fp) * (tp + fn) * (tn + fp) * (tn + fn))
+    assert float(got["mood_accuracy"]) == pytest.approx(accuracy, abs=0.006)
+    assert float(got["score_pearson"]) == pytest.approx(pearson, abs=0.006) and "score_spearman" in got
+    assert float(got["cola_mcc"]) == pytest.approx(mcc, abs=0.006) and "cola_f1" in got and "mood_f1" not in got
+    assert float(got["glue_avg"]) == pytest.approx(np.mean([accuracy, pearson, mcc]), abs=0.006)
+
+
+def test_own_task_errors(mt, own, tmp_path):
+    """Each bad user task stops setup with one line naming the file or flag; good ones load."""
+    import shutil
+
+    from recadam_fairseq.core.errors import ConfigError
+
+    for name in ("Movie-Sent", "snli3", "CoLA"):
+        shutil.copytree(own.data / f"{name}-bin", tmp_path / f"{name}-bin")
+
+    def variant(name, src="Movie-Sent", labels=None):
+        shutil.copytree(tmp_path / f"{src}-bin", tmp_path / f"{name}-bin")
+        path = tmp_path / f"{name}-bin" / "labels.json"
+        if labels is None:
+            path.unlink()
+        else:
+            path.write_text(labels if isinstance(labels, str) else json.dumps(labels))
+
+    variant("nolabels")
+    variant("other", labels={"task": "snli3", "num_classes": 2})
+    variant("movie_sent", labels={"task": "movie_sent", "num_classes": 2})
+    variant("one", labels={"task": "one", "num_classes": 1})
+    variant("sts_b", labels={"task": "sts_b", "num_classes": 2})
+    variant("target", labels={"task": "target", "num_classes": 2})
+    variant("reg3", labels={"task": "reg3", "regression": True, "num_classes": 3})
+    variant("bad", labels="{task: bad}")
+    variant("two", src="snli3", labels={"task": "two", "num_classes": 2})  # the files hold 3 labels
+    variant("nolabeldict", labels={"task": "nolabeldict", "num_classes": 2})
+    shutil.rmtree(tmp_path / "nolabeldict-bin" / "label")
+    d = str(tmp_path)
+    cases = [
+        ("CoLA,nolabels", rf"--mt-tasks nolabels: not a GLUE task \(MNLI, QNLI, QQP, RTE, SST-2, MRPC, CoLA, STS-B, WNLI\) "
+                          rf"and {d}/nolabels-bin/labels.json does not exist: name a GLUE task or a <NAME>-bin "
+                          rf"directory with labels.json"),
+        ("movie-sent", rf"--mt-tasks movie-sent: not a GLUE task .* and {d}/movie-sent-bin does not exist"),  # case
+        ("other", rf"{d}/other-bin/labels.json: describes task 'snli3', expected 'other'"),
+        ("Movie-Sent,snli3,movie_sent", r"--mt-tasks: Movie-Sent and movie_sent map to one head name movie_sent "
+                                        r"\(lower case, other characters than a-z0-9 as _\); rename one"),
+        ("one", rf"{d}/one-bin/labels.json: num_classes 1: a classification task needs an integer >= 2 \(expected "
+                rf'{{"task": "one", "num_classes": K}} or {{"task": "one", "regression": true}}\)'),
+        ("sts_b", r"--mt-tasks sts_b: its head name sts_b is GLUE task STS-B's; rename the task and its directory"),
+        ("target", r"--mt-tasks target: head name target would log as the criterion's own target_loss"),
+        ("reg3", rf"{d}/reg3-bin/labels.json: a regression has one output, but num_classes is 3"),
+        ("bad", rf"{d}/bad-bin/labels.json: not valid JSON"),
+        ("two", rf"{d}/two-bin/label/train.bin, example \d+: label '\w+' is class 2, but {d}/two-bin/labels.json "
+                rf"num_classes 2 gives the head classes 0-1; set {d}/two-bin/labels.json num_classes 3"),
+        ("nolabeldict", rf"--mt-tasks nolabeldict: {d}/nolabeldict-bin/label/dict.txt is missing"),
+    ]
+    for spec, message in cases:
+        with pytest.raises(ConfigError) as e:
+            setup(mt, data=tmp_path, mt_tasks=spec)
+        assert re.match(message, str(e.value)) and "\n" not in str(e.value), (spec, str(e.value))
+    task = setup(mt, data=tmp_path, mt_tasks="snli3,cola,Movie-Sent")
+    assert task.mt_task_names == ["snli3", "CoLA", "Movie-Sent"] and task.num_classes == [3, 2, 2]
+    assert task.head_names == ["snli3", "cola", "movie_sent"]

@@ -1,6 +1,7 @@
 """The GLUE tasks, once: names, classes, dev metrics, the files' layout and fairseq's RoBERTa recipe.
 
-Pure Python (no torch, no fairseq), read by ``--task glue_multitask`` and its criterion,
+Pure Python (no torch, no fairseq), read by ``--task glue_multitask`` and its criterion (which also
+take a user's own tasks: ``head_primary_metric``),
 ``data-prep/prepare_glue.py``, ``scripts/glue/*`` (through ``scripts/glue/prelaunch.py``) and
 ``summarize.py``.
 """
@@ -108,3 +109,11 @@ def canonical(name: str) -> str:
 
 def primary_metric(task_name: str) -> str:
     return TASKS[task_name].primary_metric
+
+
+def head_primary_metric(head: str, regression: bool) -> str:
+    """The dev metric a multi-task head enters ``glue_avg`` with: its GLUE task's primary metric; a
+    user's own task (``--mt-tasks NAME`` with ``NAME-bin/labels.json``): accuracy, or pearson for a regression."""
+    if head in HEAD_TO_TASK:
+        return primary_metric(HEAD_TO_TASK[head])
+    return "pearson" if regression else "accuracy"

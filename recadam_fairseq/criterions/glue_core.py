@@ -28,6 +28,8 @@ CLASSIFICATION_METRICS = {"mcc": glue_metrics.mcc_from_confusion, "f1": glue_met
                           "accuracy": glue_metrics.accuracy_from_confusion}
 REGRESSION_METRICS = {"pearson": glue_metrics.pearson, "spearman": glue_metrics.spearman,
                       "pearson_and_spearman": lambda p, t: (glue_metrics.pearson(p, t) + glue_metrics.spearman(p, t)) / 2}
+# Metrics that do not depend on which label is "1" (a user's own task; accuracy is logged per batch)
+LABEL_FREE_METRICS = {"cm": ("mcc",), "reg": tuple(REGRESSION_METRICS)}
 
 
 class ChecksPathsWhenTraining:
@@ -153,16 +155,18 @@ def log_total(key, value) -> None:
         agg[key].update(value)
 
 
-def reduce_dev(logging_outputs, prefix: str = "") -> bool:
-    """Totals and derived GLUE metrics of a validation's ``{prefix}cm`` / ``{prefix}reg``; True if any."""
+def reduce_dev(logging_outputs, prefix: str = "", names=None) -> bool:
+    """Totals and derived GLUE metrics of a validation's ``{prefix}cm`` / ``{prefix}reg``; True if any.
+    ``names``: {"cm": ..., "reg": ...}, the metrics to derive (default: GLUE's)."""
     cms = [log[f"{prefix}cm"] for log in logging_outputs if f"{prefix}cm" in log]
     regs = [log[f"{prefix}reg"] for log in logging_outputs if f"{prefix}reg" in log]
     if cms:
         log_total(f"_{prefix}cm", sum(cm.cpu().double() for cm in cms))
-        names = ("mcc", "f1", "acc_and_f1") if cms[0].shape[0] == 2 else ("mcc",)
+        default = ("mcc", "f1", "acc_and_f1") if cms[0].shape[0] == 2 else ("mcc",)
+        names = names["cm"] if names else default
     elif regs:
         log_total(f"_{prefix}reg", sum(r.cpu().double() for r in regs))
-        names = tuple(REGRESSION_METRICS)
+        names = names["reg"] if names else tuple(REGRESSION_METRICS)
     else:
         return False
     for name in names:

@@ -6,7 +6,8 @@ model), then each task's examples through that task's head, the GLUE criterion c
 task (``<head>`` = the task's head name, e.g. ``cola``, ``sst_2``, ``sts_b``): ``<head>_loss``,
 ``<head>_accuracy`` and on validation its GLUE metrics over the whole dev set (``<head>_mcc``,
 ``<head>_f1``, ``<head>_acc_and_f1``, ``<head>_pearson``, ``<head>_spearman``, ...) and ``glue_avg``,
-the mean of every task's primary metric (``core/glue_tasks.py``), usable as
+the mean of every task's primary metric (``core/glue_tasks.py``; a user's own task: accuracy, or
+pearson for a regression; beside it, mcc, or spearman and pearson_and_spearman), usable as
 ``--best-checkpoint-metric glue_avg``. Everything logged sums over batches and workers, so
 distributed validation works on CPU too. MT-Uncertainty's extra forward passes are logged as
 ``mt_extra_fwd`` (passes per update) and ``mt_scored`` (examples scored per update).
@@ -25,7 +26,7 @@ from fairseq.logging.meters import safe_round
 from ..config import check_anneal
 from ..core import r3f
 from ..core.errors import ConfigError
-from ..core.glue_tasks import HEAD_TO_TASK, primary_metric
+from ..core.glue_tasks import HEAD_TO_TASK, head_primary_metric
 from . import coupled_term, glue_core
 from .sentence_prediction_recadam import SentencePredictionRecAdamConfig
 
@@ -116,7 +117,7 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         if "mt_scored" in keys:
             metrics.log_scalar("mt_scored", float(total("mt_scored")), round=1)
             metrics.log_scalar("mt_extra_fwd", float(total("mt_extra_fwd")), round=1)
-        heads = sorted(k[:-2] for k in keys if k.endswith("_n") and k[:-2] in HEAD_TO_TASK)
+        heads = sorted(k[:-2] for k in keys if k.endswith("_n") and f"{k[:-2]}_loss" in keys)
         dev = False
         for h in heads:
             n = float(total(f"{h}_n"))
@@ -125,7 +126,9 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
                 if f"{h}_ncorrect" in keys:
                     metrics.log_scalar(f"{h}_accuracy", 100.0 * float(total(f"{h}_ncorrect")) / n, n, round=2)
                 # (n = 0: the task has no dev set in this subset, e.g. CoLA in MNLI's valid1)
-                dev = glue_core.reduce_dev(logging_outputs, prefix=f"{h}_") or dev
+                # a user's task: its labels' order is its own, so no F1 of "class 1"
+                names = None if h in HEAD_TO_TASK else glue_core.LABEL_FREE_METRICS
+                dev = glue_core.reduce_dev(logging_outputs, prefix=f"{h}_", names=names) or dev
         if dev:  # (fairseq keeps the first function registered: it must find the tasks by itself)
             metrics.log_derived("glue_avg", glue_avg)
 
@@ -135,7 +138,9 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
 
 
 def glue_avg(meters):
-    """Mean primary metric of the tasks that had dev examples in this validation."""
-    heads = [h for h in HEAD_TO_TASK if f"_{h}_cm" in meters or f"_{h}_reg" in meters]
-    return safe_round(float(np.mean([glue_core.dev_metric(meters, f"{h}_", primary_metric(HEAD_TO_TASK[h]))
-                                     for h in heads])), 2)
+    """Mean primary metric of the tasks that had dev examples in this validation (their ``_<head>_cm`` /
+    ``_<head>_reg`` totals)."""
+    heads = {k[1:-len(end)]: end == "_reg" for k in meters for end in ("_cm", "_reg")
+             if k.startswith("_") and k.endswith(end) and len(k) > len(end) + 1}
+    return safe_round(float(np.mean([glue_core.dev_metric(meters, f"{h}_", head_primary_metric(h, reg))
+                                     for h, reg in heads.items()])), 2)

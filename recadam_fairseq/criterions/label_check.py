@@ -16,8 +16,9 @@ from fairseq.data.indexed_dataset import MMapIndexedDataset
 from ..core.errors import ConfigError
 
 
-def check_labels(task) -> None:
-    """For a ``sentence_prediction``-style task: cfg.data/label/<split>.{idx,bin}, cfg.num_classes."""
+def check_labels(task, flag: str = "--num-classes") -> None:
+    """For a ``sentence_prediction``-style task: cfg.data/label/<split>.{idx,bin}, cfg.num_classes
+    (``flag``: where the user sets it)."""
     cfg = getattr(task, "cfg", None)
     label_dict = getattr(task, "label_dictionary", None)
     if cfg is None or label_dict is None or getattr(cfg, "regression_target", False):
@@ -46,8 +47,8 @@ def check_labels(task) -> None:
                               f"(binarized as <unk>): the training data never had it; rebuild the label "
                               f"dictionary from every split, or drop those examples")
         raise ConfigError(f"{where}: label {label_dict[token]!r} is class {token - label_dict.nspecial}, but "
-                          f"--num-classes {num_classes} gives the head classes 0-{num_classes - 1}; "
-                          f"set --num-classes {_classes_needed(tokens, label_dict)}")
+                          f"{flag} {num_classes} gives the head classes 0-{num_classes - 1}; "
+                          f"set {flag} {_classes_needed(tokens, label_dict)}")
 
 
 def _first_bad(tokens, label_dict, num_classes):

@@ -1,9 +1,12 @@
 """``--task glue_multitask``: one model trained on several GLUE tasks at once (CA-MTL's setting).
 
 The data path is the directory holding the ``<TASK>-bin`` directories written by
-``data-prep/prepare_glue.py``; ``--mt-tasks CoLA,SST-2,STS-B`` picks among them. Each task is
-loaded by fairseq's own ``sentence_prediction`` task (same files, same token layout) and gets
-its own classification head (``head_name``; one output for STS-B, a regression). Batches are
+``data-prep/prepare_glue.py``; ``--mt-tasks CoLA,SST-2,STS-B`` picks among them. A name that is
+not a GLUE task is a user's own task when ``<data>/<NAME>-bin/labels.json`` exists
+(``{"task": NAME, "num_classes": K}`` or ``{"task": NAME, "regression": true}``) beside
+fairseq-preprocess's ``sentence_prediction`` layout (``input0/``, ``input1/`` for pairs, ``label/``).
+Each task is loaded by fairseq's own ``sentence_prediction`` task (same files, same token layout)
+and gets its own classification head (``head_name``; one output for a regression). Batches are
 drawn by ``--mt-sampling`` (``mt_sampling.py``); validation runs every task's dev set and the
 criterion ``glue_multitask`` logs each task's GLUE metric and their average ``glue_avg``.
 
@@ -33,6 +36,7 @@ from ..core import glue_tasks
 from ..core.errors import ConfigError
 from ..core.glue_tasks import head_name
 from ..core.layers import parse_layers
+from ..criterions.label_check import check_labels
 from .multitask_data import MultiTaskDataset
 
 logger = logging.getLogger(__name__)
@@ -44,9 +48,11 @@ class MultiTaskError(ConfigError):
 @dataclass
 class GlueMultitaskConfig(FairseqDataclass):
     data: str = field(default=MISSING, metadata={"help": "directory holding the <TASK>-bin directories "
-                                                         "written by data-prep/prepare_glue.py"})
-    mt_tasks: str = field(default="", metadata={"help": "comma-separated GLUE tasks to train on together, "
-                                                        "e.g. CoLA,SST-2,STS-B (case-insensitive); the task id "
+                                                         "written by data-prep/prepare_glue.py (and your own "
+                                                         "<NAME>-bin directories)"})
+    mt_tasks: str = field(default="", metadata={"help": "comma-separated tasks to train on together: GLUE tasks "
+                                                        "(case-insensitive), e.g. CoLA,SST-2,STS-B, or your own "
+                                                        "NAME with <data>/NAME-bin/labels.json; the task id "
                                                         "of a task is its position in this list"})
     mt_sampling: ChoiceEnum(sampling.MODES) = field(
         default="sequential",
@@ -93,10 +99,10 @@ class GlueMultitaskTask(FairseqTask):
 
     @classmethod
     def setup_task(cls, cfg, **kwargs):
-        names = parse_task_names(cfg.mt_tasks)
         if not os.path.isdir(cfg.data):
             raise MultiTaskError(f"data directory {cfg.data} does not exist (expected the <TASK>-bin directories "
                                  "written by data-prep/prepare_glue.py)")
+        names = parse_task_names(cfg.mt_tasks, cfg.data)
         if str(cfg.mt_sampling) not in sampling.MODES:
             raise MultiTaskError(f"--mt-sampling {cfg.mt_sampling}: unknown, choose one of {', '.join(sampling.MODES)}")
         if not cfg.mt_temperature > 0:
@@ -104,13 +110,19 @@ class GlueMultitaskTask(FairseqTask):
         dirs = [os.path.join(cfg.data, f"{n}-bin") for n in names]
         for n, d in zip(names, dirs):
             if not os.path.isfile(os.path.join(d, "input0", "dict.txt")):
-                raise MultiTaskError(f"--mt-tasks {n}: no task directory {d} (expected {d}/input0/dict.txt; "
-                                     "make it with data-prep/prepare_glue.py --tasks " + n + ")")
+                make = (f"make it with data-prep/prepare_glue.py --tasks {n}" if n in glue_tasks.TASKS else
+                        "binarize the first sentences with fairseq-preprocess --only-source --srcdict <the RoBERTa "
+                        f"dict.txt> --destdir {d}/input0")
+                raise MultiTaskError(f"--mt-tasks {n}: no task directory {d} (expected {d}/input0/dict.txt; {make})")
         check_same_dictionary(dirs)
         dictionary = SentencePredictionTask.load_dictionary(os.path.join(dirs[0], "input0", "dict.txt"))
         subtasks, metas = [], []
         for n, d in zip(names, dirs):
             meta = read_labels_json(n, d)
+            label_path = os.path.join(d, "label", "dict.txt")
+            if not meta["regression"] and not os.path.isfile(label_path):
+                raise MultiTaskError(f"--mt-tasks {n}: {label_path} is missing (the labels, binarized with "
+                                     "fairseq-preprocess --only-source --destdir " + os.path.join(d, "label") + ")")
             sub_cfg = SentencePredictionConfig(
                 data=d, num_classes=meta["num_classes"], init_token=cfg.init_token,
                 separator_token=cfg.separator_token, no_shuffle=True, max_positions=cfg.max_positions,
@@ -118,6 +130,7 @@ class GlueMultitaskTask(FairseqTask):
             label_dict = dictionary if meta["regression"] else SentencePredictionTask.load_dictionary(
                 os.path.join(d, "label", "dict.txt"))
             subtasks.append(SentencePredictionTask(sub_cfg, dictionary, label_dict))
+            check_labels(subtasks[-1], flag=f"{os.path.join(d, 'labels.json')} num_classes")
             metas.append(meta)
         logger.info("glue_multitask: " + ", ".join(
             f"{m['name']} (id {i}, head {head_name(m['name'])}, "
@@ -314,19 +327,40 @@ def subsample(sample, keep, pad_idx, scored=None):
     return out
 
 
-def parse_task_names(spec: str) -> List[str]:
+# Keys the criterion logs beside the per-head ones ("<head>_loss", ...): a head name must not produce them.
+RESERVED_HEADS = {"target": "target_loss"}
+
+
+def parse_task_names(spec: str, data: str) -> List[str]:
+    """``--mt-tasks`` -> task names: GLUE tasks in GLUE's spelling (any case), other names as given
+    (case-sensitive) when ``<data>/<NAME>-bin/labels.json`` makes them a user's own task."""
     names = [s.strip() for s in str(spec or "").split(",") if s.strip()]
     if not names:
-        raise MultiTaskError(f"--mt-tasks is empty: name the GLUE tasks to train on, e.g. --mt-tasks CoLA,SST-2,STS-B "
-                             f"(known: {','.join(glue_tasks.TASKS)})")
-    out = []
+        raise MultiTaskError(f"--mt-tasks is empty: name the tasks to train on, e.g. --mt-tasks CoLA,SST-2,STS-B "
+                             f"(GLUE: {','.join(glue_tasks.TASKS)}; or a <NAME>-bin directory with labels.json)")
+    out, heads = [], {}
     for n in names:
         try:
             name = glue_tasks.canonical(n)
-        except glue_tasks.UnknownTask as e:
-            raise MultiTaskError(f"--mt-tasks: {e}") from None
+        except glue_tasks.UnknownTask:
+            name, task_dir = n, os.path.join(data, f"{n}-bin")
+            labels = os.path.join(task_dir, "labels.json")
+            if not os.path.isfile(labels):
+                raise MultiTaskError(f"--mt-tasks {n}: not a GLUE task ({', '.join(glue_tasks.TASKS)}) and "
+                                     f"{labels if os.path.isdir(task_dir) else task_dir} does not exist: name a GLUE "
+                                     f"task or a <NAME>-bin directory with labels.json") from None
+            if head_name(n) in glue_tasks.HEAD_TO_TASK:  # the criterion reads a GLUE head's metrics as GLUE's
+                raise MultiTaskError(f"--mt-tasks {n}: its head name {head_name(n)} is GLUE task "
+                                     f"{glue_tasks.HEAD_TO_TASK[head_name(n)]}'s; rename the task and its directory")
+            if head_name(n) in RESERVED_HEADS:
+                raise MultiTaskError(f"--mt-tasks {n}: head name {head_name(n)} would log as the criterion's own "
+                                     f"{RESERVED_HEADS[head_name(n)]}; rename the task and its directory")
         if name in out:
             raise MultiTaskError(f"--mt-tasks: {name} given twice")
+        if head_name(name) in heads:
+            raise MultiTaskError(f"--mt-tasks: {heads[head_name(name)]} and {name} map to one head name "
+                                 f"{head_name(name)} (lower case, other characters than a-z0-9 as _); rename one")
+        heads[head_name(name)] = name
         out.append(name)
     return out
 
@@ -347,14 +381,31 @@ def check_same_dictionary(dirs: List[str]):
 
 
 def read_labels_json(name: str, task_dir: str) -> dict:
+    """``<TASK>-bin/labels.json``: ``{"task": NAME, "num_classes": K}`` (K >= 2) or ``{"task": NAME,
+    "regression": true}``, as data-prep/prepare_glue.py writes it (which adds id2label and notes)."""
     path = os.path.join(task_dir, "labels.json")
     if not os.path.isfile(path):
         raise MultiTaskError(f"{path}: missing (written by data-prep/prepare_glue.py; it says the task's classes)")
     with open(path, encoding="utf-8") as f:
-        meta = json.load(f)
+        try:
+            meta = json.load(f)
+        except ValueError as e:
+            raise MultiTaskError(f"{path}: not valid JSON ({e})") from None
+    want = f'{{"task": "{name}", "num_classes": K}} or {{"task": "{name}", "regression": true}}'
+    if not isinstance(meta, dict):
+        raise MultiTaskError(f"{path}: expected an object {want}")
     if meta.get("task", name) != name:
         raise MultiTaskError(f"{path}: describes task {meta.get('task')!r}, expected {name!r}")
+    regression = meta.get("regression", name == "STS-B")
+    k = meta.get("num_classes")
+    if not isinstance(regression, bool):
+        raise MultiTaskError(f"{path}: regression must be true or false, got {regression!r}")
+    if regression and k not in (None, 1):
+        raise MultiTaskError(f"{path}: a regression has one output, but num_classes is {k!r}")
+    if not regression and (not isinstance(k, int) or isinstance(k, bool) or k < 2):
+        raise MultiTaskError(f"{path}: num_classes {k!r}: a classification task needs an integer >= 2 "
+                             f"(expected {want})")
     meta["name"] = name
-    meta["regression"] = bool(meta.get("regression", name == "STS-B"))
-    meta["num_classes"] = 1 if meta["regression"] else int(meta["num_classes"])
+    meta["regression"] = regression
+    meta["num_classes"] = 1 if regression else k
     return meta

@@ -4,7 +4,8 @@
     python scripts/glue/predict_multitask.py CHECKPOINT --glue-dir glue_data --bpe-dir gpt2_bpe \\
         --out predictions [--data glue-bin] [--tasks CoLA STS-B ...] [--batch-size 32] [--cpu]
 
-For each task the model was trained on (or each of --tasks) it reads the GLUE test file(s)
+For each GLUE task the model was trained on (or each of --tasks; a user's own task is skipped,
+saying so) it reads the GLUE test file(s)
 (``<glue-dir>/<TASK>/test.tsv``; MNLI: ``test_matched.tsv``, ``test_mismatched.tsv``),
 encodes them exactly as ``data-prep/prepare_glue.py`` encodes train/dev (same GPT-2 BPE, same
 dictionary, ``<s> A </s>`` or ``<s> A </s> </s> B </s>``), runs the task's head and writes
@@ -91,6 +92,17 @@ def main(argv=None):
         if unknown:
             raise SystemExit(f"predict_multitask: --tasks {' '.join(unknown)}: the model knows {', '.join(names)}")
         names = [canon[t.lower()] for t in args.tasks]
+    own = [n for n in names if n not in glue_tasks.TASKS]  # a user's own tasks: GLUE has no test file for them
+    if own and args.tasks:
+        raise SystemExit(f"predict_multitask: --tasks {' '.join(own)}: not GLUE tasks (this script writes GLUE's "
+                         f"test submission files)")
+    if own:
+        print(f"predict_multitask: skipping {', '.join(own)}: not GLUE tasks (no GLUE test file to predict)",
+              file=sys.stderr)
+        names = [n for n in names if n in glue_tasks.TASKS]
+        if not names:
+            raise SystemExit(f"predict_multitask: {args.checkpoint} has no GLUE task (its tasks: "
+                             f"{', '.join(task.mt_task_names)})")
     pg = load_prepare_glue()
     d = task.source_dictionary
     init, sep = task.cfg.init_token, task.cfg.separator_token

@@ -167,7 +167,8 @@ def read_multitask_run(run_dir, root):
     """A --task glue_multitask run (laid out as MTL/<NAME>/seed<N>): one row per task it trained.
 
     All tasks are scored at one validation, the one with the best ``glue_avg`` (the checkpoint
-    --best-checkpoint-metric glue_avg keeps: one model for every task, as submitted).
+    --best-checkpoint-metric glue_avg keeps: one model for every task, as submitted). A user's own
+    tasks (``--mt-tasks NAME``, not GLUE) get no row: the run's note names them.
     """
     base = read_run(run_dir, root)
     log = os.path.join(run_dir, "train.log")
@@ -179,6 +180,13 @@ def read_multitask_run(run_dir, root):
         base["note"] = "no glue_avg in the validations" if valid.get("valid") else "no validation yet"
         return [base]
     upd = at.get("num_updates", "")
+    glue_heads = {head_name(t) for t in glue_tasks.TASKS}
+    own = sorted(k[: -len("_loss")] for k in at if k.endswith("_loss") and not k.startswith("best_")
+                 and k[: -len("_loss")] not in glue_heads | {"", "target"})
+    if own:  # a user's own tasks (--mt-tasks NAME): not GLUE, no row; they are in glue_avg
+        base["note"] = f"not GLUE, left out: {', '.join(own)} (in glue_avg)"
+        print(f"summarize.py: {base['path']}: left out {', '.join(own)}: not GLUE tasks (their metrics are in "
+              f"glue_avg, which picks the validation)", file=sys.stderr)
     out = []
     for task in TASKS:
         metric = primary_metric(task)
