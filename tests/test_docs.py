@@ -26,6 +26,11 @@ MARKERS = [
     ("docs/performance.md", "<!-- benchmark:start -->", "<!-- benchmark:end -->"),    # scripts/benchmark.py --doc
     ("docs/performance.md", "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"),        # scripts/gpu/e2e_overhead.py --doc
     ("docs/forgetting.md", "<!-- forgetting:start -->", "<!-- forgetting:end -->"),   # scripts/forgetting/run.py
+    *[(f"docs/forgetting-{t}.md", "<!-- forgetting:start -->", "<!-- forgetting:end -->")  # run.py --task t
+      for t in ("tweets", "nli", "multi")],
+    ("docs/forgetting.md", "<!-- forgetting-summary:start -->", "<!-- forgetting-summary:end -->"),  # summary.py
+    ("docs/forgetting.md", "<!-- forgetting-multitask:start -->", "<!-- forgetting-multitask:end -->"),
+    ("README.md", "<!-- forgetting-summary:start -->", "<!-- forgetting-summary:end -->"),
     ("README.md", "<!-- quickstart:start -->", "<!-- quickstart:end -->"),            # tests/test_quickstart.py
 ]
 

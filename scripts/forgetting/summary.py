@@ -199,9 +199,9 @@ def overview_plot(summary, tasks, out):
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6.5))
+    fig, ax = plt.subplots(figsize=(12.5, 6.5))
     marks = dict(zip(tasks, "os^"))
-    colors = plt.cm.tab20(np.linspace(0, 1, max(len(summary), 2)))
+    colors = [plt.cm.tab20(i % 20) if i < 20 else plt.cm.Dark2(i % 8) for i in range(len(summary))]
     for (m, s), color in zip(sorted(summary.items()), colors):
         pts = [(s["tasks"][t]["d_forgetting"], s["tasks"][t]["d_accuracy"], t) for t in tasks if t in s["tasks"]]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], color=color, lw=0.6, alpha=0.5)
@@ -215,7 +215,7 @@ def overview_plot(summary, tasks, out):
     handles = [plt.Line2D([], [], marker=marks[t], color="gray", ls="", label=t) for t in tasks]
     first = ax.legend(handles=handles, title="task", loc="lower left", fontsize=8)
     ax.add_artist(first)
-    ax.legend(fontsize=7, ncol=2, loc="upper right", title="method (its movie setting)")
+    ax.legend(fontsize=7, ncol=1, loc="upper left", bbox_to_anchor=(1.01, 1), title="method (its movie setting)")
     ax.set_title("Every method against Adam on every target task (points below −0.15 accuracy clipped)")
     fig.tight_layout()
     fig.savefig(out, dpi=110)
