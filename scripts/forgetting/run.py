@@ -854,6 +854,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     args.work = os.path.abspath(args.work)
     args.tasks = list(prepare.TARGETS) if args.task == MULTI else [args.task]
+    args.runs_dir = task_dirs(args.work, args.task)[1]
     if args.updates is None:
         args.updates = UPDATES * len(args.tasks)
     if args.methods is None:
@@ -977,7 +978,6 @@ def main(argv=None):
     pretrained = os.path.join(pre_dir, "model.pt")
 
     # 2. data (every task's for the multi-task setting)
-    args.runs_dir = task_dirs(args.work, args.task)[1]
     args.data_key = json.dumps(data_settings(args), sort_keys=True)
     prepared = {t: ensure_data(args, t, pre_dir) for t in args.tasks}
     data, info = prepared[args.tasks[0]]  # the probe: the same in every task's directory
