@@ -144,7 +144,8 @@ def summary_markdown(summary, tasks, missing):
         for t in tasks:
             c = s["tasks"].get(t)
             cells.append("" if c is None else (f"{c['d_accuracy']:+.3f}, {c['d_forgetting']:+.3f}"
-                                               + (" **✓**" if c["wins"] else "")))
+                                               + (" **✓**" if c["wins"] else "")
+                                               + (f" ({c['seeds']} seed)" if c["seeds"] < 2 else "")))
         cost = f"{s['cost']:.2f}×" if s["cost"] else ""
         lines.append(f"| {s['label']} | {s['wins']} of {len(s['tasks'])} | {s['mean_rank']:.1f} | {cost} | "
                      + " | ".join(cells) + " |")
@@ -152,7 +153,8 @@ def summary_markdown(summary, tasks, missing):
               "Adam's (positive = forgets less); means over seeds. **✓**: Δacc above −2 standard errors of the "
               f"gap and ΔΔAUC above +2 (each at least {NOISE_FLOOR}). Frontier rank: 1 = no other setting of this "
               "table has higher accuracy and less forgetting, 2 = on the frontier once those are removed, ...; "
-              "among the settings compared here, mean over the tasks. Time: seconds per run against Adam's, mean over the tasks."]
+              "among the settings compared here, mean over the tasks. \"(1 seed)\": its second seed is not recorded yet, "
+              "so only the floor stands for the noise: provisional. Time: seconds per run against Adam's, mean over the tasks."]
     third = {t: [s["tasks"][t]["spec"] for s in summary.values() if s["tasks"].get(t, {}).get("third_seed")]
              for t in tasks}
     if any(third.values()):
