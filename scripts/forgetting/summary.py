@@ -47,6 +47,12 @@ NOISE_FLOOR = 0.005  # accuracy and ΔAUC gaps below this are never read as diff
 TASKS = tuple(prepare.TARGETS)  # movie, tweets, nli
 
 
+def task_settings():
+    """({method: the setting name the tasks compare}, {method: its --methods spec}), from run.TASK_METHODS."""
+    specs = {methods.parse(s)["method"]: s for s in run.TASK_METHODS}
+    return {m: methods.setting_name(methods.parse(s)) for m, s in specs.items()}, specs
+
+
 def results_path(prefix, task):
     return prefix + ("" if task == "movie" else f"-{task}") + ".json"
 
@@ -263,8 +269,7 @@ def main(argv=None):
         return wanted
     if args.third_seed_args:
         res = read(results_path(args.results, args.third_seed_args))
-        specs = {methods.parse(s)["method"]: s for s in run.TASK_METHODS}
-        found = compare(res, {m: methods.setting_name(methods.parse(s)) for m, s in specs.items()}, specs) if res else {}
+        found = compare(res, *task_settings()) if res else {}
         # those run before stay (with three seeds they no longer look undecided)
         wanted = list(dict.fromkeys((res or {}).get("settings", {}).get("third_seed", [])
                                     + [c["spec"] for c in found.values() if c["third_seed"]]))
@@ -283,8 +288,7 @@ def main(argv=None):
         results[t] = res
         if not res.get("complete", False):
             missing.append(f"{t} (partial: {len(res['runs'])} runs recorded)")
-        settings = {methods.parse(s)["method"]: methods.setting_name(methods.parse(s)) for s in run.TASK_METHODS}
-        per_task[t] = compare(res, settings, {methods.parse(s)["method"]: s for s in run.TASK_METHODS})
+        per_task[t] = compare(res, *task_settings())
     tasks = [t for t in TASKS if t in per_task]
     summary = summarize(per_task)
     md = summary_markdown(summary, tasks, missing)
