@@ -873,6 +873,22 @@ def test_summary_across_tasks(tmp_path):
     assert e.value.code == 2 and (tmp_path / "bad.md").read_text() == "no markers\n"
 
 
+def test_multitask_table_says_one_seed():
+    """A one-seed multi-task row shows no spread (not ± 0), a two-seed row its std; single-task rows
+    are means over the tasks' own tables."""
+    summary = _load_summary()
+    row = lambda name, seeds, fgt, std: {"name": name, "label": name, "seeds": seeds, "target_accuracy": 0.8,
+                                         "forgetting": fgt, "forgetting_std": std,
+                                         "task_accuracy": {"a": 0.7, "b": 0.9}}
+    multi = {"rows": [row("adam", [1], -0.1, 0.0), row("ca-mtl-freeze0", [1, 2], -0.2, 0.01)],
+             "settings": {"updates": 400}}
+    singles = {t: {"rows": [row("adam", [1, 2], f, 0.0)]} for t, f in (("a", -0.02), ("b", -0.04))}
+    md = summary.multitask_markdown(multi, singles, ["a", "b"])
+    assert "| multi-task: adam | 0.700 | 0.900 | 0.800 | -0.1000 (1 seed: no spread) | 1 |" in md
+    assert "| multi-task: ca-mtl-freeze0 | 0.700 | 0.900 | 0.800 | -0.2000 ± 0.0100 | 2 |" in md
+    assert "| single-task runs (adam), one model per task | 0.800 | 0.800 | 0.800 | -0.0300 " in md
+
+
 def _load_summary():
     spec = importlib.util.spec_from_file_location("forgetting_summary",
                                                   os.path.join(ROOT, "scripts", "forgetting", "summary.py"))
