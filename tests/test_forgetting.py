@@ -444,6 +444,9 @@ def test_every_method_gives_a_row(pipeline):
         assert r["forgetting"] == pytest.approx(r["snli_auc"] - base["snli_auc"])
         method = r["method"] + (f", stopped at {r['stopped_at']} updates" if r.get("stopped_at") else "")
         assert md.count(f"\n| {method} | {methods.knob_text(r)}") == 1, method
+        # one seed: each measure's mean alone, marked, never "± 0"
+        assert md.count(f"\n| {method} | {methods.knob_text(r)} | {r['target_accuracy']:.4f} (1 seed) | "
+                        f"{r['snli_auc']:.4f} (1 seed) | {r['forgetting']:.4f} (1 seed) | {r['dist']:.2f} (1 seed) |") == 1
         if not r.get("stopped_at"):
             assert isinstance(r["frontier"], bool) and r["train_seconds"] > 0
     assert any(r["frontier"] for r in res["rows"] if not r.get("stopped_at"))
@@ -884,7 +887,7 @@ def test_multitask_table_says_one_seed():
              "settings": {"updates": 400}}
     singles = {t: {"rows": [row("adam", [1, 2], f, 0.0)]} for t, f in (("a", -0.02), ("b", -0.04))}
     md = summary.multitask_markdown(multi, singles, ["a", "b"])
-    assert "| multi-task: adam | 0.700 | 0.900 | 0.800 | -0.1000 (1 seed: no spread) | 1 |" in md
+    assert "| multi-task: adam | 0.700 | 0.900 | 0.800 | -0.1000 (1 seed) | 1 |" in md
     assert "| multi-task: ca-mtl-freeze0 | 0.700 | 0.900 | 0.800 | -0.2000 ± 0.0100 | 2 |" in md
     assert "| single-task runs (adam), one model per task | 0.800 | 0.800 | 0.800 | -0.0300 " in md
 

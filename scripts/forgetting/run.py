@@ -555,9 +555,15 @@ def beats_adam(rows):
                   and r["target_accuracy"] >= adam["target_accuracy"] and r["forgetting"] > adam["forgetting"]]
 
 
+def mean_std_text(mean, std, seeds: int, spec: str) -> str:
+    """``mean ± std`` over seeds (``spec``: the mean's format, e.g. ``+.4f``); one seed has no spread,
+    which ``± 0`` would misreport as agreement."""
+    return f"{mean:{spec}} " + (f"± {std:{spec.lstrip('+')}}" if seeds > 1 else "(1 seed)")
+
+
 def markdown(rows, base, conversion, info, command, runs, args):
     def pm(row, key, digits):
-        return f"{row[key]:.{digits}f} ± {row[key + '_std']:.{digits}f}"
+        return mean_std_text(row[key], row[key + "_std"], len(row["seeds"]), f".{digits}f")
 
     wise = any(r.get("interpolated") for r in rows)  # the column only when some run was interpolated
     lines = [

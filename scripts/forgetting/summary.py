@@ -189,8 +189,8 @@ def multitask_markdown(multi, singles, tasks):
     for r in final_rows(multi) if multi else []:
         per = r.get("task_accuracy", {})
         lines.append(f"| multi-task: {r['label']} | " + " | ".join(f"{per.get(t, float('nan')):.3f}" for t in tasks)
-                     + f" | {r['target_accuracy']:.3f} | {r['forgetting']:+.4f} "
-                     + (f"± {r['forgetting_std']:.4f}" if len(r["seeds"]) > 1 else "(1 seed: no spread)")
+                     + f" | {r['target_accuracy']:.3f} | "
+                     + run.mean_std_text(r["forgetting"], r["forgetting_std"], len(r["seeds"]), "+.4f")
                      + f" | {len(r['seeds'])} |")
     updates = multi["settings"]["updates"] if multi else None
     lines += ["", "Single-task runs: each task's own table (200 updates each, so "
