@@ -261,6 +261,8 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
         pytest.skip(f"{path}: not there")
     with open(path, encoding="utf-8") as f:
         recorded = json.load(f)
+    if prefix == "forgetting":  # make forgetting-report: the third seeds recorded
+        argv = argv + ["--third-seed", *_load_summary().main(["--recorded-third-seed-args", "movie"])]
     args, grid = forgetting.parse_args(argv + ["--results", str(tmp_path / "results")])
     assert {k: getattr(args, k) for k in recorded["settings"]} == recorded["settings"]
     with open(os.path.join(converted, "arch.json"), encoding="utf-8") as f:
@@ -269,8 +271,9 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     ctx = {"arch": arch, "num_layers": 6, "pretrained": os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"),
            "sentiment": os.path.join(data, "sentiment-bin"), "glue": os.path.join(data, "glue")}
     by_name = {methods.setting_name(s): s for s in grid}
+    third = [methods.setting_name(methods.parse(x, args.gamma)) for x in args.third_seed]
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
-        (name, seed) for name in by_name for seed in args.seeds)
+        [(name, seed) for name in by_name for seed in args.seeds] + [(name, max(args.seeds) + 1) for name in third])
     for run in recorded["runs"]:
         s = by_name[run["name"]]
         save_dir = os.path.join(args.work, "runs", run["name"], f"seed{run['seed']}")

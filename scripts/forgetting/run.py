@@ -108,9 +108,10 @@ BEST_TOLERANCE = 0.01  # about 3 seed standard deviations of Adam's accuracy on 
 MULTI = "multi"  # --task: all the target tasks at once
 UPDATES = 200  # per run, per task in the multi-task setting
 # the multi-task setting: plain RoBERTa (adam) and CA-MTL, without and with the lower half frozen, each
-# with and without RecAdam (at its movie setting); the single-task runs to compare with are each task's
+# with and without RecAdam (at its movie setting), and RecAdam with t0 scaled to the 3× longer run (its
+# anneal ends after the same share of it); the single-task runs to compare with are each task's own
 MULTITASK_SETTINGS = ("adam", "recadam:0.1:25", "ca-mtl:0", "ca-mtl:3", "recadam-ca-mtl:k=0.1,t0=25,freeze=0",
-                      "recadam-ca-mtl:k=0.1,t0=25,freeze=3")
+                      "recadam-ca-mtl:k=0.1,t0=25,freeze=3", "recadam:0.1:75")
 # WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
 DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
 # the plot's main panel leaves out settings below this (near chance: 0.5) when most settings are above it
