@@ -271,9 +271,8 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     ctx = {"arch": arch, "num_layers": 6, "pretrained": os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"),
            "sentiment": os.path.join(data, "sentiment-bin"), "glue": os.path.join(data, "glue")}
     by_name = {methods.setting_name(s): s for s in grid}
-    third = [methods.setting_name(methods.parse(x, args.gamma)) for x in args.third_seed]
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
-        [(name, seed) for name in by_name for seed in args.seeds] + [(name, max(args.seeds) + 1) for name in third])
+        (methods.setting_name(s), seed) for s, seed in forgetting.planned_runs(args, grid))
     for run in recorded["runs"]:
         s = by_name[run["name"]]
         save_dir = os.path.join(args.work, "runs", run["name"], f"seed{run['seed']}")

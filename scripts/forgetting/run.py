@@ -410,6 +410,13 @@ def write_table(path, md, flag):
     os.replace(path + ".tmp", path)
 
 
+def planned_runs(args, grid):
+    """Every (setting, seed) to run: each setting at --seeds, the --third-seed ones also at the next seed."""
+    third = {methods.setting_name(methods.parse(x, args.gamma)) for x in args.third_seed}
+    return [(s, seed) for seed in args.seeds for s in grid] + [
+        (s, max(args.seeds) + 1) for s in grid if methods.setting_name(s) in third]
+
+
 def run_all(args, ctx, grid, on_done=None):
     """Every (setting, seed), --jobs at a time, seed by seed and the costliest first; results in grid order."""
     from concurrent.futures import ThreadPoolExecutor
@@ -420,9 +427,7 @@ def run_all(args, ctx, grid, on_done=None):
         with lock:
             print(text, flush=True)
 
-    third = {methods.setting_name(methods.parse(x, args.gamma)) for x in args.third_seed}
-    todo = [(s, seed) for seed in args.seeds for s in grid] + [
-        (s, max(args.seeds) + 1) for s in grid if methods.setting_name(s) in third]
+    todo = planned_runs(args, grid)
     order = sorted(range(len(todo)), key=lambda i: (todo[i][1] not in args.seeds, todo[i][1],
                                                     -COST.get(todo[i][0]["method"], 1)))
     results = [None] * len(todo)
