@@ -53,7 +53,7 @@ FORGETTING_TASKS = movie tweets nli multi
 # A second pass gives a third seed to the settings whose two seeds disagree by more than their gap to Adam.
 forgetting: $(STAMP)
 	for t in $(FORGETTING_TASKS); do $(PY) scripts/forgetting/run.py --task $$t || exit 1; done
-	for t in movie tweets nli; do \
+	for t in $(FORGETTING_TASKS); do \
 	    $(PY) scripts/forgetting/run.py --task $$t $$($(PY) scripts/forgetting/summary.py --third-seed-args $$t) || exit 1; \
 	done
 	$(PY) scripts/forgetting/summary.py
@@ -61,7 +61,7 @@ forgetting: $(STAMP)
 forgetting-report: $(STAMP)
 	for t in $(FORGETTING_TASKS); do \
 	    $(PY) scripts/forgetting/run.py --task $$t --report-only \
-	        $$([ $$t = multi ] || $(PY) scripts/forgetting/summary.py --recorded-third-seed-args $$t) || exit 1; \
+	        $$($(PY) scripts/forgetting/summary.py --recorded-third-seed-args $$t) || exit 1; \
 	done
 	$(PY) scripts/forgetting/summary.py
 

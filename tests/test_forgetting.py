@@ -878,20 +878,27 @@ def test_summary_across_tasks(tmp_path):
     assert e.value.code == 2 and (tmp_path / "bad.md").read_text() == "no markers\n"
 
 
-def test_multitask_table_says_one_seed():
+def test_multitask_table_says_one_seed(tmp_path):
     """A one-seed multi-task row shows no spread (not ± 0), a two-seed row its std; single-task rows
-    are means over the tasks' own tables."""
+    are means over the tasks' own tables; a setting whose two seeds disagree by more than its gap to
+    multi-task Adam is named for a third seed, in the table and in make forgetting's second pass."""
     summary = _load_summary()
     row = lambda name, seeds, fgt, std: {"name": name, "label": name, "seeds": seeds, "target_accuracy": 0.8,
-                                         "forgetting": fgt, "forgetting_std": std,
-                                         "task_accuracy": {"a": 0.7, "b": 0.9}}
-    multi = {"rows": [row("adam", [1], -0.1, 0.0), row("ca-mtl-freeze0", [1, 2], -0.2, 0.01)],
-             "settings": {"updates": 400}}
+                                         "target_accuracy_std": 0.0, "forgetting": fgt, "forgetting_std": std,
+                                         "train_seconds": 1.0, "task_accuracy": {"a": 0.7, "b": 0.9}}
+    t75 = methods.setting_name(methods.parse("recadam:0.1:75"))
+    multi = {"rows": [row("adam", [1], -0.1, 0.0), row("ca-mtl-freeze0", [1, 2], -0.2, 0.01),
+                      row(t75, [1, 2], -0.09, 0.02)], "settings": {"updates": 400}}
     singles = {t: {"rows": [row("adam", [1, 2], f, 0.0)]} for t, f in (("a", -0.02), ("b", -0.04))}
     md = summary.multitask_markdown(multi, singles, ["a", "b"])
     assert "| multi-task: adam | 0.700 | 0.900 | 0.800 | -0.1000 (1 seed) | 1 |" in md
     assert "| multi-task: ca-mtl-freeze0 | 0.700 | 0.900 | 0.800 | -0.2000 ± 0.0100 | 2 |" in md
     assert "| single-task runs (adam), one model per task | 0.800 | 0.800 | 0.800 | -0.0300 " in md
+    # t0 = 75: seeds 0.02·√2 apart, more than its 0.01 gap; ca-mtl: 0.014 apart, inside its 0.1 gap
+    assert "a third seed decides (`make forgetting`'s second pass): recadam:0.1:75." in md
+    (tmp_path / "fg-multi.json").write_text(json.dumps({**multi, "settings": {"third_seed": []}}))
+    assert summary.main(["--results", str(tmp_path / "fg"), "--third-seed-args", "multi"]) == ["recadam:0.1:75"]
+    assert summary.main(["--results", str(tmp_path / "fg"), "--recorded-third-seed-args", "multi"]) == []
 
 
 def _load_summary():

@@ -53,6 +53,16 @@ def task_settings():
     return {m: methods.setting_name(methods.parse(s)) for m, s in specs.items()}, specs
 
 
+def multitask_settings():
+    """The same for the multi-task table, keyed by spec (it runs some methods at two settings)."""
+    return ({s: methods.setting_name(methods.parse(s)) for s in run.MULTITASK_SETTINGS},
+            {s: s for s in run.MULTITASK_SETTINGS})
+
+
+def settings_of(task):
+    return multitask_settings() if task == run.MULTI else task_settings()
+
+
 def results_path(prefix, task):
     return prefix + ("" if task == "movie" else f"-{task}") + ".json"
 
@@ -164,8 +174,8 @@ def summary_markdown(summary, tasks, missing):
     third = {t: [s["tasks"][t]["spec"] for s in summary.values() if s["tasks"].get(t, {}).get("third_seed")]
              for t in tasks}
     if any(third.values()):
-        lines += ["", "Two seeds disagree by more than the gap to Adam: a third seed decides (`make forgetting` "
-                  "runs these as `run.py --task TASK --seeds 1 2 3 --methods ...`): " + "; ".join(
+        lines += ["", "Two seeds disagree by more than the gap to Adam: a third seed decides (`make forgetting`'s "
+                  "second pass runs them as `run.py --task TASK --third-seed ...`): " + "; ".join(
                       f"{t}: {', '.join(v)}" for t, v in third.items() if v) + "."]
     if missing:
         lines += ["", "**Not yet in the summary:** " + "; ".join(missing) + "."]
@@ -186,6 +196,7 @@ def multitask_markdown(multi, singles, tasks):
                      + " | ".join(f"{r['target_accuracy']:.3f}" for r in rows)
                      + f" | {np.mean([r['target_accuracy'] for r in rows]):.3f} | {np.mean(f):+.4f} "
                        f"(per task {', '.join(f'{x:+.3f}' for x in f)}) | {min(len(r['seeds']) for r in rows)} |")
+    third = [c["spec"] for c in compare(multi, *multitask_settings()).values() if c["third_seed"]] if multi else []
     for r in final_rows(multi) if multi else []:
         per = r.get("task_accuracy", {})
         lines.append(f"| multi-task: {r['label']} | " + " | ".join(f"{per.get(t, float('nan')):.3f}" for t in tasks)
@@ -197,6 +208,9 @@ def multitask_markdown(multi, singles, tasks):
               f"{200 * len(tasks)} in all); their forgetting is the mean of the three models'. Multi-task: one "
               f"model trained on all the tasks at once ({updates or 'the same total'} updates, uniform task "
               "sampling, `--task glue_multitask`), one forgetting figure. Means over seeds."]
+    if third:
+        lines += ["", "Two seeds disagree by more than the gap to multi-task Adam (mean accuracy or ΔAUC): a third "
+                  "seed decides (`make forgetting`'s second pass): " + ", ".join(third) + "."]
     if not multi:
         lines += ["", "**The multi-task runs are not recorded yet** (`run.py --task multi`)."]
     return "\n".join(lines) + "\n"
@@ -256,10 +270,10 @@ def main(argv=None):
                          "summary goes between the markers of PREFIX.md, the plot to PREFIX-overview.png")
     ap.add_argument("--readme", default=os.path.join(ROOT, "README.md"),
                     help="also write the short summary between its markers (empty: no README)")
-    ap.add_argument("--third-seed-args", metavar="TASK", choices=TASKS,
+    ap.add_argument("--third-seed-args", metavar="TASK", choices=TASKS + (run.MULTI,),
                     help="print run.py's --third-seed arguments for TASK (the settings whose two seeds disagree by "
                          "more than their gap to Adam) and write nothing: make forgetting's second pass")
-    ap.add_argument("--recorded-third-seed-args", metavar="TASK", choices=TASKS,
+    ap.add_argument("--recorded-third-seed-args", metavar="TASK", choices=TASKS + (run.MULTI,),
                     help="the same, only those recorded in TASK's results (make forgetting-report: no new run)")
     args = ap.parse_args(argv)
     md_path = args.results + ".md"
@@ -270,7 +284,7 @@ def main(argv=None):
         return wanted
     if args.third_seed_args:
         res = read(results_path(args.results, args.third_seed_args))
-        found = compare(res, *task_settings()) if res else {}
+        found = compare(res, *settings_of(args.third_seed_args)) if res else {}
         # those run before stay (with three seeds they no longer look undecided)
         wanted = list(dict.fromkeys((res or {}).get("settings", {}).get("third_seed", [])
                                     + [c["spec"] for c in found.values() if c["third_seed"]]))
