@@ -18,8 +18,9 @@ for t in ${RECADAM_GPU_FORGETTING_TASKS:-tweets nli multi movie}; do
     $PY scripts/forgetting/run.py --task "$t" --device cuda --jobs "${RECADAM_GPU_JOBS:-6}" \
         --results "$OUT/$prefix" || status=1
 done
-# the second pass: a third seed where two disagree by more than the gap to Adam (as make forgetting)
-for t in movie tweets nli; do
+# the second pass: a third seed where two disagree by more than the gap to Adam (as make forgetting;
+# multi: to multi-task Adam)
+for t in movie tweets nli multi; do
     case " ${RECADAM_GPU_FORGETTING_TASKS:-tweets nli multi movie} " in *" $t "*) ;; *) continue ;; esac
     prefix=forgetting$([ "$t" = movie ] || echo "-$t")
     $PY scripts/forgetting/run.py --task "$t" --device cuda --jobs "${RECADAM_GPU_JOBS:-6}" --results "$OUT/$prefix" \
