@@ -63,6 +63,11 @@ def settings_of(task):
     return multitask_settings() if task == run.MULTI else task_settings()
 
 
+def third_seed_specs(result, task):
+    """The specs of TASK's settings whose two seeds disagree by more than their gap to Adam (compare)."""
+    return [c["spec"] for c in compare(result, *settings_of(task)).values() if c["third_seed"]]
+
+
 def results_path(prefix, task):
     return prefix + ("" if task == "movie" else f"-{task}") + ".json"
 
@@ -196,7 +201,7 @@ def multitask_markdown(multi, singles, tasks):
                      + " | ".join(f"{r['target_accuracy']:.3f}" for r in rows)
                      + f" | {np.mean([r['target_accuracy'] for r in rows]):.3f} | {np.mean(f):+.4f} "
                        f"(per task {', '.join(f'{x:+.3f}' for x in f)}) | {min(len(r['seeds']) for r in rows)} |")
-    third = [c["spec"] for c in compare(multi, *multitask_settings()).values() if c["third_seed"]] if multi else []
+    third = third_seed_specs(multi, run.MULTI) if multi else []
     for r in final_rows(multi) if multi else []:
         per = r.get("task_accuracy", {})
         lines.append(f"| multi-task: {r['label']} | " + " | ".join(f"{per.get(t, float('nan')):.3f}" for t in tasks)
@@ -284,10 +289,9 @@ def main(argv=None):
         return wanted
     if args.third_seed_args:
         res = read(results_path(args.results, args.third_seed_args))
-        found = compare(res, *settings_of(args.third_seed_args)) if res else {}
+        found = third_seed_specs(res, args.third_seed_args) if res else []
         # those run before stay (with three seeds they no longer look undecided)
-        wanted = list(dict.fromkeys((res or {}).get("settings", {}).get("third_seed", [])
-                                    + [c["spec"] for c in found.values() if c["third_seed"]]))
+        wanted = list(dict.fromkeys((res or {}).get("settings", {}).get("third_seed", []) + found))
         print(" ".join(["--third-seed", *wanted]) if wanted else "")
         return wanted
     for path, marks, flag in ((md_path, SUMMARY, "--results"), (md_path, MULTITASK, "--results")) + (

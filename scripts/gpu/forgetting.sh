@@ -11,8 +11,9 @@ PY=${PYTHON:-python3}
 OUT=${OUT:-gpu-out}
 mkdir -p "$OUT"
 [ -f forgetting-out/pretrained/model.pt ] || $PY scripts/gpu/forgetting_pack.py unpack || exit 2
+TASKS=${RECADAM_GPU_FORGETTING_TASKS:-tweets nli multi movie}
 status=0
-for t in ${RECADAM_GPU_FORGETTING_TASKS:-tweets nli multi movie}; do
+for t in $TASKS; do
     prefix=forgetting$([ "$t" = movie ] || echo "-$t")
     [ -f "$OUT/$prefix.json" ] || [ ! -f "docs/$prefix.json" ] || cp "docs/$prefix.json" "$OUT/"
     $PY scripts/forgetting/run.py --task "$t" --device cuda --jobs "${RECADAM_GPU_JOBS:-6}" \
@@ -20,8 +21,7 @@ for t in ${RECADAM_GPU_FORGETTING_TASKS:-tweets nli multi movie}; do
 done
 # the second pass: a third seed where two disagree by more than the gap to Adam (as make forgetting;
 # multi: to multi-task Adam)
-for t in movie tweets nli multi; do
-    case " ${RECADAM_GPU_FORGETTING_TASKS:-tweets nli multi movie} " in *" $t "*) ;; *) continue ;; esac
+for t in $TASKS; do
     prefix=forgetting$([ "$t" = movie ] || echo "-$t")
     $PY scripts/forgetting/run.py --task "$t" --device cuda --jobs "${RECADAM_GPU_JOBS:-6}" --results "$OUT/$prefix" \
         $($PY scripts/forgetting/summary.py --results "$OUT/forgetting" --third-seed-args "$t") || status=1
