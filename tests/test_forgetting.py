@@ -880,8 +880,9 @@ def test_summary_across_tasks(tmp_path):
 
 def test_multitask_table_says_one_seed(tmp_path):
     """A one-seed multi-task row shows no spread (not ± 0), a two-seed row its std; single-task rows
-    are means over the tasks' own tables; a setting whose two seeds disagree by more than its gap to
-    multi-task Adam is named for a third seed, in the table and in make forgetting's second pass."""
+    are means over the tasks' own tables, with the range of their seed counts; a setting whose two
+    seeds disagree by more than its gap to multi-task Adam is named for a third seed, in the table
+    and in make forgetting's second pass."""
     summary = _load_summary()
     row = lambda name, seeds, fgt, std: {"name": name, "label": name, "seeds": seeds, "target_accuracy": 0.8,
                                          "target_accuracy_std": 0.0, "forgetting": fgt, "forgetting_std": std,
@@ -889,11 +890,12 @@ def test_multitask_table_says_one_seed(tmp_path):
     t75 = methods.setting_name(methods.parse("recadam:0.1:75"))
     multi = {"rows": [row("adam", [1], -0.1, 0.0), row("ca-mtl-freeze0", [1, 2], -0.2, 0.01),
                       row(t75, [1, 2], -0.09, 0.02)], "settings": {"updates": 400}}
-    singles = {t: {"rows": [row("adam", [1, 2], f, 0.0)]} for t, f in (("a", -0.02), ("b", -0.04))}
+    singles = {t: {"rows": [row("adam", seeds, f, 0.0)]} for t, f, seeds in (("a", -0.02, [1, 2]), ("b", -0.04, [1, 2, 3]))}
     md = summary.multitask_markdown(multi, singles, ["a", "b"])
     assert "| multi-task: adam | 0.700 | 0.900 | 0.800 | -0.1000 (1 seed) | 1 |" in md
     assert "| multi-task: ca-mtl-freeze0 | 0.700 | 0.900 | 0.800 | -0.2000 ± 0.0100 | 2 |" in md
     assert "| single-task runs (adam), one model per task | 0.800 | 0.800 | 0.800 | -0.0300 " in md
+    assert "(per task -0.020, -0.040) | 2–3 |" in md  # one task has a third seed
     # t0 = 75: seeds 0.02·√2 apart, more than its 0.01 gap; ca-mtl: 0.014 apart, inside its 0.1 gap
     assert "a third seed decides (`make forgetting`'s second pass): recadam:0.1:75." in md
     (tmp_path / "fg-multi.json").write_text(json.dumps({**multi, "settings": {"third_seed": []}}))

@@ -187,6 +187,12 @@ def summary_markdown(summary, tasks, missing):
     return "\n".join(lines) + "\n"
 
 
+def seed_range(rows):
+    """'2', or '2–3' where the tasks' runs have different numbers of seeds."""
+    n = sorted({len(r["seeds"]) for r in rows})
+    return f"{n[0]}–{n[-1]}" if n[0] != n[-1] else str(n[0])
+
+
 def multitask_markdown(multi, singles, tasks):
     """One run on every task against one single-task run per task (each task's own table)."""
     lines = ["| setting | " + " | ".join(f"{t} acc" for t in tasks) + " | mean acc | ΔAUC (forgetting) | seeds |",
@@ -200,7 +206,7 @@ def multitask_markdown(multi, singles, tasks):
         lines.append(f"| single-task runs ({label}), one model per task | "
                      + " | ".join(f"{r['target_accuracy']:.3f}" for r in rows)
                      + f" | {np.mean([r['target_accuracy'] for r in rows]):.3f} | {np.mean(f):+.4f} "
-                       f"(per task {', '.join(f'{x:+.3f}' for x in f)}) | {min(len(r['seeds']) for r in rows)} |")
+                       f"(per task {', '.join(f'{x:+.3f}' for x in f)}) | {seed_range(rows)} |")
     third = third_seed_specs(multi, run.MULTI) if multi else []
     for r in final_rows(multi) if multi else []:
         per = r.get("task_accuracy", {})
