@@ -43,6 +43,9 @@ def test_conversion_matches_bert_forward(converted):
     assert v["rel"] < 5e-3, v  # BERT's eps 1e-12 -> fairseq's 1e-5
     assert v["abs"] > 10 * v["abs_same_eps"], v  # ... and that is where the difference comes from
     assert v["cos"] < 1e-5, v
+    # the report prints the rounding level as a bound, so a report redrawn on another CPU reads the same
+    with open(os.path.join(ROOT, "docs", "forgetting.md"), encoding="utf-8") as f:
+        assert f"within {forgetting.rounding_bound(v['abs_same_eps']):.0e} with BERT's LayerNorm eps" in f.read()
 
 
 def test_dictionary_and_checkpoint_layout(converted):

@@ -447,6 +447,12 @@ def run_all(args, ctx, grid, on_done=None):
     return results
 
 
+def rounding_bound(x):
+    """The power of ten above a rounding-level figure: the same on every CPU, so a report redrawn on
+    another machine is byte-identical."""
+    return 10.0 ** np.ceil(np.log10(max(x, 1e-30)))
+
+
 def baseline(args, pretrained_dir, data):
     """Zero-shot SNLI AUC of the converted model, and of the original weights (plain BERT forward);
     kept in ``data/baseline.json`` for this model.pt (a machine without the BERT package reads it there)."""
@@ -615,8 +621,8 @@ def markdown(rows, base, conversion, info, command, runs, args):
         f"entailment, {sp['contradiction']} contradiction), ROC-AUC of cos(mean-pooled premise, hypothesis); "
         f"the original weights through a plain BERT forward give {base['snli_auc_bert_reference']:.4f}. "
         f"Conversion check: hidden states within {conversion['abs']:.2g} (max abs; ‖Δ‖/‖h‖ ≤ "
-        f"{conversion['rel']:.2g}) of BERT's, {conversion['abs_same_eps']:.2g} with BERT's LayerNorm eps set to "
-        f"fairseq's 1e-5.",
+        f"{conversion['rel']:.2g}) of BERT's, within {rounding_bound(conversion['abs_same_eps']):.0e} with BERT's "
+        f"LayerNorm eps set to fairseq's 1e-5 (float32 rounding, whose exact size varies with the CPU).",
         "",
         f"Command: `{command}`. Time: {compute_seconds(runs) / 3600:.1f} h of fine-tuning and measuring for the "
         f"{len(runs)} runs (one thread each).",
