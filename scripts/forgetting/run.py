@@ -447,12 +447,6 @@ def run_all(args, ctx, grid, on_done=None):
     return results
 
 
-def rounding_bound(x):
-    """The power of ten above a rounding-level figure: the same on every CPU, so a report redrawn on
-    another machine is byte-identical."""
-    return 10.0 ** np.ceil(np.log10(max(x, 1e-30)))
-
-
 def baseline(args, pretrained_dir, data):
     """Zero-shot SNLI AUC of the converted model, and of the original weights (plain BERT forward);
     kept in ``data/baseline.json`` for this model.pt (a machine without the BERT package reads it there)."""
@@ -571,6 +565,12 @@ def mean_std_text(mean, std, seeds: int, spec: str) -> str:
     """``mean ± std`` over seeds (``spec``: the mean's format, e.g. ``+.4f``); one seed has no spread,
     which ``± 0`` would misreport as agreement."""
     return f"{mean:{spec}} " + (f"± {std:{spec.lstrip('+')}}" if seeds > 1 else "(1 seed)")
+
+
+def rounding_bound(x):
+    """The power of ten above a rounding-level figure: the same on every CPU, so a report redrawn on
+    another machine is byte-identical."""
+    return 10.0 ** np.ceil(np.log10(max(x, 1e-30)))
 
 
 def markdown(rows, base, conversion, info, command, runs, args):
