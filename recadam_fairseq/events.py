@@ -21,13 +21,14 @@ fairseq's loss scale                   :func:`loss_scale`: the gradient fairseq'
                                        criterion's loss (its fp16 scale; 0 for an ignored dummy batch)
 before / after the gradient reduction, :class:`LoopOptimizer`: the plug-in optimizer's own
 before and after the step              ``all_reduce_grads(model)`` and ``step()``, which fairseq calls;
-                                       listeners run in the order they were added
+                                       listeners run in the order :data:`LISTENERS` declares
 state kept in the checkpoint           :class:`LoopOptimizer`: each listener's ``state_dict()`` goes into
                                        the optimizer state (``last_optimizer_state[key]``)
 the update number                      :func:`update_number`: fairseq's own count, as its Trainer logs it
 =====================================  =================================================================
 
-A new method adds a listener to its optimizer (``self.listen("name", obj)``), or calls
+A new method adds a listener to its optimizer (``self.listen("name", obj)``, "name" placed in
+:data:`LISTENERS`), or calls
 :func:`on_first_training_call` when it needs the criterion and the model (ARCHITECTURE.md has a
 worked example). It never assigns to a fairseq object's method.
 """
@@ -104,12 +105,22 @@ def update_number() -> int:
 
 
 # --------------------------------------------------------------------------- optimizer side
+# The listeners' keys in the order their events run. ``LoopOptimizer.listen`` takes them in this order
+# only, so the first-call hooks listeners register as they are added (ChildTuning-D's, SAM's) run in it too.
+LISTENERS = (
+    "child_tuning",  # ChildTuning: D's Fisher passes must see θ, before SAM's first pass 1 moves it to θ+ε
+    "sam",  # SAM: before_reduce puts θ back from θ+ε before the listeners after it read the weights
+    "anchoring",  # RecAdam's θ*: the weights, read at the first reduction (θ, after SAM's restore)
+    "layer_lr",  # LLRD's lr scales: read names and shapes only; last
+)
+
+
 class LoopOptimizer:
     """Mixed in before a FairseqOptimizer subclass: the optimizer-side events go to its listeners.
 
     A listener may define ``before_reduce(model)``, ``after_reduce(model)``, ``before_step(scale)``,
     ``after_step()`` and ``state_dict()`` / ``load_state_dict(state)``; the events reach them in the
-    order they were added. ``before_reduce`` runs before fairseq's reduction (and its overflow check),
+    order of :data:`LISTENERS`. ``before_reduce`` runs before fairseq's reduction (and its overflow check),
     ``after_reduce`` after it, ``before_step`` and ``after_step`` around a step that happens (a skipped
     fp16 update calls neither). ``before_step`` sees the gradients the step will use, on the optimizer's
     own tensors (after the overflow check and ``--clip-norm``; ``--fp16``: the flat fp32 master copy), and
@@ -117,13 +128,21 @@ class LoopOptimizer:
     argument: inside the optimizer when it ``supports_step_with_scale``, else multiplied in place).
     """
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self._listeners: Dict[str, Any] = {}
+
     def listen(self, key: str, listener: Any) -> None:
-        if not hasattr(self, "_listeners"):
-            self._listeners: Dict[str, Any] = {}
+        """Add ``listener`` under ``key``, one of :data:`LISTENERS`, after the keys LISTENERS puts before it."""
+        if key not in LISTENERS:
+            raise ValueError(f"listener {key!r}: not in events.LISTENERS {LISTENERS}, which orders the listeners")
+        later = [k for k in self._listeners if LISTENERS.index(k) >= LISTENERS.index(key)]
+        if later:
+            raise ValueError(f"listener {key!r} added after {later}: events.LISTENERS runs it before them")
         self._listeners[key] = listener
 
     def listeners(self) -> List[Tuple[str, Any]]:
-        return list(getattr(self, "_listeners", {}).items())
+        return list(self._listeners.items())
 
     def _emit(self, event: str, *args) -> None:
         for _, listener in self.listeners():

@@ -7,6 +7,7 @@ import torch
 from fairseq.optim import build_optimizer
 
 from conftest import USER_DIR, parse_config
+from test_child_tuning import Toy
 from recadam_fairseq.core.anchor import AnchorError
 from recadam_fairseq.optim.fairseq_recadam import FairseqRecAdamConfig
 
@@ -123,7 +124,7 @@ def test_pretrained_path_overrides_the_loaded_weights(tmp_path):
 
 def test_anchor_source_reads_the_model_state_of_the_pretrained_file(tmp_path):
     """What the coupled criterion uses (it has no optimizer that read the file at build)."""
-    from recadam_fairseq.core.anchor import anchor_source
+    from recadam_fairseq.anchor_source import anchor_source
 
     path = pretrained_file(tmp_path)
     source, state, from_file = anchor_source(parse("--recadam-pretrained-path", str(path)).optimizer)
@@ -194,3 +195,121 @@ def test_non_finite_gradients_never_reach_the_anchor(tmp_path):
     opt.step()
     assert torch.isnan(net.encoder.weight).all()
     assert torch.equal(opt.optimizer.anchor_of(net.encoder.weight), before)
+
+
+# --------------------------------------------------------------------------- θ*'s source (anchor_source.py)
+def test_recadam_checkpoints_are_told_by_the_components_with_recadam_flags():
+    """A checkpoint is fine-tuned by recadam when its optimizer or criterion takes the --recadam-* flags
+    (R-Drop's criterion included): the registries say which, no list of names to keep up to date."""
+    from recadam_fairseq.anchor_source import recadam_components, recadam_updates
+
+    assert recadam_components() == {"FairseqRecAdam", "SentencePredictionRecAdamCriterion", "GlueMultitaskCriterion",
+                                     "SentencePredictionR3FCriterion", "SentencePredictionRDropCriterion"}
+
+    def written_by(**names):
+        last = {"optimizer_name": "FairseqAdam", "criterion_name": "SentencePredictionCriterion", **names}
+        return {"optimizer_history": [{**last, "num_updates": 7}]}
+
+    assert recadam_updates({}) == recadam_updates(written_by()) == 0
+    assert recadam_updates(written_by(optimizer_name="FairseqRecAdam")) == 7
+    assert recadam_updates(written_by(criterion_name="SentencePredictionRDropCriterion")) == 7
+
+
+def test_the_anchor_leaves_fairseqs_loggers_as_they_are(tmp_path, caplog):
+    """core/anchor.py touches no logger; the adapter re-runs the model's upgrade with the models' logger
+    (fairseq.models) at errors only, and puts its level back. fairseq's own logger is never changed."""
+    import inspect
+    import logging
+
+    from recadam_fairseq.core import anchor as core_anchor
+
+    assert "logging" not in inspect.getsource(core_anchor)
+    seen = []
+
+    class Upgrading(Net):
+        def upgrade_state_dict_named(self, state, name):
+            seen.append((logging.getLogger("fairseq").level, logging.getLogger("fairseq.models.toy").getEffectiveLevel()))
+            logging.getLogger("fairseq.models.toy").info("upgraded once more")
+            logging.getLogger("fairseq.models.toy").error("an error still shows")
+
+    path = pretrained_file(tmp_path)
+    net = Upgrading()
+    net.load_state_dict(torch.load(path)["model"], strict=False)
+    fairseq_log, models_log = logging.getLogger("fairseq"), logging.getLogger("fairseq.models")
+    before = fairseq_log.level, models_log.level
+    fairseq_log.setLevel(logging.INFO)
+    caplog.set_level(logging.INFO)
+    try:
+        opt = build_optimizer(parse(restore=path).optimizer, list(net.parameters()))
+        opt.all_reduce_grads(net)
+        assert seen == [(logging.INFO, logging.ERROR)]
+        assert (fairseq_log.level, models_log.level) == (logging.INFO, before[1])
+    finally:
+        fairseq_log.setLevel(before[0])
+    assert "an error still shows" in caplog.text and "upgraded once more" not in caplog.text
+    assert opt.optimizer.anchor_of(net.encoder.weight) is not None
+
+
+# --------------------------------------------------------------------------- the listeners' order (events.py)
+ALL_LISTENERS = ["--sam-type", "sam", "--child-tuning", "F", "--layer-lr-decay", "0.9"]
+
+
+def build_with_listeners(monkeypatch, tmp_path, optimizer, *flags):
+    """(optimizer, model, the first-call callbacks it registered): fairseq's config, no global hook left."""
+    from recadam_fairseq import events
+
+    first_calls = []
+    monkeypatch.setattr(events, "on_first_training_call", first_calls.append)
+    model = Toy()  # RoBERTa's names: what LLRD and ChildTuning read
+    path = tmp_path / "pretrained.pt"
+    torch.save({"model": {k: v for k, v in model.state_dict().items() if not k.startswith("head.")}}, path)
+    cfg = parse("--optimizer", optimizer, "--restore-file", str(path), *flags)
+    return build_optimizer(cfg.optimizer, list(model.parameters())), model, first_calls
+
+
+@pytest.mark.parametrize("optimizer,keys", [("recadam", ["child_tuning", "sam", "anchoring", "layer_lr"]),
+                                            ("samsgd", ["child_tuning", "sam", "layer_lr"])])
+def test_listeners_run_in_the_declared_order(monkeypatch, tmp_path, optimizer, keys):
+    """Every event reaches the listeners in the order events.LISTENERS declares."""
+    import functools
+
+    from recadam_fairseq.events import LISTENERS
+
+    opt, model, _ = build_with_listeners(monkeypatch, tmp_path, optimizer, *ALL_LISTENERS)
+    assert [k for k, _ in opt.listeners()] == keys == [k for k in LISTENERS if k in keys]
+    seen = []
+
+    def logged(key, event, fn, *args):
+        seen.append((event, key))
+        return fn(*args)
+
+    for key, listener in opt.listeners():
+        for event in ("before_reduce", "after_reduce", "before_step", "after_step"):
+            if hasattr(listener, event):
+                setattr(listener, event, functools.partial(logged, key, event, getattr(listener, event)))
+    for p in model.parameters():
+        p.grad = torch.ones_like(p)
+    opt.all_reduce_grads(model)
+    opt.step()
+    for event in ("before_reduce", "after_reduce", "before_step", "after_step"):
+        ran = [k for e, k in seen if e == event]
+        assert ran == [k for k in keys if k in ran], (event, ran)
+    assert [k for e, k in seen if e == "before_reduce"] == keys  # each binds at the first reduction
+
+
+def test_first_call_hooks_follow_the_listeners_order(monkeypatch, tmp_path):
+    """ChildTuning-D's Fisher passes run before SAM's first pass 1 moves θ: their first-call hooks are
+    registered as the listeners are added."""
+    opt, _, first_calls = build_with_listeners(monkeypatch, tmp_path, "recadam", "--sam-type", "sam",
+                                               "--child-tuning", "D")
+    child_tuning = dict(opt.listeners())["child_tuning"]
+    assert [getattr(f, "__self__", None) for f in first_calls] == [child_tuning, None]
+    assert first_calls[1].__qualname__.startswith("connect.")  # sam_support's
+
+
+def test_listen_refuses_an_undeclared_key_or_another_order(monkeypatch, tmp_path):
+    opt, _, _ = build_with_listeners(monkeypatch, tmp_path, "recadam")
+    with pytest.raises(ValueError, match="'norm_clip': not in events.LISTENERS"):
+        opt.listen("norm_clip", object())
+    with pytest.raises(ValueError, match=r"'sam' added after \['anchoring'\]"):
+        opt.listen("sam", object())

@@ -1,21 +1,22 @@
-"""The pretrained anchor θ*: where it comes from, which parameters it covers, its layout.
+"""The pretrained anchor θ*: which parameters it covers, its layout, its values.
 
-Pure torch (no fairseq import): the fairseq adapter hands in the model and the optimizer's tensors.
+Pure torch (no fairseq import): the fairseq adapter (``anchor_source.py``) picks the checkpoint
+(fairseq's restore rule, ``--recadam-pretrained-path``) and hands in its model state dict, the
+model, the optimizer's tensors and the model's own upgrade of a checkpoint's keys.
 
-- Source: a snapshot of the optimizer's own tensors (the weights fairseq loaded from
-  ``--restore-file``, before any update), or a checkpoint file (``--recadam-pretrained-path``).
+- Values: a snapshot of the optimizer's own tensors (the weights the model loaded from that
+  checkpoint, before any update), or the checkpoint's values.
 - Coverage: exactly the parameters whose names exist in the pretrained checkpoint, after the
-  model's own ``upgrade_state_dict_named`` (fairseq renames old keys there and injects the
-  model's fresh classification heads; injected entries share storage with the model and are
-  not counted as pretrained).
+  model's own upgrade of its keys (which may rename old keys and inject the model's fresh tensors,
+  e.g. new classification heads; injected entries share storage with the model and are not
+  counted as pretrained).
 - Layout: fairseq hands the optimizer the model's tensors (fp32, memory-efficient fp16), fp32
   copies of them (``--fp16-no-flatten-grads``, ``--bf16``) or one flat tensor holding all of
   them back to back (``--fp16``). An anchored region of a flat tensor is a list of element runs.
 """
 
-import logging
 import os
-from typing import Dict, Iterable, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -23,7 +24,7 @@ from torch import Tensor
 from .errors import ConfigError
 from .wrappers import unwrap_model
 
-logger = logging.getLogger(__name__)
+Upgrade = Callable[[Dict[str, Tensor]], None]  # a model's renaming of a checkpoint's keys, in place
 
 
 class AnchorError(ConfigError):
@@ -62,92 +63,17 @@ def load_checkpoint(path: str) -> dict:
     return state
 
 
-# Components whose checkpoints hold fine-tuned weights that a RecAdam objective could take for θ*.
-RECADAM_CLASSES = ("FairseqRecAdam", "SentencePredictionRecAdamCriterion", "SentencePredictionR3FCriterion",
-                   "GlueMultitaskCriterion")
-
-
-def recadam_updates(state: dict) -> int:
-    """How many updates a recadam run made to produce this checkpoint (0: a pretrained model)."""
-    history = state.get("optimizer_history") or []
-    if not history:
-        return 0
-    last = history[-1]
-    ours = last.get("optimizer_name") in RECADAM_CLASSES or last.get("criterion_name") in RECADAM_CLASSES
-    return int(last.get("num_updates", 0)) if ours else 0
-
-
-def restore_path(cfg) -> str:
-    """The checkpoint fairseq loads the model weights from (its rule in checkpoint_utils)."""
-    if cfg.restore_file == "checkpoint_last.pt":
-        last = os.path.join(cfg.save_dir, "checkpoint_last.pt")
-        if not os.path.exists(last) and cfg.finetune_from_model:
-            return cfg.finetune_from_model
-        return last
-    return cfg.restore_file
-
-
-def anchor_source(cfg, preloaded: Optional[Dict[str, Tensor]] = None, resuming_is_error: bool = False):
-    """Where θ* comes from, for a config with the recadam_* and checkpoint fields.
-
-    Returns (what to log, the checkpoint's model state dict, whether θ* takes the file's values
-    rather than the weights fairseq loaded). Raises AnchorError when there is no pretrained model.
-    """
-    if cfg.recadam_pretrained_path:
-        state = preloaded if preloaded is not None else pretrained_model_state(cfg.recadam_pretrained_path)
-        return f"--recadam-pretrained-path {cfg.recadam_pretrained_path}", state, True
-    path = restore_path(cfg)
-    resuming = path == os.path.join(cfg.save_dir, "checkpoint_last.pt") and os.path.exists(path)
-    if resuming and cfg.finetune_from_model and os.path.exists(cfg.finetune_from_model):
-        # fairseq resumes from checkpoint_last.pt (fine-tuned); the pretrained file is still named
-        f = cfg.finetune_from_model
-        return f"--finetune-from-model {f}", _load(f, "--finetune-from-model")["model"], True
-    if not os.path.exists(path):
-        raise AnchorError(
-            f"recadam has no pretrained weights to pull toward: no checkpoint was loaded ({path} does not "
-            f"exist). Give the pretrained model with --restore-file (or --finetune-from-model), or "
-            f"--recadam-pretrained-path"
-        )
-    ckpt = _load(path, "--restore-file")
-    done = recadam_updates(ckpt)
-    if done:
-        msg = (f"{path} was written by recadam after {done} updates: θ* would be these FINE-TUNED weights, "
-               f"not the pretrained ones. Pass --recadam-pretrained-path PRETRAINED.pt")
-        if resuming_is_error:
-            raise AnchorError(msg)
-        logger.warning(f"recadam: !!! {msg} to keep pulling toward the pretrained model !!!")
-    flag = "--finetune-from-model" if path == cfg.finetune_from_model else "--restore-file"
-    return f"{flag} {path}", ckpt["model"], False
-
-
-def pretrained_model_state(path: str) -> Dict[str, Tensor]:
-    """The model state dict of ``--recadam-pretrained-path``; errors name the flag."""
-    return _load(path, "--recadam-pretrained-path")["model"]
-
-
-def _load(path: str, flag: str) -> dict:
-    try:
-        return load_checkpoint(path)
-    except AnchorError as e:
-        raise AnchorError(f"{flag} {e}") from None
-
-
-def pretrained_names(model: torch.nn.Module, state: Dict[str, Tensor]) -> Dict[str, Tensor]:
-    """The checkpoint's parameters under the model's names, after the model's own upgrade.
+def pretrained_names(model: torch.nn.Module, state: Dict[str, Tensor],
+                     upgrade: Optional[Upgrade] = None) -> Dict[str, Tensor]:
+    """The checkpoint's parameters under the model's names, after ``upgrade`` (on a copy of ``state``).
 
     Returns {name: tensor} for the entries that really come from the checkpoint.
     """
     model = unwrap_model(model)
     state = dict(state)
     live = {t.data_ptr() for t in model.state_dict().values() if t.numel() > 0}
-    if hasattr(model, "upgrade_state_dict_named"):
-        quiet = logging.getLogger("fairseq")
-        level = quiet.level
-        quiet.setLevel(logging.ERROR)  # fairseq already logged this upgrade when it loaded the file
-        try:
-            model.upgrade_state_dict_named(state, "")
-        finally:
-            quiet.setLevel(level)
+    if upgrade is not None:
+        upgrade(state)
     return {k: v for k, v in state.items() if not (v.numel() > 0 and v.data_ptr() in live)}
 
 
@@ -289,17 +215,19 @@ def _preview(names: List[str], k: int = 3) -> str:
     return ", ".join(names[:k]) + (f", ... ({len(names)} in all)" if len(names) > k else "")
 
 
-def build_anchors(tensors: Sequence[Tensor], model: torch.nn.Module, cfg, preloaded=None,
-                  dtype: Optional[torch.dtype] = None, resuming_is_error: bool = False,
-                  shared: Optional[Dict[str, Tensor]] = None):
-    """θ* for ``tensors`` (the optimizer's, or the model's own) from the source ``cfg`` names.
+def build_anchors(tensors: Sequence[Tensor], model: torch.nn.Module, source: str, state: Dict[str, Tensor],
+                  from_file: bool, dtype: Optional[torch.dtype] = None, shared: Optional[Dict[str, Tensor]] = None,
+                  upgrade: Optional[Upgrade] = None):
+    """θ* for ``tensors`` (the optimizer's, or the model's own) from a checkpoint's model ``state`` dict.
 
-    Returns (one log line, [(tensor, anchor or None, runs or None)], the plan: its ``shared`` and
-    ``views`` say which anchors are ``shared``'s tensors or pieces to share, see ``AnchorPlan.build``).
+    ``source`` names the checkpoint in messages; ``from_file``: θ* takes the checkpoint's values, else
+    a snapshot of ``tensors`` (the checkpoint then only says which parameters are pretrained);
+    ``upgrade``: see :func:`pretrained_names`. Returns (one log line, [(tensor, anchor or None, runs or
+    None)], the plan: its ``shared`` and ``views`` say which anchors are ``shared``'s tensors or pieces
+    to share, see ``AnchorPlan.build``).
     """
-    source, state, from_file = anchor_source(cfg, preloaded, resuming_is_error)
     try:
-        named = pretrained_names(model, state)
+        named = pretrained_names(model, state, upgrade)
         plan = AnchorPlan(tensors, model, named)
         check_finite(named, plan.anchored)
     except AnchorError as e:

@@ -24,7 +24,7 @@ import math
 import warnings
 from collections import defaultdict
 from itertools import chain
-from typing import Iterable, List, Optional, Sequence, Tuple, Union
+from typing import Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import Tensor
@@ -88,6 +88,28 @@ def _chunks(lo: int, hi: int, contiguous: bool):
         return
     for a in range(lo, hi, CHUNK):
         yield a, min(a + CHUNK, hi)
+
+
+class Segment(NamedTuple):
+    """Elements of one tensor as an update call takes them: the tensors themselves or flat views."""
+    p: Tensor
+    grad: Tensor
+    exp_avg: Tensor
+    exp_avg_sq: Tensor
+    anchor: Optional[Tensor]  # p* of these elements; None: plain Adam
+
+
+class Kind(NamedTuple):
+    """What segments share to be updated by one call, apart from their lr scale."""
+    step: int  # t, of the tensor the segment belongs to
+    anchored: bool  # pulled toward p* (an anchor, and anneal_w > 0)
+    dtypes: Tuple[torch.dtype, torch.dtype, Optional[torch.dtype]]  # of p, grad, anchor (None: none)
+    device: torch.device
+
+
+class Scaled(NamedTuple):
+    seg: Segment
+    lr_scale: float
 
 
 class RecAdam(Optimizer):
@@ -360,12 +382,8 @@ class RecAdam(Optimizer):
     def _fused_distance(self, x: Tensor, a: Tensor) -> Optional[Tensor]:
         try:
             return _fused.distance(x, a)
-        except Exception as e:  # noqa: BLE001 - as for the update: fall back unless fused=True
-            if self.fused:
-                raise
-            self._fused_failed = True
-            warnings.warn(f"RecAdam: the fused distance failed to compile ({type(e).__name__}); "
-                          f"using the eager path from now on")
+        except Exception as e:  # noqa: BLE001 - a compiler missing or failing
+            self._compile_failed(e, "distance")
             return None
 
     def _anchored(self):
@@ -387,11 +405,25 @@ class RecAdam(Optimizer):
         return loss
 
     def _step_group(self, group: dict) -> None:
-        w = group["anneal_w"]
-        # batches: (step, anchored, lr scale, dtypes, device) -> segments [(p, g, m, v, anchor)] sharing
-        # every scalar; whole: the same without the scale -> [(segment, scale)] (scalars per segment)
-        batches, whole = defaultdict(list), defaultdict(list)
-        fused = self._fused_here(group)
+        """(a) gather and group the segments, (b) run them: the compiled kernels, then the eager ones."""
+        compiled, eager = self._gather(group, self._fused_here(group))
+        for kind, entries in compiled.items():
+            self._run_compiled(group, kind, entries, eager)
+        kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
+        for (kind, scale), segs in eager.items():
+            scalars = self._scalars(group, kind.step, kind.anchored, scale)
+            for batch in _batched(segs):
+                kernel(*zip(*batch), **scalars)
+
+    # ----------------------------------------------------------------- (a) this step's segments, grouped
+    def _gather(self, group: dict, fused: bool):
+        """This step's segments of the group's tensors with a gradient, grouped by what they share.
+
+        Returns (compiled: {Kind: [Scaled]}, the large contiguous segments, whole, for the compiled
+        kernels, each with its lr scale; eager: {(Kind, lr scale): [Segment]}, the rest, in pieces of at
+        most CHUNK elements unless a tensor is taken whole).
+        """
+        compiled, eager = defaultdict(list), defaultdict(list)
         for p in group["params"]:
             if p.grad is None:
                 continue
@@ -400,78 +432,89 @@ class RecAdam(Optimizer):
                 raise RuntimeError("RecAdam does not support sparse gradients")
             if not g.is_contiguous():
                 g = g.contiguous()
-            state = self.state[p]
-            if "step" not in state:
-                state["step"] = 0
-                work = torch.float32 if p.dtype in _fused.HALF else p.dtype
-                state["exp_avg"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
-                state["exp_avg_sq"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
-            for n in _STATE_TENSORS:  # e.g. left on CPU by fairseq's memory-efficient fp16 loading
-                if n in state and state[n].device != p.device:
-                    state[n] = state[n].to(p.device)
-            state["step"] += 1
-            t = state["step"]
+            state = self._advance(p)
             m, v = state["exp_avg"], state["exp_avg_sq"]
             contiguous = all(x.is_contiguous() for x in (p, m, v))
             for lo, hi, a, scale in _pieces(p, state, self._lr_scales.get(p)):
-                anchored = a is not None and w > 0
-                key = (t, anchored, p.dtype, g.dtype, None if a is None else a.dtype, p.device)
+                kind = Kind(state["step"], a is not None and group["anneal_w"] > 0,
+                            (p.dtype, g.dtype, None if a is None else a.dtype), p.device)
                 if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
                     # detached: dynamo refuses no-grad views of a leaf that requires grad
-                    whole[key].append(((_views(p.detach(), lo, hi), _views(g, lo, hi), _views(m, lo, hi),
-                                        _views(v, lo, hi), None if a is None else a.view(-1)), scale))
-                    continue
-                key = key[:2] + (scale,) + key[2:]
-                if not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
-                    batches[key].append((p, g, m, v, a))
-                    continue
-                flat_a = None if a is None else a.view(-1)
-                for clo, chi in _chunks(lo, hi, contiguous):
-                    batches[key].append((_views(p, clo, chi), _views(g, clo, chi), _views(m, clo, chi),
-                                         _views(v, clo, chi), None if a is None else flat_a[clo - lo:chi - lo]))
+                    compiled[kind].append(Scaled(_segment(p.detach(), g, m, v, a, lo, hi), scale))
+                elif not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
+                    eager[kind, scale].append(Segment(p, g, m, v, a))
+                else:
+                    eager[kind, scale] += _chunked(_segment(p, g, m, v, a, lo, hi))
+        return compiled, eager
 
-        kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
-        for key, entries in whole.items():
-            segs, scales = [e[0] for e in entries], [e[1] for e in entries]
-            table = {c: self._scalars(group, *key[:2], c) for c in dict.fromkeys(scales)}
-            dtype, s = segs[0][2].dtype, {}  # s: the scalars tensor of each scale, made when needed
-            if all(x["pull"] == 0.0 for x in table.values()):
-                segs = [(p, g, m, v, None) for p, g, m, v, _ in segs]
-            # separate tensors (a per-tensor layout): one compiled call for all; else one per segment
-            many = (len(segs) >= _fused.MULTI_MIN_SEGMENTS
-                    and len({seg[0].untyped_storage().data_ptr() for seg in segs}) == len(segs))
-            if many:  # a new set of tensors compiles a new program: a bounded number of them
-                # several lr scales (layer-wise decay): one program still, with a row of scalars per tensor
-                rows = [table[c] for c in (scales[:1] if len(table) == 1 else scales)]
-                s_many = (_fused.scalars(**rows[0], dtype=dtype, device=key[-1]) if len(rows) == 1
-                          else _fused.scalar_rows(rows, dtype, key[-1]))
-                program = _fused.many_key(segs) + (s_many.dim(),)
-                many = program in self._many_keys or len(self._many_keys) < _fused.MULTI_MAX_PROGRAMS
-                if many:
-                    self._many_keys.add(program)
-            for i, seg in enumerate([segs] if many else segs):
-                try:
-                    if many:
-                        _fused.update_many(seg, s_many)
-                    else:
-                        if scales[i] not in s:
-                            s[scales[i]] = _fused.scalars(**table[scales[i]], dtype=dtype, device=key[-1])
-                        _fused.update_segments([seg], s[scales[i]])
-                except Exception as e:  # noqa: BLE001 - a compiler missing or failing
-                    why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
-                    if self.fused:
-                        raise RuntimeError(f"RecAdam: fused=True, but the fused update failed to compile "
-                                           f"({why}); use fused=None or False (--recadam-fused auto/off)") from e
-                    self._fused_failed = True
-                    warnings.warn(f"RecAdam: the fused update failed to compile ({why}); using the eager "
-                                  f"update from now on (fused=False / --recadam-fused off skips the attempt)")
-                    for rest, c in zip(segs[i:], scales[i:]):
-                        batches[key[:2] + (c,) + key[2:]] += list(_chunked(rest))
-                    break
-        for key, segs in batches.items():
-            scalars = self._scalars(group, *key[:3])
-            for batch in _batched(segs):
-                kernel(*zip(*batch), **scalars)
+    def _advance(self, p: Tensor) -> dict:
+        """p's state for this step: made at its first, on p's device, its step counted."""
+        state = self.state[p]
+        if "step" not in state:
+            state["step"] = 0
+            work = torch.float32 if p.dtype in _fused.HALF else p.dtype
+            state["exp_avg"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
+            state["exp_avg_sq"] = torch.zeros_like(p, dtype=work, memory_format=torch.preserve_format)
+        for n in _STATE_TENSORS:  # e.g. left on CPU by fairseq's memory-efficient fp16 loading
+            if n in state and state[n].device != p.device:
+                state[n] = state[n].to(p.device)
+        state["step"] += 1
+        return state
+
+    # ----------------------------------------------------------------- (b) the compiled kernels
+    def _run_compiled(self, group: dict, kind: Kind, entries: List[Scaled], eager: dict) -> None:
+        """Update ``entries`` (one Kind) with the compiled kernels: one program for separate tensors
+        (``_one_program``), else one call per segment. What fails to compile goes to ``eager``."""
+        segs, scales = [e.seg for e in entries], [e.lr_scale for e in entries]
+        table = {c: self._scalars(group, kind.step, kind.anchored, c) for c in dict.fromkeys(scales)}
+        if all(x["pull"] == 0.0 for x in table.values()):
+            segs = [seg._replace(anchor=None) for seg in segs]
+        dtype, s = segs[0].exp_avg.dtype, {}  # s: the scalars tensor of each lr scale, made when needed
+        s_many = self._one_program(segs, scales, table, dtype, kind.device)
+        for i, seg in enumerate([segs] if s_many is not None else segs):
+            try:
+                if s_many is not None:
+                    _fused.update_many(seg, s_many)
+                else:
+                    if scales[i] not in s:
+                        s[scales[i]] = _fused.scalars(**table[scales[i]], dtype=dtype, device=kind.device)
+                    _fused.update_segments([seg], s[scales[i]])
+            except Exception as e:  # noqa: BLE001 - a compiler missing or failing
+                self._compile_failed(e, "update")
+                for rest, c in zip(segs[i:], scales[i:]):
+                    eager[kind, c] += _chunked(rest)
+                return
+
+    def _one_program(self, segs: List[Segment], scales: List[float], table: dict, dtype: torch.dtype,
+                     device: torch.device) -> Optional[Tensor]:
+        """The scalars of one compiled program updating all of ``segs``, or None: one call per segment.
+
+        Only separate tensors (a per-tensor layout) take one program; each new set of them compiles a new
+        one, so an optimizer keeps at most ``fused.MULTI_MAX_PROGRAMS`` (``_many_keys``). Several lr
+        scales (layer-wise decay): one program still, with a row of scalars per tensor.
+        """
+        if (len(segs) < _fused.MULTI_MIN_SEGMENTS
+                or len({seg.p.untyped_storage().data_ptr() for seg in segs}) != len(segs)):
+            return None
+        rows = [table[c] for c in (scales[:1] if len(table) == 1 else scales)]
+        s = (_fused.scalars(**rows[0], dtype=dtype, device=device) if len(rows) == 1
+             else _fused.scalar_rows(rows, dtype, device))
+        program = _fused.many_key(segs) + (s.dim(),)
+        if program not in self._many_keys and len(self._many_keys) >= _fused.MULTI_MAX_PROGRAMS:
+            return None
+        self._many_keys.add(program)
+        return s
+
+    def _compile_failed(self, e: Exception, what: str) -> None:
+        """The one fallback of the compiled kernels (``what``: update, distance): fused=True raises;
+        otherwise a warning, and the eager path from now on (``_fused_here``)."""
+        why = f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"
+        if self.fused:
+            raise RuntimeError(f"RecAdam: fused=True, but the fused {what} failed to compile ({why}); use "
+                               f"fused=None or False (--recadam-fused auto/off)") from e
+        self._fused_failed = True
+        warnings.warn(f"RecAdam: the fused {what} failed to compile ({why}); using the eager {what} from now "
+                      f"on (fused=False / --recadam-fused off skips the attempt)")
 
     def _fused_here(self, group: dict) -> bool:
         """Whether this group's large segments take the fused kernel on this step."""
@@ -542,11 +585,16 @@ def _pieces(p: Tensor, state: dict, scale):
             pos = end
 
 
-def _chunked(seg):
-    """A contiguous segment (p, g, m, v, anchor) as CHUNK-sized segments."""
-    n = seg[0].numel()
-    for lo in range(0, n, CHUNK):
-        yield tuple(None if x is None else x[lo:lo + CHUNK] for x in seg)
+def _segment(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], lo: int, hi: int) -> Segment:
+    """Elements [lo, hi) of a contiguous tensor as flat views (``a``: already those elements' anchor)."""
+    return Segment(_views(p, lo, hi), _views(g, lo, hi), _views(m, lo, hi), _views(v, lo, hi),
+                   None if a is None else a.view(-1))
+
+
+def _chunked(seg: Segment) -> List[Segment]:
+    """A flat segment as CHUNK-sized segments."""
+    n = seg.p.numel()
+    return [Segment(*(None if x is None else x[lo:lo + CHUNK] for x in seg)) for lo in range(0, n, CHUNK)]
 
 
 def _batched(segs):

@@ -17,6 +17,7 @@ decomposition and the Fisher mask use the update's pass-1 gradients summed over 
 averaged over ranks, so all ranks agree and N ranks equal one process with ``--update-freq N``.
 """
 
+from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -28,7 +29,8 @@ from .wrappers import unwrap_model
 
 
 def subset(x, idx: torch.Tensor, n: int):
-    """The examples ``idx`` of a fairseq sample (tensors / lists whose first dimension is the batch)."""
+    """The examples ``idx`` of a batch of ``n`` (in nested dicts, the tensors / lists whose first dimension is
+    the batch; the rest as is)."""
     if torch.is_tensor(x):
         return x.index_select(0, idx.to(x.device)) if x.dim() > 0 and x.shape[0] == n else x
     if isinstance(x, dict):
@@ -51,12 +53,31 @@ class MicroBatch:
         self.loss_scale: Optional[torch.Tensor] = None  # the gradient fairseq's backward sent into the loss
 
 
+@dataclass
+class Update:
+    """One update's state, from its first micro-batch to its step (``SAMController.update``)."""
+    rho: float = 0.0  # ρ_t (GSAM: from the lr)
+    gen_state: Optional[torch.Tensor] = None  # ESAM's generator at the start: drawn again if the update is skipped
+    build_mask: bool = False  # a new Fisher mask from this update's pass-1 gradients
+    keep_grads: bool = False  # the pass-1 gradients are kept (GSAM, a new mask)
+    poison: bool = False  # a non-finite pass 1: fairseq is made to skip the update
+    summed_grads: Optional[List[torch.Tensor]] = None  # Σ over micro-batches of the pass-1 gradients
+    next_mask: Optional[List[Optional[torch.Tensor]]] = None  # the Fisher mask committed at the step
+    # the figures logged at the step, summed over the booked micro-batches
+    eps: float = 0.0
+    sharpness: float = 0.0
+    examples: float = 0.0
+    fraction: float = 0.0
+    micro_batches: int = 0
+
+
 class SAMController:
     """``hp``: sam_type, rho, beta, gamma, keep_ratio, mask_iter_e, gsam_alpha, rho_min (config.py's flags).
 
     ``lr_of()`` gives the current lr and ``lr_max`` the peak one (GSAM's ρ_t); ``log(rho, eps_norm,
     mask_frac, sharpness)`` receives each update's figures. ``t`` counts committed updates; the mask,
-    ``t``, ESAM's generator and the loss scale are the state :meth:`state_dict` hands to the checkpoint.
+    ``t``, ESAM's generator and the loss scale are the state :meth:`state_dict` hands to the checkpoint;
+    ``update`` the state of the update in progress (or the last one).
     """
 
     def __init__(self, hp: Dict, lr_of: Callable[[], float], lr_max: float, seed: int = 1,
@@ -74,22 +95,28 @@ class SAMController:
         self.model = self.wrapped = None
         self.params: List[torch.Tensor] = []
         self.names: List[str] = []
+        self.eligible: List[bool] = []
         self.per_example_loss = None
         self.watch_loss_scale = None
+        self.select_examples = subset
         self._loaded = None  # checkpoint state that arrived before attach()
         self._in_pass1 = False
         self._in_update = False
         self._reduced = False
         self._committed = True
         self._pending: Optional[MicroBatch] = None
+        self.update = Update()
 
     # ------------------------------------------------------------------ attaching
     def attach(self, model: torch.nn.Module, per_example_loss=None,
-               watch_loss_scale: Optional[Callable] = None) -> None:
-        """The (wrapped) model fairseq trains; ``per_example_loss(model, sample)`` for ESAM;
-        ``watch_loss_scale(loss, callback)`` reports the gradient fairseq's backward sends into the loss."""
+               watch_loss_scale: Optional[Callable] = None, select_examples: Optional[Callable] = None) -> None:
+        """The (wrapped) model fairseq trains; ``per_example_loss(model, sample)`` and
+        ``select_examples(sample, idx, n)`` (the sample of the examples ``idx`` of its ``n``; default
+        :func:`subset`) for ESAM; ``watch_loss_scale(loss, callback)`` reports the gradient fairseq's
+        backward sends into the loss."""
         self.wrapped, self.model = model, unwrap_model(model)
         self.per_example_loss, self.watch_loss_scale = per_example_loss, watch_loss_scale
+        self.select_examples = select_examples or subset
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
         self.names, self.params = [n for n, _ in named], [p for _, p in named]
         self.eligible = [mask_eligible(n) for n in self.names]
@@ -121,18 +148,14 @@ class SAMController:
 
     def _start_update(self) -> None:
         if not self._committed:  # the previous update was skipped (fp16 overflow): draw ESAM's choices again
-            self.gen.set_state(self._gen_state)
-        self._gen_state = self.gen.get_state()
+            self.gen.set_state(self.update.gen_state)
         self._committed = False
         self._in_update = True
-        self._poison = False
-        self._summed_grads = None  # Σ over micro-batches of the pass-1 gradients (GSAM, Fisher)
-        self._next_mask = None
-        self._build_mask = self.masked and self.t % int(self.hp["mask_iter_e"]) == 0
-        self._keep_grads = self.base == "gsam" or self._build_mask
-        self.rho_t = (gsam_rho(self.hp["rho"], self.hp["rho_min"], self.lr_of(), self.lr_max)
-                      if self.base == "gsam" else self.hp["rho"])
-        self._figures = {"eps": 0.0, "sharpness": 0.0, "examples": 0.0, "fraction": 0.0, "micro_batches": 0}
+        build_mask = self.masked and self.t % int(self.hp["mask_iter_e"]) == 0
+        self.update = Update(
+            rho=(gsam_rho(self.hp["rho"], self.hp["rho_min"], self.lr_of(), self.lr_max) if self.base == "gsam"
+                 else self.hp["rho"]),
+            gen_state=self.gen.get_state(), build_mask=build_mask, keep_grads=self.base == "gsam" or build_mask)
 
     def _pass1(self, criterion, args):
         model, sample = args[0], args[1]
@@ -159,7 +182,7 @@ class SAMController:
                 grads = [None if g is None else (g.to(accumulation_dtype(g)) / self.scale if self.scale != 1.0 else g)
                          for g in grads]
                 if not torch.isfinite(global_norm(grads)):  # fairseq's overflow check skips the update
-                    self._poison = True
+                    self.update.poison = True
                     self._pending = None
                     return None
                 masks = None
@@ -172,10 +195,10 @@ class SAMController:
                                             self.hp["keep_ratio"])
                 divisor = (self.hp["beta"] if esam else self.hp["keep_ratio"] if self.sam_type == "fisher-gsam"
                            else 1.0)
-                eps, _ = perturbation(grads, self.rho_t, divisor, masks)
+                eps, _ = perturbation(grads, self.update.rho, divisor, masks)
                 self.perturbed.apply(self.params, eps)
                 pending = MicroBatch(loss.detach(), float(n_examples), global_norm(eps), self._fraction(eps, masks),
-                                     grads if self._keep_grads else None)
+                                     grads if self.update.keep_grads else None)
                 if esam:  # the loss rise under ε with pass 2's dropout masks, then the top-γ examples
                     torch.set_rng_state(rng[0])
                     for d, st in zip(cuda, rng[1]):
@@ -184,12 +207,7 @@ class SAMController:
                         losses_at_eps = self.per_example_loss(self.model, sample)
                     pending.loss_at_eps = losses_at_eps.sum()
                     idx = esam_select_examples(losses_at_theta.detach(), losses_at_eps, self.hp["gamma"])
-                    chosen_sample = subset(sample, idx, losses_at_theta.numel())
-                    chosen_sample["nsentences"] = idx.numel()
-                    lengths = chosen_sample.get("net_input", {}).get("src_lengths")
-                    if torch.is_tensor(lengths) and "ntokens" in chosen_sample:
-                        chosen_sample["ntokens"] = int(lengths.sum())
-                    new_args = (model, chosen_sample, *args[2:])
+                    new_args = (model, self.select_examples(sample, idx, losses_at_theta.numel()), *args[2:])
             finally:
                 self._in_pass1 = False
         self._pending = pending
@@ -212,20 +230,20 @@ class SAMController:
         if pending is None or pending.loss_scale is None or float(pending.loss_scale) == 0:
             return
         self.scale = float(pending.loss_scale)
-        fig = self._figures
-        fig["eps"] += float(pending.eps_norm)
-        fig["fraction"] += pending.perturbed_fraction
-        fig["micro_batches"] += 1
+        u = self.update
+        u.eps += float(pending.eps_norm)
+        u.fraction += pending.perturbed_fraction
+        u.micro_batches += 1
         if pending.loss_at_eps is not None:
-            fig["sharpness"] += float(pending.loss_at_eps - pending.loss_at_theta)
-            fig["examples"] += pending.n_examples
+            u.sharpness += float(pending.loss_at_eps - pending.loss_at_theta)
+            u.examples += pending.n_examples
         if pending.grads is not None:
             g = [torch.zeros_like(p, dtype=accumulation_dtype(p)) if x is None else x.to(accumulation_dtype(p))
                  for x, p in zip(pending.grads, self.params)]
-            if self._summed_grads is None:
-                self._summed_grads = g
+            if u.summed_grads is None:
+                u.summed_grads = g
             else:
-                torch._foreach_add_(self._summed_grads, g)
+                torch._foreach_add_(u.summed_grads, g)
 
     # ------------------------------------------------------------------ per update (optimizer side)
     def before_reduce(self, module) -> bool:
@@ -237,7 +255,7 @@ class SAMController:
         self.perturbed.restore()
         self._book()
         self._in_update = False
-        if self._poison:
+        if self.update.poison:
             p = self.params[0]
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
@@ -246,9 +264,10 @@ class SAMController:
 
     @torch.no_grad()
     def after_reduce(self, module=None) -> None:
-        if not self._reduced or self._poison or self._summed_grads is None:
+        u = self.update
+        if not self._reduced or u.poison or u.summed_grads is None:
             return
-        summed = self._summed_grads
+        summed = u.summed_grads
         if torch.distributed.is_available() and torch.distributed.is_initialized() \
                 and torch.distributed.get_world_size() > 1:
             world = torch.distributed.get_world_size()
@@ -257,28 +276,28 @@ class SAMController:
                 g.div_(world)
         if self.base == "gsam":  # both in the units of .grad (pass 2): scale by fairseq's loss scale
             gsam_decompose([p.grad for p in self.params], [g.mul(self.scale) for g in summed], self.hp["gsam_alpha"])
-        if self._build_mask:
-            self._next_mask = fisher_mask([g * g if e else None for g, e in zip(summed, self.eligible)],
-                                          self.hp["keep_ratio"])
-        self._summed_grads = None
+        if u.build_mask:
+            u.next_mask = fisher_mask([g * g if e else None for g, e in zip(summed, self.eligible)],
+                                      self.hp["keep_ratio"])
+        u.summed_grads = None
 
     def after_step(self) -> None:
         self.t += 1
         self._committed = True
-        if self._next_mask is not None:
-            self.mask = self._next_mask
-            self._next_mask = None
-        fig = getattr(self, "_figures", None)
-        if fig and fig["micro_batches"] and self.log is not None:
-            k = fig["micro_batches"]
-            self.log(rho=self.rho_t, eps_norm=fig["eps"] / k, mask_frac=fig["fraction"] / k,
-                     sharpness=fig["sharpness"] / fig["examples"] if fig["examples"] else 0.0)
+        u = self.update
+        if u.next_mask is not None:
+            self.mask = u.next_mask
+            u.next_mask = None
+        if u.micro_batches and self.log is not None:
+            k = u.micro_batches
+            self.log(rho=u.rho, eps_norm=u.eps / k, mask_frac=u.fraction / k,
+                     sharpness=u.sharpness / u.examples if u.examples else 0.0)
 
     # ------------------------------------------------------------------ checkpoint
     def state_dict(self) -> Dict:
         # after a skipped (fp16 overflow) update fairseq may save before the next one: the generator as
         # that update will rewind it, so a resumed run draws what an uninterrupted one draws
-        gen = self.gen.get_state() if self._committed else self._gen_state
+        gen = self.gen.get_state() if self._committed else self.update.gen_state
         return {"t": self.t, "scale": self.scale, "gen": gen,
                 "mask": None if self.mask is None else [None if m is None else m.cpu() for m in self.mask]}
 

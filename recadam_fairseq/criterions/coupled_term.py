@@ -2,13 +2,13 @@
 
 Loss = λ(t)·Loss_T + (w − λ(t))·γ/2·Σ(θ − θ*)², for any optimizer: the baseline the paper improves on
 by decoupling the pull (``--optimizer recadam``). θ* and λ(t) come from the same code as the
-optimizer's (``core/anchor.py``, ``core/anneal.py``); t is fairseq's update number (``events.py``).
+optimizer's (``anchor_source.py``, ``core/anneal.py``); t is fairseq's update number (``events.py``).
 """
 
 import logging
 
 from .. import events
-from ..core.anchor import build_anchors
+from ..anchor_source import build_anchors
 from ..core.anneal import anneal_lambda
 from ..report import RECADAM_METRICS, log_recadam_metrics
 

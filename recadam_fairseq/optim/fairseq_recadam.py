@@ -15,10 +15,11 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from fairseq.optim.adam import FairseqAdamConfig
 from omegaconf import II, OmegaConf
 
+from ..anchor_source import build_anchors, pretrained_model_state
 from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, LayerLRHyperparams, RecAdamHyperparams,
                       SAMHyperparams, check_anneal, check_checkpoint_paths, lr_values, redefault)
 from ..core import mixout
-from ..core.anchor import build_anchors, pretrained_model_state, share_existing
+from ..core.anchor import share_existing
 from ..core.anneal import anneal_lambda
 from ..core.errors import ConfigError
 from ..core.recadam import RecAdam, validate_hparams
@@ -101,11 +102,12 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         check_pull_stability(cfg, hp)
         check_sharding(cfg)
         self._optimizer = RecAdam(params, **hp, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
-        add_child_tuning(self, cfg)  # --child-tuning: before SAM, so D's Fisher passes run before SAM's first pass 1
-        add_sam(self, cfg, seed=cfg.seed)  # first: θ is restored before the anchor reads the weights
+        # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
+        add_child_tuning(self, cfg)  # --child-tuning
+        add_sam(self, cfg, seed=cfg.seed)  # --sam-type
         self.anchoring = Anchoring(self._optimizer, cfg)
         self.listen("anchoring", self.anchoring)
-        add_layer_lr(self, cfg)  # --layer-lr-decay: per-tensor (per-run) lr scales, bound with the anchor
+        add_layer_lr(self, cfg)  # --layer-lr-decay: per-tensor (per-run) lr scales
 
     @property
     def optimizer_config(self):

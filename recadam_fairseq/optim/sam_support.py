@@ -11,11 +11,13 @@ import dataclasses
 import logging
 from typing import Optional
 
+import torch
+
 from .. import events
 from ..config import SAMHyperparams, lr_values
 from ..core.errors import ConfigError
 from ..core.sam import validate_sam_hparams
-from ..core.sam_controller import SAMController
+from ..core.sam_controller import SAMController, subset
 from ..criterions.glue_core import per_example_loss_of
 from ..report import log_sam_metrics
 
@@ -56,10 +58,21 @@ def connect(controller: SAMController) -> None:
                 f"single-task sentence_prediction criteria give (fairseq's sentence_prediction, "
                 f"sentence_prediction_recadam, sentence_prediction_r3f); --criterion {type(criterion).__name__} "
                 f"does not. Use --sam-type sam/gsam/fisher-sam/fisher-gsam")
-        controller.attach(args[0], per_example, events.loss_scale)
+        controller.attach(args[0], per_example, events.loss_scale, select_examples)
         events.forward_hooks(criterion, controller.before_forward, controller.after_forward)
         logger.info(f"sam: {controller.sam_type} on {len(controller.params)} parameter tensors via a forward "
                     f"pre-hook on {type(criterion).__name__}")
         return controller.before_forward(criterion, args)
 
     events.on_first_training_call(first_call)
+
+
+def select_examples(sample: dict, idx: torch.Tensor, n: int) -> dict:
+    """ESAM's examples ``idx`` of a fairseq sample of ``n``, with the counts fairseq's criteria read
+    (``nsentences``; ``ntokens`` from the source lengths) those of the examples kept."""
+    chosen = subset(sample, idx, n)
+    chosen["nsentences"] = idx.numel()
+    lengths = chosen.get("net_input", {}).get("src_lengths")
+    if torch.is_tensor(lengths) and "ntokens" in chosen:
+        chosen["ntokens"] = int(lengths.sum())
+    return chosen

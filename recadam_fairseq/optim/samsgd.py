@@ -35,7 +35,7 @@ class SAMSGD(LoopOptimizer, LayerwiseSteps, FairseqAdam):
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
         check_checkpoint_paths(cfg)
-        add_child_tuning(self, cfg)  # before SAM: D's Fisher passes run before SAM's first pass 1
+        add_child_tuning(self, cfg)  # the listeners, in the order of events.LISTENERS (which says why)
         add_sam(self, cfg, seed=cfg.seed)
         self.layer_lr = add_layer_lr(self, cfg)
         if str(cfg.sam_type) == "none":
