@@ -1,118 +1,14 @@
 #!/usr/bin/env python
 """Plot fairseq json logs of recadam (and plain adam) runs: λ(t), Σ(θ−θ*)², target loss, dev metric.
 
-    python scripts/plot_run.py RUN1/train.log RUN2/train.log --labels recadam adam --out runs.png
+The command line of recadam_fairseq.tools.plot_run: the code is there."""
 
-A log is what `fairseq-train --log-format json` prints (or writes with --log-file). One line per
-run in each panel, against updates; runs without recadam metrics (e.g. --optimizer adam) simply
-have no λ / distance line.
-"""
-
-import argparse
-import json
 import os
-from collections import defaultdict
+import sys
 
-DEV_METRICS = ("accuracy", "mcc", "f1", "pearson", "spearman", "acc_and_f1")
-
-
-def read_log(path):
-    """{kind: [record, ...]} for the json records of a fairseq log file (train_inner, valid, train)."""
-    with open(path) as f:
-        return parse_log_lines(f)
-
-
-def parse_log_lines(lines):
-    """The json records of fairseq log lines: "... | INFO | train_inner | {...}", "INFO:train_inner:{...}"
-    (Python's default log format, e.g. on distributed ranks) or bare json lines."""
-    out = defaultdict(list)
-    for line in lines:
-        brace = line.find("{")
-        if brace < 0:
-            continue
-        head = line[:brace].replace(":", "|")
-        kind = head.rstrip(" |").rsplit("|", 1)[-1].strip() if "|" in head else ""
-        try:
-            rec = json.loads(line[brace:])
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(rec, dict):
-            continue
-        if not kind:  # bare json lines (no logging prefix): tell them apart by their keys
-            kind = "valid" if any(k.startswith("valid_") for k in rec) else "train_inner"
-        out[kind].append(rec)
-    return out
-
-
-def series(records, key, x_key="num_updates"):
-    xs, ys = [], []
-    for r in records:
-        if key in r and x_key in r:
-            try:
-                xs.append(float(r[x_key]))
-                ys.append(float(r[key]))
-            except (TypeError, ValueError):
-                continue
-    return xs, ys
-
-
-def pick_metric(logs):
-    for m in DEV_METRICS:
-        if any(f"valid_{m}" in r for log in logs for r in log.get("valid", [])):
-            return m
-    return "loss"
-
-
-def plot(paths, labels=None, out="run.png", metric=None):
-    """Write the PNG and return the matplotlib figure (four panels, one line per run)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    logs = [read_log(p) for p in paths]
-    labels = labels or [os.path.basename(os.path.dirname(os.path.abspath(p))) or p for p in paths]
-    if len(labels) != len(paths):
-        raise SystemExit(f"--labels: {len(labels)} labels for {len(paths)} logs")
-    metric = metric or pick_metric(logs)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
-    panels = [
-        (axes[0][0], "train_inner", "recadam_lambda", "λ(t)", "linear"),
-        (axes[0][1], "train_inner", "recadam_dist", "Σ(θ−θ*)²  (distance to the pretrained weights)", "log"),
-        (axes[1][0], "train_inner", "target_loss", "train target loss (bits)", "linear"),
-        (axes[1][1], "valid", f"valid_{metric}", f"dev {metric}", "linear"),
-    ]
-    for ax, kind, key, title, scale in panels:
-        for log, label in zip(logs, labels):
-            x_key = "valid_num_updates" if kind == "valid" else "num_updates"
-            xs, ys = series(log.get(kind, []), key, x_key)
-            if not xs and key == "target_loss":  # plain sentence_prediction logs only "loss"
-                xs, ys = series(log.get(kind, []), "loss", x_key)
-            if xs:
-                ax.plot(xs, ys, marker="o" if len(xs) < 30 else None, ms=3, label=label)
-        ax.set_title(title)
-        if scale == "log" and any(line.get_ydata().min() > 0 for line in ax.get_lines()):
-            ax.set_yscale("log")
-        ax.grid(alpha=0.3)
-        if ax.get_lines():
-            ax.legend(fontsize=8)
-    for ax in axes[1]:
-        ax.set_xlabel("updates")
-    fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    return fig
-
-
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("logs", nargs="+", help="fairseq json logs (--log-format json)")
-    ap.add_argument("--labels", nargs="+", help="one label per log (default: the log's directory name)")
-    ap.add_argument("--metric", help=f"dev metric to plot (default: the first found of {', '.join(DEV_METRICS)})")
-    ap.add_argument("--out", default="run.png", help="PNG to write")
-    args = ap.parse_args(argv)
-    plot(args.logs, args.labels, args.out, args.metric)
-    print(args.out)
-
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
+from recadam_fairseq.tools.plot_run import *  # noqa: E402,F401,F403  (for scripts that load this file)
+from recadam_fairseq.tools.plot_run import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

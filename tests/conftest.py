@@ -1,6 +1,5 @@
 """Shared fixtures: a tiny pretrained RoBERTa + tiny classification data, made once per session."""
 
-import importlib.util
 import os
 import socket
 import subprocess
@@ -11,6 +10,8 @@ import pytest
 import torch
 
 import recadam_fairseq
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+from recadam_fairseq.tools import plot_run
 
 # In-process tests use fairseq's registries; a test module may have imported the core (no fairseq)
 # first, after which --user-dir skips the package: register explicitly, as a notebook user would.
@@ -20,17 +21,6 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 SCRIPTS = os.path.join(ROOT, "scripts")
 TRAIN_ENTRY = os.path.join(ROOT, "tests", "train_entry.py")  # fairseq-train, --fp16 usable on CPU
-
-
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(SCRIPTS, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-tiny_roberta = _load_script("make_tiny_roberta")
-plot_run = _load_script("plot_run")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -5,14 +5,15 @@ import os
 
 import pytest
 
-from conftest import ROOT, _load_script
+from conftest import ROOT
+
+from recadam_fairseq.tools import benchmark as bench
 
 
 PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")
 
 
 def test_benchmark_quick_writes_markdown_and_json(tmp_path):
-    bench = _load_script("benchmark")
     (tmp_path / "docs").mkdir()
     md, js, doc = tmp_path / "docs" / "b.md", tmp_path / "b.json", tmp_path / "docs" / "performance.md"
     with open(PERFORMANCE, encoding="utf-8") as f:
@@ -45,7 +46,6 @@ def test_benchmark_quick_writes_markdown_and_json(tmp_path):
 
 def test_doc_flag_and_its_deprecated_alias(tmp_path, capsys):
     """--readme still works (as --doc, with a warning); a page without the markers stops before any timing."""
-    bench = _load_script("benchmark")
     page = tmp_path / "page.md"
     page.write_text(f"# x\n{bench.README_START}\nold\n{bench.README_END}\n")
     assert bench.parse_args(["--doc", str(page)]).doc == str(page)

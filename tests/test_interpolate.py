@@ -1,7 +1,6 @@
 """WiSE-FT weight-space interpolation: core.interpolate against float64 references, and
 scripts/interpolate.py end to end on a checkpoint of the real fairseq-train (loaded back by fairseq)."""
 
-import importlib.util
 import os
 import re
 import subprocess
@@ -13,11 +12,9 @@ import torch
 from conftest import ROOT, SCRIPTS, load_ckpt
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.interpolate import interpolate, shared_names
+from recadam_fairseq.tools import interpolate as wise
 
 SCRIPT = os.path.join(SCRIPTS, "interpolate.py")
-_spec = importlib.util.spec_from_file_location("wise_interpolate", SCRIPT)
-wise = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(wise)
 
 
 def _states(dtype=torch.float64):

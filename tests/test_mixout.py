@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import USER_DIR, _load_script, assert_one_line_error, load_ckpt, random_tokens, run_jobs, tiny_roberta
+from conftest import USER_DIR, assert_one_line_error, load_ckpt, random_tokens, run_jobs, tiny_roberta
 from recadam_fairseq.core import anchor as anchor_mod
 from recadam_fairseq.core import lora, mixout
 from recadam_fairseq.core.errors import ConfigError
+from recadam_fairseq.tools import interpolate as wise
 
 FT = ["--arch", "roberta_ft_tiny"]  # after TINY_ARCH: the last --arch wins, sizes agree
 HEAD = "sentence_classification_head"
@@ -419,7 +420,6 @@ def test_evaluation_reads_w_and_loads_without_mixout(runs, tiny, tmp_path, pretr
     assert torch.equal(a, b)
     # WiSE-FT of a mixout checkpoint: W is interpolated with θ*, the targets stay θ*
     out = str(tmp_path / "wise.pt")
-    wise = _load_script("interpolate")
     assert wise.main([last, "--pretrained", tiny.pretrained, "--alpha", "0.5", "--out", out]) == 0
     half, ft = load_ckpt(out)["model"], _ckpt(d["rec"])["model"]
     k = "encoder.sentence_encoder.layers.0.fc1" + ORIG

@@ -5,7 +5,6 @@ tasks, and a tiny GPT-2 byte-level BPE (all 256 byte symbols + a few dozen merge
 """
 
 import contextlib
-import importlib.util
 import io
 import json
 import os
@@ -17,14 +16,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from recadam_fairseq.tools import prepare_glue as pg
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "data-prep", "prepare_glue.py")
-
-# Registered in sys.modules so the BPE pool can pickle the worker functions by name.
-_spec = importlib.util.spec_from_file_location("prepare_glue", SCRIPT)
-pg = importlib.util.module_from_spec(_spec)
-sys.modules["prepare_glue"] = pg
-_spec.loader.exec_module(pg)
 
 # ----------------------------------------------------------------------------- tiny GLUE
 

@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import (TRAIN_ENTRY, USER_DIR, _load_script, assert_one_line_error, free_port, load_ckpt, random_tokens,
+from conftest import (TRAIN_ENTRY, USER_DIR, assert_one_line_error, free_port, load_ckpt, random_tokens,
                       run_jobs, tiny_roberta)
 from recadam_fairseq.core import lora
 from recadam_fairseq.core.errors import ConfigError
+from recadam_fairseq.tools import interpolate as wise
+from recadam_fairseq.tools import merge_lora
 
 TINY_FT = ["--arch", "roberta_ft_tiny"]  # after TINY_ARCH: the last --arch wins, sizes agree
 HEAD = "sentence_classification_head"
@@ -370,7 +372,7 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
 
     d, _ = runs
     merged = str(tmp_path / "merged.pt")
-    script = _load_script("merge_lora")
+    script = merge_lora
     script.main([os.path.join(d["lora"], "checkpoint_last.pt"), merged])  # in process
     with pytest.raises(SystemExit, match=r"pretrained.pt: not a LoRA checkpoint"):
         script.main([tiny.pretrained, str(tmp_path / "x.pt")])
@@ -389,7 +391,6 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
     base = _load(_build(tiny)[0], pretrained, None)  # LoRA moved the function: the comparison is not vacuous
     assert (_outputs(base, toks)[0] - want[0]).abs().max() > 1e-4
     # WiSE-FT of a LoRA run interpolates its merged weights: α = 1 is the merged model, 0.5 the mean with θ*
-    wise = _load_script("interpolate")
     outs = [str(tmp_path / f"wise{a}.pt") for a in ("1", "0.5")]
     for a, out in zip(("1", "0.5"), outs):
         assert wise.main([last, "--pretrained", tiny.pretrained, "--alpha", a, "--out", out]) == 0

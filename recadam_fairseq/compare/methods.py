@@ -1,0 +1,235 @@
+"""The methods the comparison runs: a ``--methods`` spec -> the fairseq-train flags that turn it on.
+
+A spec is ``NAME`` or ``NAME:VALUES``; VALUES are the method's knobs, either positional in the
+order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the defaults below)::
+
+    adam
+    recadam:0.1:40            k, t0 (γ = --gamma)        recadam:0.1:40:0   γ = 0: λ(t) alone, no pull
+    recadam-coupled:0.1:40    the coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² (criterion), fairseq's adam
+    recadam-random-init:0.1:40   no --restore-file: random weights, the pull recalls θ* (the paper's choice)
+    r3f:1   r4f:1             λ of the consistency term (R4F: + spectral norm on the head)
+    sam:0.05   fsam:0.05      ρ (fsam: SAM with FSAM's Fisher mask, keep ratio 0.1)
+    recadam+r3f:k=0.1,t0=40,lambda=1      recadam+fsam:k=0.1,t0=40,rho=0.05
+    freeze:3                  the embeddings and encoder layers 0..N-1 frozen (glue_multitask's freezing)
+    ca-mtl:0   ca-mtl:3       CA-MTL's task-conditioned encoder (ca_mtl_roberta) on the target task,
+                              encoder layers 0..N-1 frozen (the paper freezes the lower half)
+    recadam-ca-mtl:k=0.1,t0=25,freeze=3   RecAdam with it (CA-MTL's new modules are not pulled)
+    llrd:0.9                  layer-wise lr decay γ (--layer-lr-decay) with plain Adam (recadam, w = 0)
+    recadam-llrd:k=0.1,t0=50,decay=0.9    RecAdam with layer-wise lr decay
+    reinit:2                  the top N encoder layers re-initialised (roberta_ft, --reinit-layers), Adam
+    recadam-reinit:k=0.1,t0=50,reinit=2   RecAdam with them (the re-initialised layers are not pulled)
+    lora:8                    LoRA of rank r on attention q and v (roberta_ft, α = 8), the encoder frozen,
+                              at LoRA's lr (LORA_LR) instead of --lr
+    mixout:0.9                Mixout toward θ* with probability p on the encoder's linear layers (roberta_ft)
+    recadam-mixout:k=0.1,t0=50,p=0.9      RecAdam with it (Mixout's targets are RecAdam's θ*)
+    childtune-d:0.3   childtune-f:0.3     ChildTuning-D (Fisher mask) / -F (random mask) keeping a fraction
+                              p of the gradient, plain Adam (recadam, w = 0)
+    recadam-childtune-d:k=0.1,t0=50,ratio=0.3   RecAdam with ChildTuning-D
+    rdrop:1                   R-Drop's α (sentence_prediction_rdrop)
+    recadam-rdrop:k=0.1,t0=50,alpha=1     RecAdam with R-Drop
+
+Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed);
+nothing here runs anything. In the multi-task setting (``flags(..., multitask=True)``) every run trains
+on all the target tasks at once through ``--task glue_multitask`` (uniform task sampling), and only the
+methods of MULTITASK_METHODS are allowed.
+"""
+
+from typing import Dict, List, Tuple
+
+# knob: (default, its prefix in run names)
+KNOBS = {
+    "k": (0.1, "k"), "t0": (40.0, "t"), "gamma": (None, "g"),  # gamma None: --gamma
+    "lambda": (1.0, "lambda"), "rho": (0.05, "rho"), "layers": (3, "freeze"), "freeze": (0, "freeze"),
+    "decay": (0.9, "d"), "reinit": (2, "n"), "rank": (8, "r"), "p": (0.9, "p"), "ratio": (0.3, "p"),
+    "alpha": (1.0, "a"),
+}
+RECADAM = ("k", "t0", "gamma")
+METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
+    "adam": (),
+    "recadam": RECADAM,
+    "recadam-coupled": RECADAM,
+    "recadam-random-init": RECADAM,
+    "r3f": ("lambda",),
+    "r4f": ("lambda",),
+    "sam": ("rho",),
+    "fsam": ("rho",),
+    "recadam+r3f": RECADAM + ("lambda",),
+    "recadam+fsam": RECADAM + ("rho",),
+    "freeze": ("layers",),
+    "ca-mtl": ("freeze",),
+    "recadam-ca-mtl": RECADAM + ("freeze",),
+    "llrd": ("decay",),
+    "recadam-llrd": RECADAM + ("decay",),
+    "reinit": ("reinit",),
+    "recadam-reinit": RECADAM + ("reinit",),
+    "lora": ("rank",),
+    "mixout": ("p",),
+    "recadam-mixout": RECADAM + ("p",),
+    "childtune-d": ("ratio",),
+    "childtune-f": ("ratio",),
+    "recadam-childtune-d": RECADAM + ("ratio",),
+    "rdrop": ("alpha",),
+    "recadam-rdrop": RECADAM + ("alpha",),
+}
+INT_KNOBS = ("layers", "freeze", "reinit", "rank")
+# LoRA trains ~0.1-1% of the weights, from B = 0: it needs a larger lr than full fine-tuning (the
+# paper's RoBERTa-base GLUE lrs are 4e-4 to 5e-4); α fixed at the paper's 8 while r varies.
+LORA_LR, LORA_ALPHA = 5e-4, 8
+# the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
+MT_TASK = "SST-2"
+# what the multi-task setting compares: plain RoBERTa and CA-MTL, each with and without RecAdam
+MULTITASK_METHODS = ("adam", "recadam", "freeze", "ca-mtl", "recadam-ca-mtl")
+
+
+class MethodError(ValueError):
+    """A bad --methods spec; the message names it."""
+
+
+def fmt(x) -> str:
+    return f"{x:g}" if isinstance(x, float) else str(x)
+
+
+def parse(spec: str, gamma: float = 5000.0) -> dict:
+    """``NAME[:VALUES]`` -> {"method": NAME, knob: value, ...}; errors name the spec."""
+    name, _, rest = spec.strip().partition(":")
+    if name not in METHODS:
+        raise MethodError(f"--methods {spec!r}: unknown method {name!r}; known: {', '.join(METHODS)}")
+    knobs = METHODS[name]
+    given = {}
+    if rest:
+        if "=" in rest:
+            for part in rest.split(","):
+                key, eq, value = part.partition("=")
+                if not eq or key.strip() not in knobs:
+                    raise MethodError(f"--methods {spec!r}: {part!r} is not KEY=VALUE with KEY one of "
+                                      f"{', '.join(knobs) or '(none: ' + name + ' has no knobs)'}")
+                given[key.strip()] = value.strip()
+        else:
+            values = rest.split(":")
+            if len(values) > len(knobs):
+                raise MethodError(f"--methods {spec!r}: {name} takes at most {len(knobs)} value(s) "
+                                  f"({':'.join(k.upper() for k in knobs) or 'none'})")
+            given = dict(zip(knobs, values))
+    out = {"method": name}
+    for key in knobs:
+        default = KNOBS[key][0] if key != "gamma" else gamma
+        try:
+            value = (int if key in INT_KNOBS else float)(given[key]) if key in given else default
+        except ValueError:
+            raise MethodError(f"--methods {spec!r}: {key} = {given[key]!r} is not a number") from None
+        if value < 0:
+            raise MethodError(f"--methods {spec!r}: {key} must be >= 0, got {given[key]}")
+        out[key] = value
+    return out
+
+
+def setting_name(s: dict) -> str:
+    """A run's directory name: the method and its knobs (``recadam-k0.1-t40-g5000``, ``sam-rho0.05``)."""
+    return "-".join([s["method"]] + [f"{KNOBS[k][1]}{fmt(s[k])}" for k in METHODS[s["method"]]])
+
+
+def label(s: dict) -> str:
+    """A setting in words, for tables and legends."""
+    parts = []
+    for k in METHODS[s["method"]]:
+        word = {"gamma": "γ", "lambda": "λ", "rho": "ρ", "layers": "frozen layers", "freeze": "frozen layers",
+                "decay": "lr decay", "reinit": "re-initialised layers", "rank": "r", "alpha": "α",
+                "ratio": "kept"}.get(k, k)
+        parts.append(f"{word}={fmt(s[k])}")
+    text = s["method"] + (" " + " ".join(parts) if parts else "")
+    return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
+
+
+def group(s: dict) -> str:
+    """The curve a setting belongs to (frontiers, plot): its method; RecAdam's γ = 0 control apart."""
+    return s["method"] + " γ=0 (λ(t) only)" if s.get("gamma") == 0 else s["method"]
+
+
+def knob_text(s: dict) -> str:
+    return ", ".join(f"{k}={fmt(s[k])}" for k in METHODS[s["method"]])
+
+
+def uses_multitask(s: dict) -> bool:
+    return s["method"] in ("freeze", "ca-mtl", "recadam-ca-mtl")
+
+
+def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = False) -> Dict[str, List[str]]:
+    """What the method changes on the shared command: ``optimizer``, ``criterion``, ``task`` flags,
+    ``arch`` (None: the pretrained arch), ``restore`` (False: no --restore-file) and ``extra``;
+    ``mt_task``: the target's name for ``--task glue_multitask`` (comma-separated names with ``multitask``:
+    every method trains on them all at once)."""
+    m = s["method"]
+    if multitask and m not in MULTITASK_METHODS:
+        raise MethodError(f"--methods {setting_name(s)}: the multi-task setting runs only "
+                          f"{', '.join(MULTITASK_METHODS)}")
+    out = {"optimizer": ["--optimizer", "adam"], "criterion": ["--criterion", "sentence_prediction"],
+           "task": None, "arch": None, "restore": True, "extra": []}
+    recadam = ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(s.get("k", 0.0)),
+               "--recadam-anneal-t0", fmt(s.get("t0", 0.0)), "--recadam-pretrain-cof", fmt(s.get("gamma", 0.0))]
+    if m.startswith("recadam") and m != "recadam-coupled":  # the coupled objective is in the criterion
+        out["optimizer"] = ["--optimizer", "recadam", *recadam]
+    if m in ("llrd", "childtune-d", "childtune-f"):  # recadam at w = 0 is fairseq's adam, bit for bit, with the listeners
+        out["optimizer"] = ["--optimizer", "recadam", "--recadam-anneal-w", "0"]
+    if m in ("llrd", "recadam-llrd"):
+        if not 0 < s["decay"] <= 1:
+            raise MethodError(f"--methods {setting_name(s)}: the lr decay must be in (0, 1]")
+        out["optimizer"] += ["--layer-lr-decay", fmt(s["decay"])]
+    if m in ("reinit", "recadam-reinit"):
+        if not 0 < s["reinit"] <= num_layers:
+            raise MethodError(f"--methods {setting_name(s)}: {s['reinit']} re-initialised layers, the encoder "
+                              f"has {num_layers}")
+        out["arch"] = "roberta_ft"
+        out["extra"] += ["--reinit-layers", str(s["reinit"])]
+    if m == "lora":
+        if s["rank"] < 1:
+            raise MethodError(f"--methods {setting_name(s)}: the rank must be >= 1")
+        out["arch"] = "roberta_ft"
+        out["extra"] += ["--lora-rank", str(s["rank"]), "--lora-alpha", fmt(LORA_ALPHA), "--lr", fmt(LORA_LR)]
+    if m in ("mixout", "recadam-mixout"):
+        if not 0 <= s["p"] < 1:
+            raise MethodError(f"--methods {setting_name(s)}: the mixout probability must be in [0, 1)")
+        out["arch"] = "roberta_ft"
+        out["extra"] += ["--mixout", fmt(s["p"])]
+    if m in ("childtune-d", "childtune-f", "recadam-childtune-d"):
+        if not 0 < s["ratio"] <= 1:
+            raise MethodError(f"--methods {setting_name(s)}: the kept fraction must be in (0, 1]")
+        out["optimizer"] += ["--child-tuning", "F" if m == "childtune-f" else "D", "--child-tuning-ratio",
+                             fmt(s["ratio"])]
+    if m in ("rdrop", "recadam-rdrop"):
+        out["criterion"] = ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", fmt(s["alpha"])]
+    if m == "recadam-random-init":
+        out["restore"] = False
+    if m == "recadam-coupled":
+        out["criterion"] = ["--criterion", "sentence_prediction_recadam", "--recadam-objective", "coupled", *recadam]
+    if m in ("r3f", "r4f", "recadam+r3f"):
+        out["criterion"] = ["--criterion", "sentence_prediction_r3f", "--r3f-lambda", fmt(s["lambda"]),
+                            "--eps", "1e-05", "--noise-type", "uniform"]
+    if m == "r4f":
+        out["extra"] += ["--spectral-norm-classification-head"]
+    if m in ("sam", "fsam"):
+        out["optimizer"] = ["--optimizer", "samsgd"]
+    if m in ("sam", "fsam", "recadam+fsam"):
+        out["optimizer"] += ["--sam-type", "sam" if m == "sam" else "fisher-sam", "--rho", fmt(s["rho"])]
+    if uses_multitask(s) or multitask:
+        n = s.get("layers", s.get("freeze", 0))
+        if n > num_layers:
+            raise MethodError(f"--methods {setting_name(s)}: {n} frozen layers, the encoder has {num_layers}")
+        out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task] + (
+            ["--mt-sampling", "uniform"] if multitask else [])
+        out["criterion"] = ["--criterion", "glue_multitask"]
+        if n:
+            out["extra"] += ["--freeze-encoder-layers", f"0-{n - 1}"]
+        if m == "freeze" and n:
+            out["extra"] += ["--freeze-embeddings"]
+        if m in ("ca-mtl", "recadam-ca-mtl"):
+            out["arch"] = "ca_mtl_roberta"
+    return out
+
+
+def arch_and_task(f: Dict[str, List[str]], arch: List[str], num_classes: int = 2) -> Tuple[List[str], List[str]]:
+    """The shared arch flags with the method's --arch swapped in, and its task flags
+    (``--task sentence_prediction`` unless the method sets one); ``f``: :func:`flags`' result."""
+    arch = list(arch)
+    if f["arch"]:
+        arch[arch.index("--arch") + 1] = f["arch"]
+    return arch, f["task"] or ["--task", "sentence_prediction", "--num-classes", str(num_classes)]
