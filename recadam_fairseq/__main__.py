@@ -1,17 +1,169 @@
-"""``python -m recadam_fairseq --user-dir``: print the directory to pass to fairseq's ``--user-dir``."""
+"""``python -m recadam_fairseq``: the plug-in's own command line.
+
+    python -m recadam_fairseq --user-dir          the directory to pass to fairseq's --user-dir
+    python -m recadam_fairseq methods             every method of the catalogue, one line each
+    python -m recadam_fairseq methods NAME        one method: its knobs, flags, model, base, run directory
+    python -m recadam_fairseq methods --write-docs   the method tables of README.md and docs/glue.md
+"""
 
 import argparse
 import os
+import sys
+
+from . import catalogue
+from .catalogue import KNOBS, METHODS, MODELS
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+# the generated tables: (page, start marker, end marker, renderer)
+DOC_TABLES = (("README.md", "<!-- methods:start -->", "<!-- methods:end -->", "readme"),
+              ("docs/glue.md", "<!-- glue-methods:start -->", "<!-- glue-methods:end -->", "glue"))
+# after training, not a set of fairseq-train flags: the README's table lists it too
+WISE_FT = ("| WiSE-FT | (1−α)·θ* + α·θ_ft after training: no training at all | - | "
+           "`scripts/interpolate.py CKPT --pretrained PT --alpha 0.5 --out OUT` | [wise-ft.md](docs/wise-ft.md) |")
+
+
+def placeholders(m: catalogue.Method) -> dict:
+    """Each knob as its variable (``$K``), for the docs' flags."""
+    return {k: f"${KNOBS[k].var}" for k in m.knobs}
+
+
+def run_dir_pattern(m: catalogue.Method) -> str:
+    """``recadam-llrd-k$K-t$T0[-g$GAMMA][-$ANNEAL_FUN]-d$LLRD``: the run name with its variables; the parts
+    named only when not at their default in brackets."""
+    name = m.run_name(placeholders(m))
+    for k in m.knobs:
+        knob = KNOBS[k]
+        if knob.tag_if_changed:
+            name = name.replace(f"-{knob.tag}${knob.var}", f"[-{knob.tag}${knob.var}]")
+    return name
+
+
+def flag_text(m: catalogue.Method, values: dict) -> str:
+    """The method's flags, its task, model and lr included; a flag added only when its variable is set
+    in brackets."""
+    text = " ".join(m.all_flags(values))
+    for k in m.knobs:
+        knob = KNOBS[k]
+        if knob.implicit and k in values:
+            text = text.replace(f"{knob.flag} {values[k]}", f"[{knob.flag} {values[k]}]")
+    text += f" --task {m.task}" if m.task else ""
+    text += f" --arch {m.model}_*" if m.model else ""
+    return text + (f" --lr {m.lr}" if m.lr else "")
+
+
+def describe(m: catalogue.Method) -> str:
+    """One method, for the command line."""
+    lines = [f"{m.name}: {m.summary}"]
+    where = "fairseq's RoBERTa" if not m.model else MODELS[m.model]
+    criterion = m.criterion or "the command's own"
+    lines.append(f"  base: {m.base or '-'}   model: {where}   criterion: {criterion}")
+    lines.append(f"  task: {m.task or 'sentence_prediction'}   multi-task setting: {'yes' if m.multitask else 'no'}"
+                 f"   task scripts: {'yes' if m.scripts else 'no (the comparison only)'}   page: docs/{m.page}")
+    if m.knobs:
+        lines.append("  knobs (variable [default], flag):")
+        width = max(len(f"{KNOBS[k].var} [{KNOBS[k].default}]") for k in m.knobs)
+        for k in m.knobs:
+            knob = KNOBS[k]
+            head = f"{knob.var} [{knob.default}]"
+            lines.append(f"    {head:<{width}}  {knob.flag}: {knob.help}"
+                         + (" (added only when set)" if knob.implicit else ""))
+    defaults = {k: KNOBS[k].default for k in m.knobs if not KNOBS[k].implicit}
+    lines.append(f"  flags at the defaults: {flag_text(m, defaults)}")
+    if m.scripts:
+        lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
+    if m.aliases:
+        lines.append(f"  also spelled: {', '.join(m.aliases)}")
+    for other, why in m.refuses:
+        lines.append(f"  does not combine with {other}: {why}")
+    return "\n".join(lines)
+
+
+def listing() -> str:
+    width = max(map(len, METHODS))
+    rows = [f"{'method':<{width}}  {'base':<8} knobs (variable [default])"]
+    for m in METHODS.values():
+        knobs = " ".join(f"{KNOBS[k].var}[{KNOBS[k].default}]" for k in m.knobs)
+        rows.append(f"{m.name:<{width}}  {m.base or '-':<8} {knobs}" + ("" if m.scripts else "  (comparison only)"))
+    return "\n".join(rows + ["", "python -m recadam_fairseq methods NAME: its flags, model and run directory"])
+
+
+def readme_table() -> str:
+    """The README's table: one row per method that is not RecAdam + another, then the combinations."""
+    rows = ["| method | what it does | METHOD | turn it on (scripts' defaults) | page |", "|---|---|---|---|---|"]
+    combined = []
+    for m in METHODS.values():
+        if m.base == "recadam" and m.name.startswith("recadam-") and m.name[8:] in METHODS:
+            combined.append(m.name[8:])
+            continue
+        if m.name == "adam":
+            continue
+        values = {k: KNOBS[k].default for k in m.knobs if not KNOBS[k].implicit}
+        page = m.page.split("#")[0]
+        rows.append(f"| {m.name} | {m.summary} | {'`' + m.name + '`' if m.scripts else '-'} | "
+                    f"`{flag_text(m, values)}` | [{page}](docs/{m.page}) |")
+    rows.append(WISE_FT)
+    rows += ["", "RecAdam combines with " + ", ".join(f"`{n}`" for n in combined) + " as METHOD `recadam-X`: X's "
+             "flags on RecAdam's optimizer. `python -m recadam_fairseq methods NAME` prints a method's flags, "
+             "variables and run directory."]
+    return "\n".join(rows)
+
+
+def glue_table() -> str:
+    """docs/glue.md's table: every METHOD of the task scripts with its flags, variables and run directory."""
+    rows = ["| METHOD | flags | variables [defaults] | run directory | base |", "|---|---|---|---|---|"]
+    for m in METHODS.values():
+        if not m.scripts:
+            continue
+        variables = ", ".join(f"`{KNOBS[k].var}` [{KNOBS[k].default}]" for k in m.knobs) or "-"
+        also = f" (also `{'`, `'.join(m.aliases)}`)" if m.aliases else ""
+        rows.append(f"| `{m.name}`{also} | `{flag_text(m, placeholders(m))}` | {variables} | "
+                    f"`{run_dir_pattern(m)}` | {m.base or '-'} |")
+    return "\n".join(rows)
+
+
+RENDER = {"readme": readme_table, "glue": glue_table}
+
+
+def write_docs(root: str) -> None:
+    from .tools.readme_block import replace_block
+
+    for page, start, end, kind in DOC_TABLES:
+        replace_block(os.path.join(root, page), start, end, RENDER[kind]())
+
+
+def methods_main(argv) -> int:
+    ap = argparse.ArgumentParser(prog="python -m recadam_fairseq methods",
+                                 description="The catalogue of methods (recadam_fairseq/catalogue.py).")
+    ap.add_argument("name", nargs="?", help="one method: its knobs, flags, model, base and run directory")
+    ap.add_argument("--write-docs", action="store_true",
+                    help="rewrite the method tables of README.md and docs/glue.md (in the repository)")
+    args = ap.parse_args(argv)
+    if args.write_docs:
+        write_docs(os.path.dirname(HERE))
+        return 0
+    if args.name is None:
+        print(listing())
+        return 0
+    try:
+        print(describe(catalogue.get(args.name)))
+    except catalogue.UnknownMethod as e:
+        print(f"python -m recadam_fairseq methods: error: {e}", file=sys.stderr)
+        return 2
+    return 0
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m recadam_fairseq", description=__doc__)
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["methods"]:
+        return methods_main(argv[1:])
+    parser = argparse.ArgumentParser(prog="python -m recadam_fairseq", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--user-dir", action="store_true", help="print the --user-dir path of this installation")
     args = parser.parse_args(argv)
     if not args.user_dir:
         parser.print_help()
         return 2
-    print(os.path.dirname(os.path.abspath(__file__)))
+    print(HERE)
     return 0
 
 

@@ -12,6 +12,7 @@ includes Python and torch themselves, so on the tiny model it mostly shows that 
 added), and ``+MB`` is the difference to the base run.
 
     python scripts/bench_methods.py --set sam [--updates 40] [--repeat 3] [--work DIR] [--out-md FILE]
+    python scripts/bench_methods.py --list          # each set's methods and their flags, as JSON
 """
 
 import argparse
@@ -22,48 +23,60 @@ import sys
 import tempfile
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, os.path.join(ROOT, "scripts"))
-import make_tiny_roberta  # noqa: E402
+sys.path.insert(0, ROOT)  # recadam_fairseq without install
+from recadam_fairseq import catalogue  # noqa: E402
+from recadam_fairseq.tools import make_tiny_roberta  # noqa: E402
 
-SAM = ["--rho", "0.05", "--beta", "0.5", "--gamma", "0.5", "--keep-ratio", "0.1", "--mask-iter-e", "10"]
-REC = ["--recadam-pretrain-cof", "500"]
-FT = ["--arch", "roberta_ft"]  # the tiny sizes are given as flags (TINY_ARCH): only the model changes
-# set -> [(name, base name, optimizer, extra flags)]
+SAM_EXTRA = ["--beta", "0.5", "--gamma", "0.5"]  # ESAM's β and γ, for the --sam-type variants
+REC = {"gamma": "500"}  # RecAdam at the catalogue's defaults, γ small enough for --lr 1e-4
+
+
+def command_flags(name, values, extra):
+    """A method of the catalogue (recadam_fairseq/catalogue.py) at its defaults but ``values``: its flags,
+    then ``extra``."""
+    m = catalogue.get(name)
+    v = {k: catalogue.KNOBS[k].default for k in m.knobs if not catalogue.KNOBS[k].implicit}
+    v.update(values)
+    return m.all_flags(v) + (["--arch", "roberta_ft"] if m.needs_ft else []) + extra  # the tiny sizes stay
+
+
+W0 = list(catalogue.OPTIMIZERS["recadam-w0"])  # fairseq's adam bit for bit, with the optimizer-side listeners
+FISHER = {"mask_iter_e": "10"}
+# set -> [(name, base name, method, its knob values, extra flags)]
 SETS = {}
 SETS["sam"] = [
-    ("adam", None, "adam", []),
-    ("sam", "adam", "samsgd", ["--sam-type", "sam", *SAM]),
-    ("esam", "adam", "samsgd", ["--sam-type", "esam", *SAM]),
-    ("gsam", "adam", "samsgd", ["--sam-type", "gsam", *SAM]),
-    ("fisher-sam", "adam", "samsgd", ["--sam-type", "fisher-sam", *SAM]),
-    ("fisher-esam", "adam", "samsgd", ["--sam-type", "fisher-esam", *SAM]),
-    ("fisher-gsam", "adam", "samsgd", ["--sam-type", "fisher-gsam", *SAM]),
-    ("recadam", None, "recadam", ["--recadam-pretrain-cof", "500"]),
-    ("recadam+fisher-sam", "recadam", "recadam", ["--recadam-pretrain-cof", "500", "--sam-type", "fisher-sam", *SAM]),
+    ("adam", None, "adam", {}, []),
+    ("sam", "adam", "sam", {}, SAM_EXTRA),
+    ("esam", "adam", "sam", {}, SAM_EXTRA + ["--sam-type", "esam"]),  # the last --sam-type counts
+    ("gsam", "adam", "sam", {}, SAM_EXTRA + ["--sam-type", "gsam"]),
+    ("fisher-sam", "adam", "fsam", FISHER, SAM_EXTRA),
+    ("fisher-esam", "adam", "fsam", FISHER, SAM_EXTRA + ["--sam-type", "fisher-esam"]),
+    ("fisher-gsam", "adam", "fsam", FISHER, SAM_EXTRA + ["--sam-type", "fisher-gsam"]),
+    ("recadam", None, "recadam", REC, []),
+    ("recadam+fisher-sam", "recadam", "recadam-fsam", {**FISHER, **REC}, SAM_EXTRA),
 ]
 SETS["baselines"] = [
-    ("adam", None, "adam", []),
-    ("adam (recadam w=0)", None, "recadam", ["--recadam-anneal-w", "0"]),
-    ("llrd 0.9", "adam (recadam w=0)", "recadam", ["--recadam-anneal-w", "0", "--layer-lr-decay", "0.9"]),
-    ("reinit 1", "adam", "adam", [*FT, "--reinit-layers", "1"]),
-    ("lora r=8 (q, v)", "adam", "adam", [*FT, "--lora-rank", "8"]),
-    ("lora r=8 (all six)", "adam", "adam", [*FT, "--lora-rank", "8", "--lora-modules", "q,k,v,out,fc1,fc2"]),
-    ("recadam", None, "recadam", REC),
-    ("recadam+llrd 0.9", "recadam", "recadam", [*REC, "--layer-lr-decay", "0.9"]),
-    ("recadam+reinit 1", "recadam", "recadam", [*REC, *FT, "--reinit-layers", "1"]),
+    ("adam", None, "adam", {}, []),
+    ("adam (recadam w=0)", None, "adam", {}, W0),
+    ("llrd 0.9", "adam (recadam w=0)", "llrd", {}, []),
+    ("reinit 1", "adam", "reinit", {"reinit": "1"}, []),
+    ("lora r=8 (q, v)", "adam", "lora", {}, []),
+    ("lora r=8 (all six)", "adam", "lora", {}, ["--lora-modules", "q,k,v,out,fc1,fc2"]),
+    ("recadam", None, "recadam", REC, []),
+    ("recadam+llrd 0.9", "recadam", "recadam-llrd", REC, []),
+    ("recadam+reinit 1", "recadam", "recadam-reinit", {"reinit": "1", **REC}, []),
 ]
-W0 = ["--recadam-anneal-w", "0"]  # recadam at w = 0: fairseq's adam, with the optimizer-side listeners
 SETS["regularisers"] = [
-    ("adam", None, "adam", []),
-    ("adam (recadam w=0)", None, "recadam", W0),
-    ("mixout 0.9", "adam", "adam", [*FT, "--mixout", "0.9"]),
-    ("childtune-d 0.3", "adam (recadam w=0)", "recadam", [*W0, "--child-tuning", "D", "--child-tuning-ratio", "0.3"]),
-    ("childtune-f 0.3", "adam (recadam w=0)", "recadam", [*W0, "--child-tuning", "F", "--child-tuning-ratio", "0.3"]),
-    ("rdrop 1", "adam", "adam", ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", "1"]),
-    ("recadam", None, "recadam", REC),
-    ("recadam+mixout 0.9", "recadam", "recadam", [*REC, *FT, "--mixout", "0.9"]),
-    ("recadam+childtune-d 0.3", "recadam", "recadam", [*REC, "--child-tuning", "D", "--child-tuning-ratio", "0.3"]),
-    ("recadam+rdrop 1", "recadam", "recadam", [*REC, "--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", "1"]),
+    ("adam", None, "adam", {}, []),
+    ("adam (recadam w=0)", None, "adam", {}, W0),
+    ("mixout 0.9", "adam", "mixout", {}, []),
+    ("childtune-d 0.3", "adam (recadam w=0)", "childtune-d", {}, []),
+    ("childtune-f 0.3", "adam (recadam w=0)", "childtune-f", {}, []),
+    ("rdrop 1", "adam", "rdrop", {"alpha": "1"}, []),
+    ("recadam", None, "recadam", REC, []),
+    ("recadam+mixout 0.9", "recadam", "recadam-mixout", REC, []),
+    ("recadam+childtune-d 0.3", "recadam", "recadam-childtune-d", REC, []),
+    ("recadam+rdrop 1", "recadam", "recadam-rdrop", {"alpha": "1", **REC}, []),
 ]
 TITLE = {"sam": "SAM family", "baselines": "The cheap baselines (LLRD, re-init, LoRA)",
          "regularisers": "Mixout, ChildTuning and R-Drop"}
@@ -75,16 +88,16 @@ WRAP = ("import atexit, resource, sys\n"
         "cli_main()\n")
 
 
-def train(work, name, optimizer, extra, updates, batch):
+def train(work, name, flags, updates, batch):
     save = os.path.join(work, "runs", name)
     args = [os.path.join(work, "cls-bin"), "--task", "sentence_prediction", "--criterion", "sentence_prediction",
             "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *make_tiny_roberta.TINY_ARCH,
-            "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--lr", "1e-4",
+            "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--lr", "1e-4",
             "--lr-scheduler", "fixed", "--max-update", str(updates), "--batch-size", str(batch), "--seed", "1",
             "--num-workers", "0", "--cpu", "--save-dir", save, "--no-save", "--disable-validation",
             "--user-dir", os.path.join(ROOT, "recadam_fairseq"), "--log-format", "json", "--log-interval", "1000",
             "--restore-file", os.path.join(work, "pretrained.pt"), "--reset-optimizer", "--reset-dataloader",
-            "--reset-meters", *extra]
+            "--reset-meters", *flags]  # the method's last: its --criterion replaces the default
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", WRAP, *args], capture_output=True, text=True, env=env, cwd=work)
     text = out.stdout + out.stderr
@@ -102,28 +115,35 @@ def train(work, name, optimizer, extra, updates, batch):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--set", choices=list(SETS), required=True, help="which methods")
+    ap.add_argument("--set", choices=list(SETS), help="which methods")
+    ap.add_argument("--list", action="store_true", help="print every set's commands' method flags as JSON; run nothing")
     ap.add_argument("--updates", type=int, default=40)
     ap.add_argument("--batch-size", type=int, default=16)
     ap.add_argument("--repeat", type=int, default=3, help="rounds over all methods; the best round is kept")
     ap.add_argument("--work", help="work directory (default: a temporary one)")
     ap.add_argument("--out-md", help="also write the table to this markdown file")
     a = ap.parse_args(argv)
+    if a.list:
+        print(json.dumps({s: [[name, method, values, command_flags(method, values, extra), extra]
+                              for name, _, method, values, extra in rows] for s, rows in SETS.items()}))
+        return
+    if not a.set:
+        ap.error("--set is required")
     work = a.work or tempfile.mkdtemp(prefix="bench-methods-")
     runs = SETS[a.set]
     if not os.path.exists(os.path.join(work, "pretrained.pt")):
         make_tiny_roberta.main([work])
     res = {}
     for r in range(a.repeat):  # rounds over all methods: a load change hits every method alike
-        for name, base, opt, extra in runs:
-            ups, rss = train(work, name, opt, extra, a.updates, a.batch_size)
+        for name, base, method, values, extra in runs:
+            ups, rss = train(work, name, command_flags(method, values, extra), a.updates, a.batch_size)
             print(f"round {r + 1}: {name}: {ups:.2f} updates/s, peak RSS {rss:.0f} MB", file=sys.stderr)
             best = res.get(name, (0.0, float("inf")))
             res[name] = (max(best[0], ups), min(best[1], rss))  # the best of the rounds
     lines = [f"{TITLE[a.set]}: cost on the tiny RoBERTa (CPU, 1 thread, batch {a.batch_size}, {a.updates} updates, "
              f"fairseq-train, best of {a.repeat} rounds), against the base optimizer:", "",
              "| method | base | updates/s | ÷ base | peak RSS MB | ÷ base | +MB |", "|---|---|---|---|---|---|---|"]
-    for name, base, _, _ in runs:
+    for name, base, *_ in runs:
         ups, rss = res[name]
         if base is None:
             lines.append(f"| {name} | - | {ups:.2f} | 1 | {rss:.0f} | 1 | 0 |")

@@ -28,57 +28,40 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     rdrop:1                   R-Drop's α (sentence_prediction_rdrop)
     recadam-rdrop:k=0.1,t0=50,alpha=1     RecAdam with R-Drop
 
-Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed);
-nothing here runs anything. In the multi-task setting (``flags(..., multitask=True)``) every run trains
-on all the target tasks at once through ``--task glue_multitask`` (uniform task sampling), and only the
-methods of MULTITASK_METHODS are allowed.
+Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed), the
+catalogue's (recadam_fairseq/catalogue.py: its flags, knobs and models); nothing here runs anything. The
+comparison's own choices: which knobs a spec varies (the rest at the catalogue's defaults or pinned
+below), t0 and R3F's λ defaults for its 200-update runs, and the names its runs were recorded under
+(``recadam+r3f``, ``recadam+fsam``: the catalogue's recadam-r3f, recadam-fsam; both spellings are taken).
+In the multi-task setting (``flags(..., multitask=True)``) every run trains on all the target tasks at
+once through ``--task glue_multitask`` (uniform task sampling), and only the methods of
+MULTITASK_METHODS are allowed.
 """
 
 from typing import Dict, List, Tuple
 
-# knob: (default, its prefix in run names)
-KNOBS = {
-    "k": (0.1, "k"), "t0": (40.0, "t"), "gamma": (None, "g"),  # gamma None: --gamma
-    "lambda": (1.0, "lambda"), "rho": (0.05, "rho"), "layers": (3, "freeze"), "freeze": (0, "freeze"),
-    "decay": (0.9, "d"), "reinit": (2, "n"), "rank": (8, "r"), "p": (0.9, "p"), "ratio": (0.3, "p"),
-    "alpha": (1.0, "a"),
-}
-RECADAM = ("k", "t0", "gamma")
+from .. import catalogue
+
+# knobs a spec does not vary: their flags at these values (those left out add no flag)
+PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8"}
+SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha")
+DEFAULTS = {"t0": 40.0, "lambda": 1.0}  # the comparison's own, for its 200-update runs
+RECORDED_AS = {"recadam-r3f": "recadam+r3f", "recadam-fsam": "recadam+fsam"}  # the recorded runs' spelling
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
-    "adam": (),
-    "recadam": RECADAM,
-    "recadam-coupled": RECADAM,
-    "recadam-random-init": RECADAM,
-    "r3f": ("lambda",),
-    "r4f": ("lambda",),
-    "sam": ("rho",),
-    "fsam": ("rho",),
-    "recadam+r3f": RECADAM + ("lambda",),
-    "recadam+fsam": RECADAM + ("rho",),
-    "freeze": ("layers",),
-    "ca-mtl": ("freeze",),
-    "recadam-ca-mtl": RECADAM + ("freeze",),
-    "llrd": ("decay",),
-    "recadam-llrd": RECADAM + ("decay",),
-    "reinit": ("reinit",),
-    "recadam-reinit": RECADAM + ("reinit",),
-    "lora": ("rank",),
-    "mixout": ("p",),
-    "recadam-mixout": RECADAM + ("p",),
-    "childtune-d": ("ratio",),
-    "childtune-f": ("ratio",),
-    "recadam-childtune-d": RECADAM + ("ratio",),
-    "rdrop": ("alpha",),
-    "recadam-rdrop": RECADAM + ("alpha",),
-}
-INT_KNOBS = ("layers", "freeze", "reinit", "rank")
-# LoRA trains ~0.1-1% of the weights, from B = 0: it needs a larger lr than full fine-tuning (the
-# paper's RoBERTa-base GLUE lrs are 4e-4 to 5e-4); α fixed at the paper's 8 while r varies.
-LORA_LR, LORA_ALPHA = 5e-4, 8
+    RECORDED_AS.get(n, n): tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
+    for n, m in catalogue.METHODS.items()}
+INT_KNOBS = tuple(k for k, knob in catalogue.KNOBS.items() if knob.type is int and k not in SPEC_EXCLUDED)
+# knob: (default, its prefix in run names); gamma None: --gamma
+KNOBS = {k: (None if k == "gamma" else DEFAULTS.get(k, (int if k in INT_KNOBS else float)(knob.default)),
+             knob.tag or k)
+         for k, knob in catalogue.KNOBS.items() if k not in SPEC_EXCLUDED}
+RECADAM = ("k", "t0", "gamma")
+# LoRA trains ~0.1-1% of the weights, from B = 0: its own lr (the catalogue's); α fixed while r varies
+LORA_LR, LORA_ALPHA = float(catalogue.METHODS["lora"].lr), float(PINNED["lora_alpha"])
 # the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
 MT_TASK = "SST-2"
 # what the multi-task setting compares: plain RoBERTa and CA-MTL, each with and without RecAdam
-MULTITASK_METHODS = ("adam", "recadam", "freeze", "ca-mtl", "recadam-ca-mtl")
+MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask)
 
 
 class MethodError(ValueError):
@@ -92,6 +75,8 @@ def fmt(x) -> str:
 def parse(spec: str, gamma: float = 5000.0) -> dict:
     """``NAME[:VALUES]`` -> {"method": NAME, knob: value, ...}; errors name the spec."""
     name, _, rest = spec.strip().partition(":")
+    name = catalogue.ALIASES.get(name, name)
+    name = RECORDED_AS.get(name, name)
     if name not in METHODS:
         raise MethodError(f"--methods {spec!r}: unknown method {name!r}; known: {', '.join(METHODS)}")
     knobs = METHODS[name]
@@ -149,8 +134,25 @@ def knob_text(s: dict) -> str:
     return ", ".join(f"{k}={fmt(s[k])}" for k in METHODS[s["method"]])
 
 
+def method_of(s: dict) -> catalogue.Method:
+    return catalogue.get(s["method"])
+
+
 def uses_multitask(s: dict) -> bool:
-    return s["method"] in ("freeze", "ca-mtl", "recadam-ca-mtl")
+    return method_of(s).task == "glue_multitask"
+
+
+def check(s: dict, num_layers: int) -> None:
+    """The knob values a run cannot take, as a MethodError naming the setting."""
+    bounds = {"decay": (lambda v: 0 < v <= 1, "the lr decay must be in (0, 1]"),
+              "reinit": (lambda v: 0 < v <= num_layers, f"{s.get('reinit')} re-initialised layers, the encoder "
+                                                          f"has {num_layers}"),
+              "rank": (lambda v: v >= 1, "the rank must be >= 1"),
+              "p": (lambda v: 0 <= v < 1, "the mixout probability must be in [0, 1)"),
+              "ratio": (lambda v: 0 < v <= 1, "the kept fraction must be in (0, 1]")}
+    for key, (ok, why) in bounds.items():
+        if key in s and not ok(s[key]):
+            raise MethodError(f"--methods {setting_name(s)}: {why}")
 
 
 def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = False) -> Dict[str, List[str]]:
@@ -158,58 +160,18 @@ def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = Fa
     ``arch`` (None: the pretrained arch), ``restore`` (False: no --restore-file) and ``extra``;
     ``mt_task``: the target's name for ``--task glue_multitask`` (comma-separated names with ``multitask``:
     every method trains on them all at once)."""
-    m = s["method"]
-    if multitask and m not in MULTITASK_METHODS:
+    m = method_of(s)
+    if multitask and s["method"] not in MULTITASK_METHODS:
         raise MethodError(f"--methods {setting_name(s)}: the multi-task setting runs only "
                           f"{', '.join(MULTITASK_METHODS)}")
-    out = {"optimizer": ["--optimizer", "adam"], "criterion": ["--criterion", "sentence_prediction"],
-           "task": None, "arch": None, "restore": True, "extra": []}
-    recadam = ["--recadam-anneal-fun", "sigmoid", "--recadam-anneal-k", fmt(s.get("k", 0.0)),
-               "--recadam-anneal-t0", fmt(s.get("t0", 0.0)), "--recadam-pretrain-cof", fmt(s.get("gamma", 0.0))]
-    if m.startswith("recadam") and m != "recadam-coupled":  # the coupled objective is in the criterion
-        out["optimizer"] = ["--optimizer", "recadam", *recadam]
-    if m in ("llrd", "childtune-d", "childtune-f"):  # recadam at w = 0 is fairseq's adam, bit for bit, with the listeners
-        out["optimizer"] = ["--optimizer", "recadam", "--recadam-anneal-w", "0"]
-    if m in ("llrd", "recadam-llrd"):
-        if not 0 < s["decay"] <= 1:
-            raise MethodError(f"--methods {setting_name(s)}: the lr decay must be in (0, 1]")
-        out["optimizer"] += ["--layer-lr-decay", fmt(s["decay"])]
-    if m in ("reinit", "recadam-reinit"):
-        if not 0 < s["reinit"] <= num_layers:
-            raise MethodError(f"--methods {setting_name(s)}: {s['reinit']} re-initialised layers, the encoder "
-                              f"has {num_layers}")
-        out["arch"] = "roberta_ft"
-        out["extra"] += ["--reinit-layers", str(s["reinit"])]
-    if m == "lora":
-        if s["rank"] < 1:
-            raise MethodError(f"--methods {setting_name(s)}: the rank must be >= 1")
-        out["arch"] = "roberta_ft"
-        out["extra"] += ["--lora-rank", str(s["rank"]), "--lora-alpha", fmt(LORA_ALPHA), "--lr", fmt(LORA_LR)]
-    if m in ("mixout", "recadam-mixout"):
-        if not 0 <= s["p"] < 1:
-            raise MethodError(f"--methods {setting_name(s)}: the mixout probability must be in [0, 1)")
-        out["arch"] = "roberta_ft"
-        out["extra"] += ["--mixout", fmt(s["p"])]
-    if m in ("childtune-d", "childtune-f", "recadam-childtune-d"):
-        if not 0 < s["ratio"] <= 1:
-            raise MethodError(f"--methods {setting_name(s)}: the kept fraction must be in (0, 1]")
-        out["optimizer"] += ["--child-tuning", "F" if m == "childtune-f" else "D", "--child-tuning-ratio",
-                             fmt(s["ratio"])]
-    if m in ("rdrop", "recadam-rdrop"):
-        out["criterion"] = ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", fmt(s["alpha"])]
-    if m == "recadam-random-init":
-        out["restore"] = False
-    if m == "recadam-coupled":
-        out["criterion"] = ["--criterion", "sentence_prediction_recadam", "--recadam-objective", "coupled", *recadam]
-    if m in ("r3f", "r4f", "recadam+r3f"):
-        out["criterion"] = ["--criterion", "sentence_prediction_r3f", "--r3f-lambda", fmt(s["lambda"]),
-                            "--eps", "1e-05", "--noise-type", "uniform"]
-    if m == "r4f":
-        out["extra"] += ["--spectral-norm-classification-head"]
-    if m in ("sam", "fsam"):
-        out["optimizer"] = ["--optimizer", "samsgd"]
-    if m in ("sam", "fsam", "recadam+fsam"):
-        out["optimizer"] += ["--sam-type", "sam" if m == "sam" else "fisher-sam", "--rho", fmt(s["rho"])]
+    check(s, num_layers)
+    values = {k: v for k, v in PINNED.items() if k in m.knobs}
+    values.update({k: fmt(s[k]) for k in METHODS[s["method"]]})
+    f = m.flags(values)
+    out = {"optimizer": f["optimizer"], "criterion": ["--criterion", m.criterion or "sentence_prediction",
+                                                      *f["criterion"]],
+           "task": None, "arch": m.model, "restore": m.restore,
+           "extra": f["extra"] + (["--lr", fmt(LORA_LR)] if m.lr else [])}
     if uses_multitask(s) or multitask:
         n = s.get("layers", s.get("freeze", 0))
         if n > num_layers:
@@ -217,12 +179,6 @@ def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = Fa
         out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task] + (
             ["--mt-sampling", "uniform"] if multitask else [])
         out["criterion"] = ["--criterion", "glue_multitask"]
-        if n:
-            out["extra"] += ["--freeze-encoder-layers", f"0-{n - 1}"]
-        if m == "freeze" and n:
-            out["extra"] += ["--freeze-embeddings"]
-        if m in ("ca-mtl", "recadam-ca-mtl"):
-            out["arch"] = "ca_mtl_roberta"
     return out
 
 

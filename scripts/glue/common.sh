@@ -1,10 +1,6 @@
 # Shared by finetune.sh and multitask.sh (sourced): asking Python, fp16, the architecture, the run directory.
 # The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
 
-# The METHODs of finetune.sh and grid.sh (summarize.py reads this line too): one list.
-GLUE_METHODS="adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd reinit recadam-reinit lora mixout recadam-mixout childtune-d recadam-childtune-d rdrop recadam-rdrop"
-known_method() { [[ " $GLUE_METHODS " == *" $1 "* ]]; }
-
 # The script's header comment (everything up to `set -euo pipefail`): its usage.
 usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
 
@@ -95,7 +91,7 @@ write_command() {
       rm -f "$run"/checkpoint*.pt "$run"/checkpoint*.pt.tmp "$run"/checkpoint_last.pt.bad-* "$run/done" "$run/train.log"
     fi
   elif [ -f "$run/command.sh" ] && { has_checkpoints "$run" || [ -f "$run/done" ]; } &&
-       [ "$(grep -v '^#' "$run/command.sh")" != "$body" ]; then
+       [ "$(grep -v '^#' "$run/command.sh" | flag_lines)" != "$(echo "$body" | flag_lines)" ]; then
     die "$run was started with another command ($(command_change "$(grep -v '^#' "$run/command.sh")" "$body")): RESTART=1 starts it over with this one, or choose another SAVE_DIR"
   elif [ -f "$run/done" ] && [ "$DRY_RUN" != 1 ]; then
     echo "== already done: $run (RESTART=1 trains it again)"
@@ -110,10 +106,14 @@ write_command() {
   chmod +x "$run/command.sh"
 }
 
+# A rendered command as its lines (one flag and its values a line), sorted: the same flags in another order
+# are the same command (argparse reads them so).
+flag_lines() { sed 's/ *\\$//; s/^ *//' | LC_ALL=C sort; }
+
 # command_change OLD NEW: what differs between two rendered commands, in a few words ("was --lr 2e-5; now --lr 3e-5")
 command_change() {
   local a b old new
-  a=$(echo "$1" | sed 's/ *\\$//; s/^ *//') b=$(echo "$2" | sed 's/ *\\$//; s/^ *//')  # one flag a line
+  a=$(echo "$1" | flag_lines) b=$(echo "$2" | flag_lines)
   old=$(diff <(echo "$a") <(echo "$b") | sed -n 's/^< //p' | head -3 | paste -sd ' ' - || true)
   new=$(diff <(echo "$a") <(echo "$b") | sed -n 's/^> //p' | head -3 | paste -sd ' ' - || true)
   echo "was: ${old:-nothing}; now: ${new:-nothing}"

@@ -5,33 +5,10 @@
 #   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
 #
 # TASK:   MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B (case-insensitive)
-# METHOD: adam             --optimizer adam
-#         recadam          --optimizer recadam + the RecAdam flags
-#         recadam-coupled  --optimizer adam + --recadam-objective coupled (the penalty in the loss)
-#                          + the RecAdam flags
-#         sam              --optimizer samsgd --sam-type sam (Adam + SAM) + the SAM flags
-#         fsam             --optimizer samsgd --sam-type fisher-sam (FSAM) + the SAM flags
-#         recadam-fsam     --optimizer recadam --sam-type fisher-sam + the RecAdam and SAM flags
-#         r3f              --optimizer adam, --criterion sentence_prediction_r3f --noise-type uniform
-#                          --r3f-lambda 0.7 (R3F paper / fairseq examples/rxf; RTE: its recipe)
-#         r4f              r3f + --spectral-norm-classification-head
-#         recadam-r3f      --optimizer recadam + the RecAdam flags, with r3f's criterion and flags
-#         llrd             layer-wise lr decay: --optimizer recadam --recadam-anneal-w 0 (plain Adam)
-#                          --layer-lr-decay $LLRD
-#         recadam-llrd     recadam + --layer-lr-decay $LLRD
-#         reinit           --optimizer adam, the top $REINIT encoder layers re-initialised
-#                          (--arch roberta_ft_* --reinit-layers $REINIT)
-#         recadam-reinit   recadam + the reinit flags (the re-initialised layers are not pulled)
-#         lora             --optimizer adam, LoRA on attention q and v (--arch roberta_ft_* --lora-rank
-#                          $LORA_RANK --lora-alpha $LORA_ALPHA), the encoder frozen; LR [5e-4]
-#         mixout           --optimizer adam, Mixout toward the pretrained weights on the encoder's linear
-#                          layers (--arch roberta_ft_* --mixout $MIXOUT)
-#         recadam-mixout   recadam + --mixout $MIXOUT (Mixout's targets are RecAdam's θ*, one copy)
-#         childtune-d      ChildTuning-D: --optimizer recadam --recadam-anneal-w 0 (plain Adam)
-#                          --child-tuning D --child-tuning-ratio $CHILD_RATIO
-#         recadam-childtune-d  recadam + --child-tuning D --child-tuning-ratio $CHILD_RATIO
-#         rdrop            --optimizer adam, --criterion sentence_prediction_rdrop --rdrop-alpha $RDROP_ALPHA
-#         recadam-rdrop    recadam with rdrop's criterion and flags
+# METHOD: a method of the catalogue (recadam_fairseq/catalogue.py; the table in docs/glue.md):
+#         adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd reinit
+#         recadam-reinit lora mixout recadam-mixout childtune-d childtune-f recadam-childtune-d rdrop
+#         recadam-rdrop. `python -m recadam_fairseq methods METHOD` shows its flags and variables.
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Resuming: the same command again continues an interrupted run from its newest checkpoint (fairseq's
@@ -48,15 +25,12 @@
 #   MAX_UPDATE    total updates [the recipe's: 10 epochs]; warmup is scaled in proportion (at least 1), and the
 #                 run stops there however many epochs that takes
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]: a checkpoint (and validation) every N updates
-#   K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]   RecAdam: --recadam-anneal-k, -t0,
-#                 --recadam-pretrain-cof, --recadam-anneal-fun (the authors' example commands)
-#   RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100]   SAM methods: --rho, --keep-ratio, --mask-iter-e
-#   LLRD [0.9]    llrd methods: --layer-lr-decay       REINIT [2]   reinit methods: --reinit-layers
-#   LORA_RANK [8] LORA_ALPHA [8]   lora: --lora-rank, --lora-alpha
-#   MIXOUT [0.9]  mixout methods: --mixout       CHILD_RATIO [0.3]  childtune methods: --child-tuning-ratio
-#   RDROP_ALPHA [1.0]  rdrop methods: --rdrop-alpha
-#   CRITERION     [sentence_prediction_recadam; sentence_prediction_r3f for the R3F methods and
-#                 sentence_prediction_rdrop for the R-Drop ones, which take no other]; with sentence_prediction the task's metric flag
+#   the method's knobs, each from its variable: K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid] (RecAdam),
+#                 R3F_LAMBDA [0.7], RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100] (SAM), LLRD [0.9], REINIT [2],
+#                 LORA_RANK [8] LORA_ALPHA [8], MIXOUT [0.9], CHILD_RATIO [0.3], RDROP_ALPHA [1.0], ...
+#                 (the whole list: python -m recadam_fairseq methods METHOD)
+#   CRITERION     [sentence_prediction_recadam; the method's own where it has one (R3F, R-Drop, the coupled
+#                 objective), which takes no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
 #   PYTHON        [the interpreter of FAIRSEQ_TRAIN]: reads the recipe, the checkpoint and the machine
@@ -83,52 +57,33 @@ for a in ${EXTRA[@]+"${EXTRA[@]}"}; do  # fairseq-train's own help: no run direc
   case "$a" in -h|--help) read -r -a TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"; exec "${TRAIN[@]}" --help ;; esac
 done
 
-known_method "$METHOD" || die "unknown METHOD '$METHOD'; choose one of $GLUE_METHODS"
-IS_R3F=0 IS_RDROP=0 IS_RECADAM=0 IS_FT=0  # the R3F / R-Drop criterion, the RecAdam flags (k, t0, γ), roberta_ft
-case "$METHOD" in r3f|r4f|recadam-r3f) IS_R3F=1 ;; esac
-case "$METHOD" in rdrop|recadam-rdrop) IS_RDROP=1 ;; esac
-case "$METHOD" in recadam*) IS_RECADAM=1 ;; esac
-case "$METHOD" in reinit|recadam-reinit|lora|mixout|recadam-mixout) IS_FT=1 ;; esac
-
 FAIRSEQ_TRAIN=${FAIRSEQ_TRAIN:-fairseq-train}
 read -r -a TRAIN <<< "$FAIRSEQ_TRAIN"
 PYTHON=${PYTHON:-$(python_of "${TRAIN[0]}")}
 DRY_RUN=${DRY_RUN:-0}
 
-# The recipe (and the task's spelling) from recadam_fairseq/core/glue_tasks.py.
-ask_python --task "$TASK_ARG"
+# The method (recadam_fairseq/catalogue.py; its knobs from their variables), the recipe and the task's spelling
+# (recadam_fairseq/core/glue_tasks.py).
+ask_python --method "$METHOD" --task "$TASK_ARG"  # sets METHOD to the catalogue's spelling, K, T0, ... to their values
+IS_R3F=0
+[ "$METHOD_CRITERION" != sentence_prediction_r3f ] || IS_R3F=1
 
 # R3F's RTE command (fairseq examples/rxf): lr 1e-5, batch 8, 3120 updates, 187 warmup
 if [ "$IS_R3F" = 1 ] && [ "$TASK" = RTE ]; then
   RECIPE_LR=1e-5 RECIPE_BATCH=8 RECIPE_TOTAL=3120 RECIPE_WARMUP=187
 fi
-[ "$METHOD" != lora ] || RECIPE_LR=5e-4  # LoRA's lr for RoBERTa-base on GLUE (Hu et al. 2021)
+[ -z "$METHOD_LR" ] || RECIPE_LR=$METHOD_LR  # its own (LoRA's for RoBERTa-base on GLUE, Hu et al. 2021)
 LR=${LR:-$RECIPE_LR}
 BATCH=${BATCH:-$RECIPE_BATCH}
 TOTAL=$RECIPE_TOTAL
 WARMUP=$RECIPE_WARMUP
 SEED=${SEED:-1}
 NUM_GPUS=${NUM_GPUS:-1}
-K=${K:-0.1}
-T0=${T0:-1000}
-GAMMA=${GAMMA:-5000}
-ANNEAL_FUN=${ANNEAL_FUN:-sigmoid}
-RHO=${RHO:-0.05}
-KEEP_RATIO=${KEEP_RATIO:-0.1}
-MASK_ITER_E=${MASK_ITER_E:-100}
-LLRD=${LLRD:-0.9}
-REINIT=${REINIT:-2}
-LORA_RANK=${LORA_RANK:-8}
-LORA_ALPHA=${LORA_ALPHA:-8}
-MIXOUT=${MIXOUT:-0.9}
-CHILD_RATIO=${CHILD_RATIO:-0.3}
-RDROP_ALPHA=${RDROP_ALPHA:-1.0}
-for own in "r3f:$IS_R3F" "rdrop:$IS_RDROP"; do
-  [ "${own#*:}" = 1 ] || continue
-  own=sentence_prediction_${own%%:*}
-  [ -z "${CRITERION:-}" ] || [ "$CRITERION" = "$own" ] || die "METHOD $METHOD uses CRITERION=$own, got CRITERION=$CRITERION"
-  CRITERION=$own
-done
+if [ -n "$METHOD_CRITERION" ]; then
+  [ -z "${CRITERION:-}" ] || [ "$CRITERION" = "$METHOD_CRITERION" ] ||
+    die "METHOD $METHOD uses CRITERION=$METHOD_CRITERION, got CRITERION=$CRITERION"
+  CRITERION=$METHOD_CRITERION
+fi
 CRITERION=${CRITERION:-sentence_prediction_recadam}
 DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
@@ -148,25 +103,11 @@ SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(default_save_interval "$TOTAL")
 is_uint "$SAVE_INTERVAL_UPDATES" && [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] ||
   die "SAVE_INTERVAL_UPDATES must be a positive integer, got '$SAVE_INTERVAL_UPDATES'"
 
-if [ "$IS_RECADAM" = 1 ] && awk -v t0="$T0" -v n="$TOTAL" 'BEGIN { exit !(t0 + 0 >= n + 0) }'; then
+if [ "$METHOD_RECADAM" = 1 ] && awk -v t0="$T0" -v n="$TOTAL" 'BEGIN { exit !(t0 + 0 >= n + 0) }'; then
   note "note: T0=$T0 is not before the run's end ($TOTAL updates): λ(t) stays below 1/2, so RecAdam barely moves the encoder; give T0 < MAX_UPDATE"
 fi
 
-NAME=$METHOD
-if [ "$IS_RECADAM" = 1 ]; then
-  NAME="$METHOD-k$K-t$T0"
-  [ "$GAMMA" = 5000 ] || NAME="$NAME-g$GAMMA"
-  [ "$ANNEAL_FUN" = sigmoid ] || NAME="$NAME-$ANNEAL_FUN"
-fi
-case "$METHOD" in
-  sam|fsam|recadam-fsam) NAME="$NAME-rho$RHO" ;;
-  llrd|recadam-llrd) NAME="$NAME-d$LLRD" ;;
-  reinit|recadam-reinit) NAME="$NAME-n$REINIT" ;;
-  lora) NAME="$NAME-r$LORA_RANK-a$LORA_ALPHA" ;;
-  mixout|recadam-mixout) NAME="$NAME-p$MIXOUT" ;;
-  childtune-d|recadam-childtune-d) NAME="$NAME-p$CHILD_RATIO" ;;
-  rdrop|recadam-rdrop) NAME="$NAME-a$RDROP_ALPHA" ;;
-esac
+NAME=$METHOD_NAME
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
 
@@ -195,14 +136,14 @@ if [ -f "${ROBERTA_PATH:-}" ] && { [ -z "${ARCH:-}" ] || [ -z "${MAX_POSITIONS:-
   ASK+=(--checkpoint "$ROBERTA_PATH")
   [ -z "${ARCH:-}" ] || ASK+=(--arch "$ARCH")  # checked against the checkpoint's sizes
 fi
-if [ "$IS_FT" = 1 ]; then  # the arch as the roberta_ft model's (re-init, LoRA)
+if [ "$METHOD_FT" = 1 ]; then  # the arch as the roberta_ft model's (re-init, LoRA)
   ASK+=(--ft)
   [ -z "${ARCH:-}" ] || [[ " ${ASK[*]} " == *" --arch "* ]] || ASK+=(--arch "$ARCH")
 fi
 [ "$FP16" = 0 ] || { [ "$DRY_RUN" = 1 ] && [ "$FP16" = 1 ]; } || ASK+=(--cuda)
 [ ${#ASK[@]} = 0 ] || ask_python "${ASK[@]}"
 choose_fp16
-arch_flags "$([ "$IS_FT" = 1 ] && echo roberta_ft_large || echo roberta_large)"
+arch_flags "$([ "$METHOD_FT" = 1 ] && echo roberta_ft_large || echo roberta_large)"
 
 CMD=("${TRAIN[@]}" "$DATA"
   --user-dir "$USER_DIR"
@@ -219,37 +160,7 @@ if [ "$CRITERION" = sentence_prediction ]; then  # fairseq's criterion computes 
     pearson) CMD+=(--report-pearson-and-spearman) ;;
   esac
 fi
-case "$METHOD" in
-  adam) CMD+=(--optimizer adam) ;;
-  recadam) CMD+=(--optimizer recadam) ;;
-  recadam-coupled) CMD+=(--optimizer adam --recadam-objective coupled) ;;
-  r3f) CMD+=(--optimizer adam) ;;
-  r4f) CMD+=(--optimizer adam --spectral-norm-classification-head) ;;
-  recadam-r3f) CMD+=(--optimizer recadam) ;;
-  sam) CMD+=(--optimizer samsgd --sam-type sam --rho "$RHO") ;;
-  fsam) CMD+=(--optimizer samsgd --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
-              --mask-iter-e "$MASK_ITER_E") ;;
-  recadam-fsam) CMD+=(--optimizer recadam --sam-type fisher-sam --rho "$RHO" --keep-ratio "$KEEP_RATIO"
-                      --mask-iter-e "$MASK_ITER_E") ;;
-  llrd) CMD+=(--optimizer recadam --recadam-anneal-w 0 --layer-lr-decay "$LLRD") ;;
-  recadam-llrd) CMD+=(--optimizer recadam --layer-lr-decay "$LLRD") ;;
-  reinit) CMD+=(--optimizer adam --reinit-layers "$REINIT") ;;
-  recadam-reinit) CMD+=(--optimizer recadam --reinit-layers "$REINIT") ;;
-  lora) CMD+=(--optimizer adam --lora-rank "$LORA_RANK" --lora-alpha "$LORA_ALPHA") ;;
-  mixout) CMD+=(--optimizer adam --mixout "$MIXOUT") ;;
-  recadam-mixout) CMD+=(--optimizer recadam --mixout "$MIXOUT") ;;
-  childtune-d) CMD+=(--optimizer recadam --recadam-anneal-w 0 --child-tuning D --child-tuning-ratio "$CHILD_RATIO") ;;
-  recadam-childtune-d) CMD+=(--optimizer recadam --child-tuning D --child-tuning-ratio "$CHILD_RATIO") ;;
-  rdrop) CMD+=(--optimizer adam) ;;
-  recadam-rdrop) CMD+=(--optimizer recadam) ;;
-esac
-[ "$IS_R3F" = 0 ] || CMD+=(--noise-type uniform --r3f-lambda 0.7)
-[ "$IS_RDROP" = 0 ] || CMD+=(--rdrop-alpha "$RDROP_ALPHA")
-CMD+=(--adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
-if [ "$IS_RECADAM" = 1 ]; then
-  CMD+=(--recadam-anneal-fun "$ANNEAL_FUN" --recadam-anneal-k "$K" --recadam-anneal-t0 "$T0"
-        --recadam-pretrain-cof "$GAMMA")
-fi
+CMD+=("${METHOD_FLAGS[@]}" --adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0)
 CMD+=(--lr "$LR" --lr-scheduler polynomial_decay --total-num-update "$TOTAL" --warmup-updates "$WARMUP"
   --max-update "$TOTAL")
 # the recipe's 10 epochs are its update count; a MAX_UPDATE of the user's is the run's length, whatever the epochs
@@ -265,8 +176,7 @@ CMD+=(--best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric
   --log-format json --log-interval 100
   ${EXTRA[@]+"${EXTRA[@]}"})  # (this form: an empty array is "unbound" to set -u before bash 4.4)
 
-SETTINGS="LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS$(
-  [ "$IS_RECADAM" = 0 ] || echo " K=$K T0=$T0 GAMMA=$GAMMA ANNEAL_FUN=$ANNEAL_FUN")"
+SETTINGS="LR=$LR BATCH=$BATCH TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS${METHOD_SETTINGS:+ $METHOD_SETTINGS}"
 write_command "$RUN" "$TASK $METHOD seed $SEED" "$SETTINGS" "${#TRAIN[@]}" "${CMD[@]}"
 
 if [ "$DRY_RUN" = 1 ]; then
@@ -279,19 +189,7 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
   printf '{"task": %s, "method": %s, "seed": %s' "$(json_str "$TASK")" "$(json_str "$METHOD")" "$SEED"
   printf ', "metric": %s, "lr": %s, "batch": %s' "$(json_str "$METRIC")" "$(json_str "$LR")" "$BATCH"
   printf ', "total_updates": %s, "warmup_updates": %s' "$TOTAL" "$WARMUP"
-  [ "$IS_R3F" = 0 ] || printf ', "noise_type": "uniform", "r3f_lambda": "0.7"'
-  case "$METHOD" in
-    llrd|recadam-llrd) printf ', "layer_lr_decay": %s' "$(json_str "$LLRD")" ;;
-    reinit|recadam-reinit) printf ', "reinit_layers": %s' "$(json_str "$REINIT")" ;;
-    lora) printf ', "lora_rank": %s, "lora_alpha": %s' "$(json_str "$LORA_RANK")" "$(json_str "$LORA_ALPHA")" ;;
-    mixout|recadam-mixout) printf ', "mixout": %s' "$(json_str "$MIXOUT")" ;;
-    childtune-d|recadam-childtune-d) printf ', "child_tuning": "D", "child_tuning_ratio": %s' "$(json_str "$CHILD_RATIO")" ;;
-    rdrop|recadam-rdrop) printf ', "rdrop_alpha": %s' "$(json_str "$RDROP_ALPHA")" ;;
-  esac
-  if [ "$IS_RECADAM" = 1 ]; then
-    printf ', "k": %s, "t0": %s, "gamma": %s, "anneal_fun": %s' "$(json_str "$K")" "$(json_str "$T0")" \
-      "$(json_str "$GAMMA")" "$(json_str "$ANNEAL_FUN")"
-  fi
+  printf '%s' "$METHOD_JSON"
   printf '}\n'
 } > "$RUN/run.json"
 

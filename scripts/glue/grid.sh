@@ -10,13 +10,13 @@
 # end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
-#              METHODS ["recadam"]; any of finetune.sh's METHODs (GLUE_METHODS in scripts/glue/common.sh)
+#              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
 #              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
 set -euo pipefail
 
 die() { echo "grid.sh: error: $*" >&2; exit 2; }
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$SCRIPT_DIR/common.sh"  # usage, GLUE_METHODS
+source "$SCRIPT_DIR/common.sh"  # usage, python_of
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 [ $# -ge 1 ] || { usage >&2; die "expected TASK"; }
 TASK=$1
@@ -27,8 +27,10 @@ KS=${KS:-"0.05 0.1 0.2 0.5 1"}
 T0S=${T0S:-"100 250 500 1000"}
 SEEDS=${SEEDS:-1}
 METHODS=${METHODS:-recadam}
-for m in $METHODS; do
-  known_method "$m" || die "unknown method '$m' in METHODS"
+read -r -a TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
+PYTHON=${PYTHON:-$(python_of "${TRAIN[0]}")}
+for m in $METHODS; do  # the catalogue's (recadam_fairseq/catalogue.py), as finetune.sh takes them
+  err=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan --method "$m" 2>&1 >/dev/null) || die "METHODS: ${err#error: }"
 done
 [ -n "${KS// }" ] && [ -n "${T0S// }" ] && [ -n "${SEEDS// }" ] || die "KS, T0S and SEEDS must not be empty"
 

@@ -16,7 +16,8 @@
 #   ARCH          [the checkpoint's --arch and sizes]; ca_mtl_roberta_base / _large for the task-conditioned model
 #   MAX_POSITIONS [the checkpoint's]
 #   FREEZE        [lower: the lower half of the layers]; none, or layers such as 0-5 (recadam_fairseq/core/layers.py)
-#   METHOD        [adam] or recadam (K [0.1] T0 [1000] GAMMA [5000]: RecAdam on the shared weights)
+#   METHOD        [adam] or recadam (K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]: RecAdam on the shared
+#                 weights): the catalogue's methods of the multi-task setting (python -m recadam_fairseq methods)
 #   LR [2e-5]  BATCH [32]  EPOCHS [5]  SEED [1]  FP16 [auto: 1 with a CUDA device]  NUM_GPUS [1]
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]
 #   SAVE_DIR      [runs]; the run is $SAVE_DIR/MTL/<ARCH>-<SAMPLING>-<METHOD>/seed$SEED (summarize.py reads it)
@@ -40,9 +41,6 @@ EPOCHS=${EPOCHS:-5}
 SEED=${SEED:-1}
 FP16=${FP16:-auto}
 NUM_GPUS=${NUM_GPUS:-1}
-K=${K:-0.1}
-T0=${T0:-1000}
-GAMMA=${GAMMA:-5000}
 FREEZE=${FREEZE:-lower}
 DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
@@ -53,7 +51,6 @@ PYTHON=${PYTHON:-$(python_of "${TRAIN[0]}")}
 DRY_RUN=${DRY_RUN:-0}
 case "$SAMPLING" in sequential|uniform|proportional|uncertainty) ;;
   *) die "unknown SAMPLING '$SAMPLING'; choose one of sequential uniform proportional uncertainty" ;; esac
-case "$METHOD" in adam|recadam) ;; *) die "unknown METHOD '$METHOD'; choose adam or recadam" ;; esac
 [[ $FP16 == 0 || $FP16 == 1 || $FP16 == auto ]] || die "FP16 must be 0, 1 or auto, got '$FP16'"
 [[ $BATCH =~ ^[1-9][0-9]*$ ]] || die "BATCH must be a positive integer, got '$BATCH'"
 [[ $EPOCHS =~ ^[1-9][0-9]*$ ]] || die "EPOCHS must be a positive integer, got '$EPOCHS'"
@@ -65,7 +62,7 @@ fi
 
 # Task names in GLUE's spelling, updates per epoch (every sampling mode takes sum_t ceil(n_t / BATCH)
 # batches, shared by the GPUs), the checkpoint's architecture, FREEZE checked against the model's layers.
-ASK=(--tasks "$TASKS")
+ASK=(--method "$METHOD" --multitask --tasks "$TASKS")
 if [ "$DRY_RUN" = 1 ] && [ ! -d "$DATA_DIR" ]; then
   PER_EPOCH=1000; note "warning: no $DATA_DIR; assuming $PER_EPOCH updates per epoch"
 else
@@ -94,11 +91,10 @@ CMD=("${TRAIN[@]}" "$DATA_DIR" --user-dir "$USER_DIR"
   --init-token 0 --separator-token 2 --max-positions "$MAX_POSITIONS"
   "${ARCH_FLAGS[@]}" --dropout 0.1 --attention-dropout 0.1
   --batch-size "$BATCH" --required-batch-size-multiple 1 --max-epoch "$EPOCHS"
-  --optimizer "$METHOD" --adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0
+  "${METHOD_FLAGS[@]}" --adam-betas "(0.9, 0.98)" --adam-eps 1e-06 --weight-decay 0.1 --clip-norm 0.0
   --lr "$LR" --lr-scheduler polynomial_decay --total-num-update "$TOTAL" --warmup-updates "$WARMUP"
   --max-update "$TOTAL")
 [ "$FREEZE" = none ] || CMD+=(--freeze-encoder-layers "$FREEZE")
-[ "$METHOD" != recadam ] || CMD+=(--recadam-anneal-k "$K" --recadam-anneal-t0 "$T0" --recadam-pretrain-cof "$GAMMA")
 [ "$FP16" = 0 ] || CMD+=(--fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128)
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
 [[ ",$TASKS," != *",MNLI,"* ]] || CMD+=(--valid-subset valid,valid1)  # MNLI-mm as valid1

@@ -1,11 +1,18 @@
 #!/usr/bin/env python3
 """What the GLUE task scripts (finetune.sh, grid.sh, multitask.sh) ask Python before fairseq-train.
 
-    prelaunch.py plan [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A] [--freeze SPEC] [--cuda]
-                      [--steps DATA_DIR BATCH GPUS]
+    prelaunch.py plan [--method M] [--multitask] [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A]
+                      [--freeze SPEC] [--cuda] [--steps DATA_DIR BATCH GPUS]
     prelaunch.py resume RUN_DIR
 
 ``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
+  --method     METHOD (its name in the catalogue, recadam_fairseq/catalogue.py), METHOD_NAME (the run
+               directory's name), METHOD_CRITERION (the criterion it needs, or empty), METHOD_FLAGS (an
+               array: its optimizer, model and criterion flags), METHOD_FT (1: the roberta_ft model),
+               METHOD_RECADAM (1: RecAdam's knobs), METHOD_LR (its own lr, or empty), METHOD_SETTINGS
+               (its variables, for command.sh), METHOD_JSON (its run.json fields) and each knob's variable
+               with its value; the knobs' values come from their environment variables (K, T0, RHO, ...: `python -m recadam_fairseq
+               methods NAME` lists them). --multitask: only the methods of the multi-task setting
   --task       TASK (GLUE's spelling of a name in any case), RECIPE_LR, RECIPE_BATCH, RECIPE_TOTAL,
                RECIPE_WARMUP, NUM_CLASSES, METRIC: fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py)
   --tasks      TASKS: a comma list in GLUE's spelling
@@ -26,6 +33,7 @@ update it holds) is copied in its place. It prints one line saying what the run 
 
 import argparse
 import glob
+import json
 import math
 import os
 import re
@@ -39,7 +47,8 @@ import zipfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: recadam_fairseq without install
 
-from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: no torch)
+from recadam_fairseq import catalogue  # noqa: E402  (pure Python: no torch)
+from recadam_fairseq.core import glue_tasks  # noqa: E402
 from recadam_fairseq.core.errors import ConfigError  # noqa: E402
 from recadam_fairseq.core.layers import parse_layers  # noqa: E402
 
@@ -196,8 +205,39 @@ def need(module: str):
 
 
 # --------------------------------------------------------------------------- main
+def method_plan(name: str, env, multitask: bool = False) -> dict:
+    """What METHOD adds to the task scripts' command, its knobs read from ``env``."""
+    shown = catalogue.names(scripts=True) if not multitask else [n for n in catalogue.names() if
+                                                                   catalogue.METHODS[n].multitask and
+                                                                   catalogue.METHODS[n].scripts]
+    try:
+        m = catalogue.get(name)
+    except catalogue.UnknownMethod:
+        raise Stop(f"unknown METHOD '{name}'; choose one of {' '.join(shown)}") from None
+    if m.name not in shown:
+        raise Stop(f"METHOD {name} is not one of this script's; choose one of {' '.join(shown)}"
+                   + ("" if m.scripts else " (it runs in the comparison: scripts/forgetting/run.py --methods)"))
+    values = {}
+    for key in m.knobs:
+        k = catalogue.KNOBS[key]
+        if k.implicit and not env.get(k.var):
+            continue
+        try:
+            values[key] = k.check(env.get(k.var) or k.default)
+        except ValueError as e:
+            raise Stop(str(e)) from None
+    f = m.flags(values)
+    return {**{catalogue.KNOBS[k].var: v for k, v in values.items()}, "METHOD": m.name, "METHOD_NAME": m.run_name(values), "METHOD_CRITERION": m.criterion or "",
+            "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"], "METHOD_FT": int(m.needs_ft),
+            "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
+            "METHOD_SETTINGS": " ".join(f"{catalogue.KNOBS[k].var}={v}" for k, v in values.items()),
+            "METHOD_JSON": "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in m.settings(values).items())}
+
+
 def plan(args) -> dict:
     out = {}
+    if args.method is not None:
+        out.update(method_plan(args.method, os.environ, args.multitask))
     if args.task:
         t = glue_tasks.TASKS[canonical(args.task)]
         if not t.recipe.total_updates:
@@ -262,6 +302,8 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan")
+    p.add_argument("--method")
+    p.add_argument("--multitask", action="store_true")
     p.add_argument("--task")
     p.add_argument("--tasks")
     p.add_argument("--checkpoint")
@@ -277,8 +319,8 @@ def main(argv=None) -> int:
         if args.cmd == "resume":
             print(resume(args.run_dir))
         else:
-            for k, v in plan(args).items():
-                print(f"{k}={shlex.quote(str(v))}")
+            for k, v in plan(args).items():  # a list as a bash array
+                print(f"{k}=({' '.join(map(shlex.quote, v))})" if isinstance(v, list) else f"{k}={shlex.quote(str(v))}")
     except Stop as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

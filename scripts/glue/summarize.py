@@ -36,14 +36,13 @@ import sys
 from collections import defaultdict
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+from recadam_fairseq import catalogue  # noqa: E402  (pure Python: the methods)
 from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: the GLUE task table)
 from recadam_fairseq.core.glue_tasks import head_name  # noqa: E402
 
 TASKS = glue_tasks.RECIPE_TASKS
 OTHER = {n: list(t.other_metrics) for n, t in glue_tasks.TASKS.items()}
-# finetune.sh's METHODs, in its order: the GLUE_METHODS line of common.sh (the one list)
-with open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "common.sh"), encoding="utf-8") as _f:
-    METHODS = re.search(r'^GLUE_METHODS="([^"]*)"', _f.read(), re.M).group(1).split()
+METHODS = catalogue.names()  # the run directories' methods, in the catalogue's order
 MM = "MNLI-mm"
 MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
 

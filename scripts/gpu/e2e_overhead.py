@@ -5,7 +5,8 @@ Generates a RoBERTa-sized setup (random "pretrained" weights after one masked-LM
 50,265-symbol dictionary, GLUE-length sentences of 64 to 126 tokens, two classes), then runs
 ``fairseq-train`` (through ``train_peak.py``, which adds the peak CUDA memory) once per method
 and round, the order rotating by round. Each method's flags come from the forgetting harness
-(scripts/forgetting/methods.py), so the commands are the ones the comparison ran.
+(recadam_fairseq/compare/methods.py, on the catalogue of methods), so the commands are the ones the
+comparison ran.
 
     python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
     python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
@@ -19,7 +20,6 @@ the median over rounds. Peak memory: ``torch.cuda.max_memory_allocated`` of the 
 """
 
 import argparse
-import importlib.util
 import json
 import os
 import platform
@@ -39,17 +39,10 @@ USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 README_START, README_END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
 
 
-def _script(path: str, name: str):
-    spec = importlib.util.spec_from_file_location(name, path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-methods = _script(os.path.join(SCRIPTS, "forgetting", "methods.py"), "forgetting_methods")
-plot_run = _script(os.path.join(SCRIPTS, "plot_run.py"), "plot_run")
-tiny_roberta = _script(os.path.join(SCRIPTS, "make_tiny_roberta.py"), "make_tiny_roberta")
-readme_block = _script(os.path.join(SCRIPTS, "readme_block.py"), "readme_block")
+sys.path.insert(0, ROOT)  # recadam_fairseq without install
+from recadam_fairseq.compare import methods  # noqa: E402  (the comparison's specs, on the catalogue)
+from recadam_fairseq.compare.prepare import glue_layout  # noqa: E402
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, plot_run, readme_block  # noqa: E402
 
 ARCH = {
     # roberta_base's shapes, spelled out: methods.flags swaps --arch (ca_mtl_roberta) and keeps them
@@ -62,9 +55,9 @@ LENGTHS = {"base": (64, 126), "tiny": (10, 60)}  # tokens per sentence (+ <s> </
 PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficient-fp16": ["--memory-efficient-fp16"],
              "amp": ["--amp"]}
 # name -> (methods spec, extra flags, base name): each method is timed against its base
-DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam+fsam", "mt-roberta",
-                   "ca-mtl", "llrd", "recadam+llrd", "reinit", "lora", "mixout", "recadam+mixout", "childtune-d",
-                   "recadam+childtune-d", "rdrop", "recadam+rdrop"]
+DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam-fsam", "mt-roberta",
+                   "ca-mtl", "llrd", "recadam-llrd", "reinit", "lora", "mixout", "recadam-mixout", "childtune-d",
+                   "recadam-childtune-d", "rdrop", "recadam-rdrop"]
 CATALOGUE = {
     "adam": ("adam", [], "adam"),
     "recadam": ("recadam:0.1:250", [], "adam"),
@@ -73,20 +66,20 @@ CATALOGUE = {
     "r4f": ("r4f:1", [], "adam"),
     "sam": ("sam:0.05", [], "adam"),
     "fsam": ("fsam:0.05", [], "adam"),
-    "recadam+r3f": ("recadam+r3f:k=0.1,t0=250,lambda=1", [], "recadam"),
-    "recadam+fsam": ("recadam+fsam:k=0.1,t0=250,rho=0.05", [], "recadam"),
+    "recadam-r3f": ("recadam-r3f:k=0.1,t0=250,lambda=1", [], "recadam"),
+    "recadam-fsam": ("recadam-fsam:k=0.1,t0=250,rho=0.05", [], "recadam"),
     "mt-roberta": ("freeze:0", [], "mt-roberta"),  # plain RoBERTa through --task glue_multitask: CA-MTL's base
     "ca-mtl": ("ca-mtl:0", [], "mt-roberta"),
     "llrd": ("llrd:0.9", [], "adam"),  # recadam at w = 0: Adam's update, no θ*
-    "recadam+llrd": ("recadam-llrd:k=0.1,t0=250,decay=0.9", [], "recadam"),
+    "recadam-llrd": ("recadam-llrd:k=0.1,t0=250,decay=0.9", [], "recadam"),
     "reinit": ("reinit:2", [], "adam"),
     "lora": ("lora:8", [], "adam"),
     "mixout": ("mixout:0.9", [], "adam"),
-    "recadam+mixout": ("recadam-mixout:k=0.1,t0=250,p=0.9", [], "recadam"),  # the targets are θ*: one copy
+    "recadam-mixout": ("recadam-mixout:k=0.1,t0=250,p=0.9", [], "recadam"),  # the targets are θ*: one copy
     "childtune-d": ("childtune-d:0.3", [], "adam"),  # its Fisher pass is in the first update's time
-    "recadam+childtune-d": ("recadam-childtune-d:k=0.1,t0=250,ratio=0.3", [], "recadam"),
+    "recadam-childtune-d": ("recadam-childtune-d:k=0.1,t0=250,ratio=0.3", [], "recadam"),
     "rdrop": ("rdrop:1", [], "adam"),
-    "recadam+rdrop": ("recadam-rdrop:k=0.1,t0=250,alpha=1", [], "recadam"),
+    "recadam-rdrop": ("recadam-rdrop:k=0.1,t0=250,alpha=1", [], "recadam"),
 }
 
 
@@ -130,7 +123,7 @@ def make_setup(work: str, size: str, n_train: int, seed: int, device_flags: List
         sys.exit(f"e2e_overhead: the masked-LM start failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
     pretrained = os.path.join(work, "pretrained.pt")
     os.replace(os.path.join(save, "checkpoint_last.pt"), pretrained)
-    glue = _script(os.path.join(SCRIPTS, "forgetting", "prepare.py"), "forgetting_prepare").glue_layout(data)
+    glue = glue_layout(data)
     return {"sentiment": cls, "glue": glue, "pretrained": pretrained}
 
 
@@ -255,6 +248,7 @@ def parse_args(argv=None):
     ap.add_argument("--work", help="work directory (default: a new temporary one)")
     ap.add_argument("--out-md", default="e2e.md")
     ap.add_argument("--out-json", default="e2e.json")
+    ap.add_argument("--list", action="store_true", help="print each method's fairseq-train command as JSON; run nothing")
     readme_block.add_doc_options(ap, f"also write the table between the {README_START} / {README_END} lines of "
                                      "PATH (docs/performance.md)")
     args = ap.parse_args(argv)
@@ -276,6 +270,11 @@ def parse_args(argv=None):
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.list:
+        args.device_flags = []
+        print(json.dumps({n: [CATALOGUE[n][0], train_command(args, {"glue": "GLUE", "sentiment": "DATA", "pretrained":
+                                                                    "PT"}, n, "SAVE")] for n in args.methods}))
+        return 0
     import torch
 
     if args.device == "auto":

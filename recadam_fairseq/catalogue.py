@@ -1,0 +1,275 @@
+"""The catalogue of methods: one record per fine-tuning method, read by every script.
+
+Pure Python (no torch, no fairseq import). A method is a set of the plug-in's flags on one shared
+``fairseq-train`` command: which optimizer, which criterion, which model, and its knobs (each a
+flag, a default and the variable the task scripts read it from). Its consumers:
+
+- the task scripts (``scripts/glue/finetune.sh``, ``grid.sh``, ``multitask.sh``, through
+  ``scripts/glue/prelaunch.py``): METHOD names, variables, flags, run-directory names, run.json;
+- the comparison (``recadam_fairseq.compare.methods``: ``--methods NAME:VALUES``);
+- the benchmarks (``scripts/bench_methods.py``) and the GPU pass (``scripts/gpu/e2e_overhead.py``);
+- the docs' method tables (``python -m recadam_fairseq methods --markdown``) and the command line
+  (``python -m recadam_fairseq methods [NAME]``).
+
+RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with
+RecAdam's optimizer and knobs. ``recadam+X`` (the comparison's first spelling) names the same method.
+
+Adding a method: one :class:`Method` record in ``_SINGLE`` (and its knobs in ``KNOBS``), its code,
+its tests and its page in docs/ (ARCHITECTURE.md's worked example).
+"""
+
+from dataclasses import dataclass, replace
+from typing import Callable, Dict, List, Mapping, Optional, Tuple
+
+
+class UnknownMethod(ValueError):
+    """A name that is no method of the catalogue; the message lists the known ones."""
+
+
+@dataclass(frozen=True)
+class Knob:
+    """One setting of a method: its flag, its default and where the scripts read it."""
+
+    key: str  # its name in the comparison's specs (recadam:k=0.1,t0=50) and in run.json's settings
+    var: str  # the task scripts' environment variable
+    default: str  # the task scripts' default, as the text they pass on
+    type: type  # float, int or str: what a value must parse as
+    flag: str  # the fairseq-train flag it sets
+    help: str
+    tag: Optional[str] = None  # its prefix in the task scripts' run-directory names; None: not in the name
+    tag_if_changed: bool = False  # in the name only when it is not the default (GAMMA, ANNEAL_FUN)
+    json: Optional[str] = None  # its key in run.json (default: key)
+    implicit: bool = False  # the default is the flag's own: the scripts add the flag only when the variable is set
+    render: Optional[Callable[[str], List[str]]] = None  # flags for a value, when not [flag, value]
+
+    def flags(self, value: str) -> List[str]:
+        return self.render(value) if self.render else [self.flag, value]
+
+    def check(self, value: str) -> str:
+        """``value`` if it parses as the knob's type, else a one-line reason."""
+        if self.type is not str:
+            try:
+                self.type(value)
+            except ValueError:
+                raise ValueError(f"{self.var}={value!r} is not {'an integer' if self.type is int else 'a number'}") from None
+        return value
+
+
+def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
+    """--freeze-encoder-layers 0..N-1 (and the embeddings) for N frozen layers; nothing for 0."""
+    def render(value: str) -> List[str]:
+        n = int(value)
+        return (["--freeze-encoder-layers", f"0-{n - 1}"] + (["--freeze-embeddings"] if embeddings else [])) if n else []
+    return render
+
+
+KNOBS: Dict[str, Knob] = {k.key: k for k in (
+    Knob("anneal_fun", "ANNEAL_FUN", "sigmoid", str, "--recadam-anneal-fun", "λ(t)'s schedule: sigmoid, linear "
+         "or constant", tag="", tag_if_changed=True),
+    Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k"),
+    Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t"),
+    Knob("gamma", "GAMMA", "5000", float, "--recadam-pretrain-cof", "γ: the pull toward θ*", tag="g",
+         tag_if_changed=True),
+    Knob("lambda", "R3F_LAMBDA", "0.7", float, "--r3f-lambda", "the weight of R3F's consistency term",
+         json="r3f_lambda"),
+    Knob("eps", "R3F_EPS", "1e-05", float, "--eps", "the range of R3F's noise on the embeddings", json="r3f_eps",
+         implicit=True),
+    Knob("rho", "RHO", "0.05", float, "--rho", "SAM's radius ρ", tag="rho"),
+    Knob("keep_ratio", "KEEP_RATIO", "0.1", float, "--keep-ratio", "FSAM: the fraction of weights perturbed"),
+    Knob("mask_iter_e", "MASK_ITER_E", "100", int, "--mask-iter-e", "FSAM: updates between Fisher masks"),
+    Knob("decay", "LLRD", "0.9", float, "--layer-lr-decay", "the lr factor per layer, top down", tag="d",
+         json="layer_lr_decay"),
+    Knob("reinit", "REINIT", "2", int, "--reinit-layers", "top encoder layers re-initialised", tag="n",
+         json="reinit_layers"),
+    Knob("rank", "LORA_RANK", "8", int, "--lora-rank", "LoRA's rank r", tag="r", json="lora_rank"),
+    Knob("lora_alpha", "LORA_ALPHA", "8", float, "--lora-alpha", "LoRA's scale α (the update is α/r·BA)",
+         tag="a"),
+    Knob("p", "MIXOUT", "0.9", float, "--mixout", "Mixout's probability of swapping in θ*", tag="p",
+         json="mixout"),
+    Knob("ratio", "CHILD_RATIO", "0.3", float, "--child-tuning-ratio", "ChildTuning: the fraction of the "
+         "gradient kept", tag="p", json="child_tuning_ratio"),
+    Knob("alpha", "RDROP_ALPHA", "1.0", float, "--rdrop-alpha", "R-Drop's weight α", tag="a", json="rdrop_alpha"),
+    Knob("layers", "FREEZE", "3", int, "--freeze-encoder-layers", "the embeddings and encoder layers 0..N-1 "
+         "frozen", tag="freeze", render=_frozen_layers(embeddings=True)),
+    Knob("freeze", "FREEZE", "0", int, "--freeze-encoder-layers", "encoder layers 0..N-1 frozen", tag="freeze",
+         render=_frozen_layers(embeddings=False)),
+)}
+RECADAM_KNOBS = ("anneal_fun", "k", "t0", "gamma")  # in the order of their flags
+_RECADAM_NAME_ORDER = ("k", "t0", "gamma", "anneal_fun")  # in run names: recadam-k0.5-t250-g1000-linear
+# the optimizer a method runs on, as flags; recadam-w0: RecAdam at w = 0 is fairseq's adam bit for bit, with
+# the optimizer-side listeners (LLRD's lr scales, ChildTuning's masks) that fairseq's adam does not have
+OPTIMIZERS = {"adam": ["--optimizer", "adam"], "recadam": ["--optimizer", "recadam"],
+              "recadam-w0": ["--optimizer", "recadam", "--recadam-anneal-w", "0"], "samsgd": ["--optimizer", "samsgd"]}
+MODELS = {"roberta_ft": "--arch roberta_ft_* (fairseq's RoBERTa with re-init, LoRA and Mixout)",
+          "ca_mtl_roberta": "--arch ca_mtl_roberta_* (CA-MTL's task-conditioned encoder)"}
+
+
+@dataclass(frozen=True)
+class Method:
+    """One method: what it adds to the shared command. Flags come in three groups that each consumer
+    places on its command: ``optimizer`` (``--optimizer`` and its flags), ``criterion`` (the criterion's
+    flags; ``criterion`` names it when the method needs its own) and ``extra`` (the model's flags)."""
+
+    name: str
+    summary: str  # one line, for the tables
+    optimizer: str  # a key of OPTIMIZERS
+    knobs: Tuple[str, ...] = ()  # in the order of its flags (and of the comparison's positional VALUES)
+    optimizer_fixed: Tuple[str, ...] = ()  # flags always added after --optimizer (e.g. --sam-type sam)
+    criterion: Optional[str] = None  # the GLUE criterion it needs (None: the consumer's default)
+    criterion_head: Tuple[str, ...] = ()  # flags always added right after the criterion's name
+    criterion_fixed: Tuple[str, ...] = ()  # flags always added to the criterion's, after its knobs
+    extra_fixed: Tuple[str, ...] = ()  # model flags always added, after its knobs
+    model: Optional[str] = None  # a key of MODELS: the model it needs (None: fairseq's RoBERTa)
+    task: Optional[str] = None  # the fairseq task it needs (None: sentence_prediction)
+    lr: Optional[str] = None  # its own lr, instead of the recipe's (LoRA)
+    restore: bool = True  # False: no --restore-file (random init; θ* from --recadam-pretrained-path)
+    base: str = "adam"  # what its cost and results are compared with
+    multitask: bool = False  # runs in the multi-task setting (--task glue_multitask, every task at once)
+    refuses: Tuple[Tuple[str, str], ...] = ()  # (method, why): combinations it stops with one line
+    page: str = ""  # its page in docs/
+    scripts: bool = True  # a METHOD of finetune.sh and grid.sh
+    aliases: Tuple[str, ...] = ()  # other spellings of its name (the comparison's recadam+r3f)
+
+    @property
+    def needs_ft(self) -> bool:
+        return self.model == "roberta_ft"
+
+    @property
+    def uses_recadam(self) -> bool:
+        """RecAdam's λ(t) and pull, with its knobs (k, t0, γ)."""
+        return "k" in self.knobs
+
+    def defaults(self) -> Dict[str, str]:
+        return {k: KNOBS[k].default for k in self.knobs}
+
+    def flags(self, values: Mapping[str, str]) -> Dict[str, List[str]]:
+        """The method's flags for knob ``values`` (text, as given; a knob that is absent adds no flag):
+        ``{"optimizer": [...], "criterion": [...], "extra": [...]}``, each group in the order
+        head, RecAdam's knobs (where RecAdam lives: the optimizer, or the criterion for the coupled
+        objective), then the fixed flags and the method's other knobs. The criterion's own name is
+        :attr:`criterion`; ``criterion`` here holds the flags that follow it."""
+        out = {"optimizer": list(OPTIMIZERS[self.optimizer]), "criterion": list(self.criterion_head), "extra": []}
+        fixed = {"optimizer": self.optimizer_fixed, "criterion": self.criterion_fixed, "extra": self.extra_fixed}
+        recadam_group = "criterion" if self.criterion == "sentence_prediction_recadam" else "optimizer"
+        own = {"optimizer": [], "criterion": [], "extra": []}
+        for key in self.knobs:
+            if key in values:
+                group = recadam_group if key in RECADAM_KNOBS else _KNOB_GROUP[key]
+                (out if key in RECADAM_KNOBS else own)[group] += KNOBS[key].flags(str(values[key]))
+        # the optimizer's fixed flags pick its variant (--sam-type, --child-tuning), which its knobs then tune
+        return {g: out[g] + (list(fixed[g]) + own[g] if g == "optimizer" else own[g] + list(fixed[g])) for g in out}
+
+    def all_flags(self, values: Mapping[str, str]) -> List[str]:
+        """Every flag the method adds (its criterion included), in one list."""
+        f = self.flags(values)
+        return f["optimizer"] + (["--criterion", self.criterion] if self.criterion else []) + f["criterion"] + f["extra"]
+
+    def run_name(self, values: Mapping[str, str]) -> str:
+        """The task scripts' run directory name: ``recadam-k0.1-t1000``, ``sam-rho0.05``, ``lora-r8-a8``."""
+        name = self.name
+        recadam = [k for k in _RECADAM_NAME_ORDER if k in self.knobs]
+        for key in recadam + [k for k in self.knobs if k not in recadam]:
+            k = KNOBS[key]
+            value = str(values.get(key, k.default))
+            if k.tag is None or (k.tag_if_changed and value == k.default):
+                continue
+            name += f"-{k.tag}{value}"
+        return name
+
+    def settings(self, values: Mapping[str, str]) -> Dict[str, str]:
+        """run.json's settings of the method: each knob under its json key, and the fixed choices."""
+        out = {}
+        fixed = list(self.optimizer_fixed) + list(self.criterion_head) + list(self.criterion_fixed)
+        for flag, key in (("--noise-type", "noise_type"), ("--child-tuning", "child_tuning"), ("--sam-type", "sam_type")):
+            if flag in fixed:
+                out[key] = fixed[fixed.index(flag) + 1]
+        for key in self.knobs:
+            if key in values:
+                out[KNOBS[key].json or key] = str(values[key])
+        return out
+
+
+# the group a knob's flags go to (RecAdam's: where RecAdam lives)
+_KNOB_GROUP = {"lambda": "criterion", "eps": "criterion", "alpha": "criterion", "rho": "optimizer",
+               "keep_ratio": "optimizer", "mask_iter_e": "optimizer", "decay": "optimizer", "ratio": "optimizer",
+               "reinit": "extra", "rank": "extra", "lora_alpha": "extra", "p": "extra", "layers": "extra",
+               "freeze": "extra"}
+
+SAM_KNOBS = ("rho", "keep_ratio", "mask_iter_e")
+_SINGLE: Tuple[Method, ...] = (
+    Method("adam", "fairseq's Adam (AdamW): the baseline", "adam", base="", multitask=True, page="glue.md"),
+    Method("recadam", "RecAdam: Adam with λ(t) and a decoupled pull toward the pretrained weights θ*", "recadam",
+           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md"),
+    Method("recadam-coupled", "the authors' coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² in the loss, over "
+           "fairseq's adam", "adam", knobs=RECADAM_KNOBS, criterion="sentence_prediction_recadam",
+           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md"),
+    Method("recadam-random-init", "RecAdam from random weights (no --restore-file): the pull recalls θ* (the "
+           "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
+           page="recadam.md"),
+    Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
+           knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
+           refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md"),
+    Method("r4f", "R4F: R3F with a spectrally normalised classification head", "adam", knobs=("lambda", "eps"),
+           criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
+           extra_fixed=("--spectral-norm-classification-head",), page="r3f.md"),
+    Method("sam", "SAM: sharpness-aware minimisation over Adam (Foret et al. 2021)", "samsgd", knobs=("rho",),
+           optimizer_fixed=("--sam-type", "sam"), page="sam.md"),
+    Method("fsam", "FSAM: SAM perturbing the top weights by Fisher information (Zhong et al. 2022)", "samsgd",
+           knobs=SAM_KNOBS, optimizer_fixed=("--sam-type", "fisher-sam"), page="sam.md"),
+    Method("freeze", "the embeddings and encoder layers 0..N-1 frozen (through --task glue_multitask)", "adam",
+           knobs=("layers",), task="glue_multitask", multitask=True, scripts=False, page="ca-mtl.md"),
+    Method("ca-mtl", "CA-MTL's task-conditioned encoder, encoder layers 0..N-1 frozen (Pilault et al. 2021)",
+           "adam", knobs=("freeze",), model="ca_mtl_roberta", task="glue_multitask", base="freeze", multitask=True,
+           scripts=False, page="ca-mtl.md"),
+    Method("llrd", "layer-wise lr decay: each layer's lr the one above it times the decay", "recadam-w0",
+           knobs=("decay",), page="llrd.md"),
+    Method("reinit", "the top encoder layers re-initialised (Zhang et al. 2021)", "adam", knobs=("reinit",),
+           model="roberta_ft", page="reinit.md"),
+    Method("lora", "LoRA on attention q and v, the encoder frozen (Hu et al. 2021)", "adam",
+           knobs=("rank", "lora_alpha"), model="roberta_ft", lr="5e-4",
+           refuses=(("recadam", "LoRA freezes the pretrained weights: there is nothing for the pull to hold"),),
+           page="lora.md"),
+    Method("mixout", "Mixout toward θ* on the encoder's linear layers (Lee et al. 2020)", "adam", knobs=("p",),
+           model="roberta_ft", page="mixout.md"),
+    Method("childtune-d", "ChildTuning-D: the gradient masked to its top Fisher entries (Xu et al. 2021)",
+           "recadam-w0", knobs=("ratio",), optimizer_fixed=("--child-tuning", "D"), page="child-tuning.md"),
+    Method("childtune-f", "ChildTuning-F: the gradient masked at random each update", "recadam-w0",
+           knobs=("ratio",), optimizer_fixed=("--child-tuning", "F"), page="child-tuning.md"),
+    Method("rdrop", "R-Drop: two dropout passes and their symmetric KL (Liang et al. 2021)", "adam",
+           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md"),
+)
+
+
+def with_recadam(m: Method) -> Method:
+    """RecAdam + ``m``: ``m``'s flags on RecAdam's optimizer (λ(t) and the pull), RecAdam's knobs first."""
+    why = dict(m.refuses).get("recadam")
+    if why:
+        raise UnknownMethod(f"recadam-{m.name}: {m.name} does not combine with RecAdam ({why})")
+    return replace(m, name=f"recadam-{m.name}", summary=f"RecAdam with {m.name}", optimizer="recadam",
+                   knobs=RECADAM_KNOBS + m.knobs, base="recadam", aliases=(f"recadam+{m.name}",),
+                   multitask=m.multitask and m.name != "freeze", scripts=m.scripts)
+
+
+# RecAdam's combinations that the scripts and the comparison run
+_COMBINED = ("r3f", "fsam", "ca-mtl", "llrd", "reinit", "mixout", "childtune-d", "rdrop")
+_ORDER = ("adam", "recadam", "recadam-coupled", "recadam-random-init", "r3f", "r4f", "recadam-r3f", "sam", "fsam",
+          "recadam-fsam", "freeze", "ca-mtl", "recadam-ca-mtl", "llrd", "recadam-llrd", "reinit", "recadam-reinit",
+          "lora", "mixout", "recadam-mixout", "childtune-d", "childtune-f", "recadam-childtune-d", "rdrop",
+          "recadam-rdrop")
+_BUILT = {m.name: m for m in _SINGLE}
+_BUILT.update({f"recadam-{n}": with_recadam(_BUILT[n]) for n in _COMBINED})
+METHODS: Dict[str, Method] = {n: _BUILT[n] for n in _ORDER}
+ALIASES: Dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
+
+
+def names(scripts: Optional[bool] = None) -> List[str]:
+    """Every method's name, in the catalogue's order (``scripts=True``: the task scripts' METHODs)."""
+    return [n for n, m in METHODS.items() if scripts is None or m.scripts == scripts]
+
+
+def get(name: str) -> Method:
+    """The method called ``name`` (or an alias of it); UnknownMethod lists the known names."""
+    m = METHODS.get(ALIASES.get(name, name))
+    if m is None:
+        raise UnknownMethod(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+    return m

@@ -1,0 +1,170 @@
+"""The catalogue of methods (recadam_fairseq/catalogue.py): its records, the flags every consumer builds
+from it, the command line and the docs' tables generated from it.
+
+The task scripts' side (finetune.sh builds each METHOD's flags, run directory and run.json from it) is
+tests/test_glue_scripts.py::test_every_method_through_finetune_is_the_catalogue_s."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import ROOT, USER_DIR
+
+from recadam_fairseq import catalogue
+from recadam_fairseq.__main__ import DOC_TABLES, RENDER
+from recadam_fairseq.catalogue import KNOBS, METHODS
+from recadam_fairseq.compare import methods as comparison
+
+
+def at_defaults(m):
+    return {k: KNOBS[k].default for k in m.knobs if not KNOBS[k].implicit}
+
+
+def pairs(flags, last=False):
+    """A flag list as {flag: [values]}: every flag of the catalogue is given once; in a command
+    (``last``), the last one counts, as argparse reads it."""
+    out, key = {}, None
+    for f in flags:
+        if f.startswith("--"):
+            assert last or f not in out, f"{f} given twice in {flags}"
+            key = f
+            out[key] = []
+        else:
+            out[key].append(f)
+    return out
+
+
+def test_compositions_are_recadam_plus_the_method():
+    """recadam-X is X's flags with RecAdam's optimizer and knobs; recadam+X names it too."""
+    rec = METHODS["recadam"]
+    for name, m in METHODS.items():
+        if not (name.startswith("recadam-") and name[8:] in METHODS):
+            continue
+        x = METHODS[name[8:]]
+        v = {**at_defaults(x), **at_defaults(rec), "eps": "2e-05"}
+        got, want = pairs(m.all_flags(v)), {**pairs(x.all_flags(v)), **pairs(rec.all_flags(v))}
+        want.pop("--recadam-anneal-w", None)  # LLRD's and ChildTuning's plain Adam is RecAdam's w = 1 now
+        assert got == want, name
+        assert m.base == "recadam" and catalogue.get(f"recadam+{x.name}") is m
+        assert m.run_name(v).startswith(f"{name}-k0.1-t1000")
+    with pytest.raises(catalogue.UnknownMethod, match="lora does not combine with RecAdam"):
+        catalogue.with_recadam(METHODS["lora"])
+    with pytest.raises(catalogue.UnknownMethod, match="unknown method 'sgd'; known: adam, recadam, "):
+        catalogue.get("sgd")
+
+
+def test_run_names_keep_their_old_form():
+    """The run directories users already have: knobs named only off their default, RecAdam's first."""
+    m = METHODS["recadam-fsam"]
+    v = at_defaults(m)
+    assert m.run_name(v) == "recadam-fsam-k0.1-t1000-rho0.05"
+    assert m.run_name({**v, "gamma": "1000", "anneal_fun": "linear", "mask_iter_e": "5"}) == \
+        "recadam-fsam-k0.1-t1000-g1000-linear-rho0.05"
+    assert METHODS["lora"].run_name(at_defaults(METHODS["lora"])) == "lora-r8-a8"
+    assert METHODS["r3f"].run_name({"lambda": "0.2"}) == "r3f"
+    with pytest.raises(ValueError, match=r"^RHO='x' is not a number$"):
+        KNOBS["rho"].check("x")
+    with pytest.raises(ValueError, match=r"^REINIT='1.5' is not an integer$"):
+        KNOBS["reinit"].check("1.5")
+
+
+def test_every_method_parses_in_fairseq():
+    """Every flag the catalogue writes is a flag of fairseq or of the plug-in, for every method at its
+    defaults; a knob the scripts leave implicit has the flag's own default."""
+    from fairseq import options
+
+    import recadam_fairseq
+
+    recadam_fairseq.register()
+    for m in METHODS.values():
+        if m.task:  # glue_multitask's flags need its data directory: tests/test_glue_multitask.py
+            continue
+        arch = "roberta_ft" if m.needs_ft else "ca_mtl_roberta" if m.model else "roberta"
+        crit = [] if m.criterion else ["--criterion", "sentence_prediction"]
+        argv = ["data", "--user-dir", USER_DIR, "--task", "sentence_prediction", "--arch", arch, *crit,
+                *m.all_flags({k: KNOBS[k].default for k in m.knobs})]
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        for k in m.knobs:
+            if KNOBS[k].implicit:
+                dest = KNOBS[k].flag[2:].replace("-", "_")
+                assert str(getattr(args, dest)) == str(float(KNOBS[k].default)), (m.name, k)
+
+
+def test_benchmarks_and_gpu_pass_read_the_catalogue():
+    """scripts/bench_methods.py and the GPU pass (scripts/gpu/e2e_overhead.py, through the comparison's
+    specs): each benchmarked method's command holds the catalogue's flags for it."""
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench_methods.py"), "--list"],
+                       capture_output=True, text=True, check=True)
+    seen = set()
+    for rows in json.loads(p.stdout).values():
+        for label, name, values, flags, extra in rows:
+            m = catalogue.get(name)
+            want = m.all_flags({**at_defaults(m), **values}) + (["--arch", "roberta_ft"] if m.needs_ft else [])
+            assert flags == want + extra, label
+            seen.add(m.name)
+    assert {"sam", "fsam", "recadam-fsam", "llrd", "reinit", "lora", "mixout", "childtune-d", "rdrop"} <= seen
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py"), "--list",
+                        "--size", "tiny", "--methods", *e2e_methods()], capture_output=True, text=True, check=True)
+    for label, (spec, cmd) in json.loads(p.stdout).items():
+        s = comparison.parse(spec)
+        m = catalogue.get(s["method"])
+        want = pairs(m.all_flags(comparison_values(s)))
+        got = pairs(cmd[1:], last=True)  # after the data directory
+        assert {k: got.get(k) for k in want} == want, label
+
+
+def e2e_methods():
+    """The GPU pass's methods: each catalogue method it times (its table's rows)."""
+    import ast
+
+    tree = ast.parse(open(os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py"), encoding="utf-8").read())
+    table = next(n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "CATALOGUE")
+    return [k.value for k in table.keys]
+
+
+def comparison_values(s):
+    """A parsed --methods spec as the catalogue's knob values (the comparison's pinned ones included)."""
+    m = catalogue.get(s["method"])
+    values = {k: v for k, v in comparison.PINNED.items() if k in m.knobs}
+    values.update({k: comparison.fmt(s[k]) for k in comparison.METHODS[s["method"]]})
+    return values
+
+
+def test_comparison_reads_the_catalogue():
+    """The comparison's --methods: every catalogue method's flags, at the comparison's values, are the
+    catalogue's; its recorded spellings (recadam+r3f) and the catalogue's name the same method."""
+    for name, m in METHODS.items():
+        s = comparison.parse(name)
+        f = comparison.flags(s, 12)
+        crit = (["--criterion", "glue_multitask"] if m.task else
+                ["--criterion", m.criterion or "sentence_prediction", *m.flags(comparison_values(s))["criterion"]])
+        got = pairs(f["optimizer"] + f["criterion"] + f["extra"])
+        want = pairs(m.flags(comparison_values(s))["optimizer"] + crit + m.flags(comparison_values(s))["extra"]
+                     + (["--lr", comparison.fmt(float(m.lr))] if m.lr else []))
+        assert got == want and f["arch"] == m.model and f["restore"] == m.restore, name
+        assert all(comparison.parse(a) == s for a in m.aliases), name
+    assert comparison.setting_name(comparison.parse("recadam-r3f")) == "recadam+r3f-k0.1-t40-g5000-lambda1"
+
+
+def test_the_command_line(tmp_path):
+    run = [sys.executable, "-m", "recadam_fairseq", "methods"]
+    p = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert [line.split()[0] for line in p.stdout.splitlines()[1:len(METHODS) + 1]] == list(METHODS)
+    p = subprocess.run(run + ["recadam+llrd"], capture_output=True, text=True, cwd=tmp_path, check=True)
+    assert "flags at the defaults: " + " ".join(METHODS["recadam-llrd"].all_flags(at_defaults(
+        METHODS["recadam-llrd"]))) in p.stdout
+    assert "run directory (scripts/glue/finetune.sh): recadam-llrd-k0.1-t1000-d0.9" in p.stdout
+    p = subprocess.run(run + ["sgd"], capture_output=True, text=True, cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "unknown method 'sgd'" in p.stderr
+
+
+@pytest.mark.parametrize("page,start,end,kind", DOC_TABLES)
+def test_docs_tables_are_current(page, start, end, kind):
+    """README.md's and docs/glue.md's method tables are the catalogue's: regenerate them with
+    ``python -m recadam_fairseq methods --write-docs``."""
+    text = open(os.path.join(ROOT, page), encoding="utf-8").read()
+    block = text.split(start + "\n", 1)[1].split("\n" + end, 1)[0]
+    assert block == RENDER[kind](), f"{page} is stale: python -m recadam_fairseq methods --write-docs"
