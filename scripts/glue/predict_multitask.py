@@ -10,34 +10,24 @@ saying so) it reads the GLUE test file(s)
 encodes them exactly as ``data-prep/prepare_glue.py`` encodes train/dev (same GPT-2 BPE, same
 dictionary, ``<s> A </s>`` or ``<s> A </s> </s> B </s>``), runs the task's head and writes
 ``<out>/<NAME>.tsv`` with the header ``index<TAB>prediction``: the label name for
-classification (``labels.json``'s id2label), the 0..5 score with 3 decimals for STS-B (the
-model predicts score / 5 unless the data was prepared with --stsb-raw-scores). The names are
-those of GLUE's submission zip: CoLA.tsv, SST-2.tsv, MRPC.tsv, QQP.tsv, STS-B.tsv, MNLI-m.tsv,
-MNLI-mm.tsv, QNLI.tsv, RTE.tsv, WNLI.tsv.
+classification (fairseq's label dictionary, as labels.json's id2label), the 0..5 score with 3
+decimals for STS-B (the model predicts score / 5 unless the data was prepared with --stsb-raw-scores).
+The names are those of GLUE's submission zip: CoLA.tsv, SST-2.tsv, MRPC.tsv, QQP.tsv, STS-B.tsv,
+MNLI-m.tsv, MNLI-mm.tsv, QNLI.tsv, RTE.tsv, WNLI.tsv.
 
 ``--data`` (default: the path the model was trained with) is the prepare_glue output holding
-the ``<TASK>-bin`` directories (their dictionary and labels.json).
+the ``<TASK>-bin`` directories (their dictionary and labels.json). Loading, encoding and the
+heads are those of ``scripts/glue/predict.py`` (recadam_fairseq/tools/predict.py), which labels
+any sentences, of one task or of a multi-task run.
 """
 
 import argparse
-import importlib.util
 import os
-import re
 import sys
 
-HERE = os.path.dirname(os.path.abspath(__file__))
-REPO = os.path.dirname(os.path.dirname(HERE))
-
-sys.path.insert(0, REPO)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # a checkout
 from recadam_fairseq.core import glue_tasks  # noqa: E402  (test files, their text columns, submission names)
-
-
-def load_prepare_glue():
-    spec = importlib.util.spec_from_file_location("prepare_glue", os.path.join(REPO, "data-prep", "prepare_glue.py"))
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("prepare_glue", mod)
-    spec.loader.exec_module(mod)
-    return mod
+from recadam_fairseq.tools import predict  # noqa: E402
 
 
 def read_test(path, task, ncols_text):
@@ -70,21 +60,12 @@ def main(argv=None):
     ap.add_argument("--cpu", action="store_true", help="run on CPU even when CUDA is available")
     args = ap.parse_args(argv)
 
-    import torch
-    from fairseq import checkpoint_utils
-    from fairseq.data import data_utils
-
-    sys.path.insert(0, REPO)
-    import recadam_fairseq
-
-    recadam_fairseq.register()
-    overrides = {"data": os.path.abspath(args.data)} if args.data else {}
-    models, _cfg, task = checkpoint_utils.load_model_ensemble_and_task([args.checkpoint], arg_overrides=overrides)
-    model = models[0].eval()
+    try:
+        model, task, _ = predict.load(args.checkpoint, args.data, cpu=args.cpu)
+    except predict.PredictError as e:
+        raise SystemExit(f"predict_multitask: {e}") from None
     if not hasattr(task, "mt_task_names"):
         raise SystemExit(f"predict_multitask: {args.checkpoint} was not trained with --task glue_multitask")
-    device = "cuda" if torch.cuda.is_available() and not args.cpu else "cpu"
-    model.to(device)
     names = task.mt_task_names
     if args.tasks:
         canon = {n.lower(): n for n in names}
@@ -103,48 +84,21 @@ def main(argv=None):
         if not names:
             raise SystemExit(f"predict_multitask: {args.checkpoint} has no GLUE task (its tasks: "
                              f"{', '.join(task.mt_task_names)})")
-    pg = load_prepare_glue()
-    d = task.source_dictionary
-    init, sep = task.cfg.init_token, task.cfg.separator_token
     os.makedirs(args.out, exist_ok=True)
     for name in names:
-        t = task.mt_task_names.index(name)
-        meta = task.metas[t]
-        scale = 1.0
-        if meta["regression"]:
-            m = re.fullmatch(r"score / ([0-9.]+)", meta.get("target", "score / 1"))
-            scale = float(m.group(1)) if m else 1.0
+        try:
+            clf = predict.Classifier(model, task, name, args.bpe_dir, where=args.checkpoint)
+        except predict.PredictError as e:
+            raise SystemExit(f"predict_multitask: {e}") from None
         gt = glue_tasks.TASKS[name]
         for fname, outname in gt.submission_names().items():
             rows = read_test(os.path.join(args.glue_dir, name, fname), name, gt.test_text_cols)
-            columns = list(zip(*[texts for _, texts in rows])) if rows else []
-            encoded = [pg.bpe_encode(list(col), args.bpe_dir, 1) for col in columns]
-            examples = []
-            for k in range(len(rows)):
-                parts = []
-                for j, enc in enumerate(encoded):
-                    ids = d.encode_line(enc[k], append_eos=True, add_if_not_exist=False).long()
-                    lead = init if j == 0 else sep
-                    parts.append(ids if lead is None else torch.cat([ids.new_tensor([lead]), ids]))
-                examples.append(torch.cat(parts)[: task.cfg.max_positions])
-            preds = []
-            with torch.no_grad():
-                for s in range(0, len(examples), args.batch_size):
-                    chunk = examples[s:s + args.batch_size]
-                    sample = {"net_input": {"src_tokens": data_utils.collate_tokens(chunk, d.pad()).to(device),
-                                            "src_lengths": torch.tensor([len(x) for x in chunk], device=device)},
-                              "task_ids": torch.full((len(chunk),), t, dtype=torch.long, device=device)}
-                    feats = task.forward_features(model, sample)
-                    logits = model.classification_heads[task.head_name(name)](feats).float().cpu()
-                    preds += (logits.view(-1) if meta["regression"] else logits.argmax(-1)).tolist()
+            preds = clf.predict([texts for _, texts in rows], args.batch_size)
             path = os.path.join(args.out, outname)
             with open(path, "w", encoding="utf-8") as f:
                 f.write("index\tprediction\n")
                 for (index, _), p in zip(rows, preds):
-                    if meta["regression"]:
-                        f.write(f"{index}\t{min(max(p * scale, 0.0), 5.0):.3f}\n")
-                    else:
-                        f.write(f"{index}\t{meta['id2label'][str(int(p))]}\n")
+                    f.write(f"{index}\t{min(max(p, 0.0), 5.0):.3f}\n" if clf.regression else f"{index}\t{p[0]}\n")
             print(f"{name}: {len(rows)} predictions -> {path}")
     return 0
 
