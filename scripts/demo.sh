@@ -8,8 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-demo-out}
 USER_DIR=$(pwd)/recadam_fairseq
-TINY_ARCH=(--arch roberta --encoder-layers 2 --encoder-embed-dim 64 --encoder-ffn-embed-dim 128
-           --encoder-attention-heads 2 --max-positions 64)
+read -r -a TINY_ARCH <<< "$(python scripts/make_tiny_roberta.py --arch-flags)"  # what the tiny model was built with
 
 if [ ! -f "$OUT/tiny/pretrained.pt" ]; then
   echo "== making a tiny pretrained RoBERTa and tiny data in $OUT/tiny"
@@ -34,7 +33,7 @@ finetune() {  # NAME, then optimizer flags
     > "$OUT/$name/train.log" 2>&1 \
     || { tail -30 "$OUT/$name/train.log"; exit 1; }
   grep -E "recadam: pretrained|done training" "$OUT/$name/train.log" | cut -d'|' -f4- | cut -c1-200
-  grep "| valid |" "$OUT/$name/train.log" | tail -1 | cut -d'|' -f4- | cut -c1-200
+  echo "   $(python scripts/glue/summarize.py --run "$OUT/$name")"
 }
 
 finetune recadam --optimizer recadam \

@@ -850,7 +850,8 @@ def test_own_task_errors(mt, own, tmp_path):
         ("target", r"--mt-tasks target: head name target would log as the criterion's own target_loss"),
         ("reg3", rf"{d}/reg3-bin/labels.json: a regression has one output, but num_classes is 3"),
         ("bad", rf"{d}/bad-bin/labels.json: not valid JSON"),
-        ("two", rf"{d}/two-bin/label/train.bin, example \d+: label '\w+' is class 2, but {d}/two-bin/labels.json "
+        ("two", rf"{d}/two-bin/label/train.bin, example \d+: label '\w+' \(line 3 of label/dict\.txt\) is class index 2, but "
+                rf"{d}/two-bin/labels.json "
                 rf"num_classes 2 gives the head classes 0-1; set {d}/two-bin/labels.json num_classes 3"),
         ("nolabeldict", rf"--mt-tasks nolabeldict: {d}/nolabeldict-bin/label/dict.txt is missing"),
     ]

@@ -145,6 +145,9 @@ def glue(tiny, tmp_path_factory):
     for kind in ("killed", "truncated"):  # the straight run's command, another SAVE_DIR, killed after a save
         jobs[kind] = ([FINETUNE, "RTE", "recadam", *TINY_EXTRA],
                       dict(env, SAVE_DIR=str(root / kind), RECADAM_EXIT_AFTER_SAVES="1"))
+    # piped to head: the run's log and done marker must not depend on the terminal's pipe
+    piped = dict(env, SAVE_DIR=str(root / "piped"))
+    jobs["piped"] = (["bash", "-c", f"{shlex.quote(FINETUNE)} RTE adam {' '.join(TINY_EXTRA)} | head -3"], piped)
     grid_env = dict(env, KS="0.1 0.5", T0S="100", MAX_UPDATE="4")
     jobs["grid"] = ([GRID, "RTE", *TINY_EXTRA], grid_env)
     hydra_dir = root / "hydra"
@@ -193,6 +196,53 @@ def result(glue, key):
 
 RUNS = [("RTE", "adam", "adam"), ("RTE", "recadam", "recadam-k0.1-t1000"),
         ("STS-B", "adam", "adam"), ("STS-B", "recadam", "recadam-k0.1-t1000")]
+
+
+def test_the_terminal_says_how_the_run_did_and_nothing_else(glue):
+    """The terminal: the start line, one line per validation, the end line with the best dev score and
+    where (read here from train.log); fairseq's config dump and Hydra's warnings only in the log. A run
+    piped to `head` keeps its whole log and is marked done."""
+    out = result(glue, ("RTE", "adam")).splitlines()
+    run_dir = glue["runs"] / "RTE" / "adam" / "seed1"
+    log = (run_dir / "train.log").read_text()
+    scores = valid_values(log, "accuracy")
+    best = max(scores)
+    update = re.findall(r'"valid_accuracy": "?([-\d.]+)"?.*?"valid_num_updates": "?(\d+)', log)
+    at = next(u for v, u in update if float(v) == best)
+    assert out[-1] == f"== done: {run_dir} (best dev accuracy {best:g} at update {at} of 8, {len(scores)} validations)"
+    assert f"== RTE adam seed 1 -> {run_dir}" in out
+    assert [line for line in out if line.startswith("  valid at update")] == [
+        line for line in out[1:-1] if "valid" in line] and len(scores) == 2
+    assert "'_name'" in log and "UserWarning" in log  # what the terminal is spared
+    assert not [line for line in out if "'_name'" in line or "Warning" in line or " | INFO | " in line], out
+    assert len(out) <= 8, out
+    out = result(glue, "piped").splitlines()
+    piped = glue["root"] / "piped" / "RTE" / "adam" / "seed1"
+    assert len([line for line in out if not line.startswith("finetune.sh: ")]) == 3  # head's; stderr is not cut
+    assert (piped / "done").exists()
+    plog = (piped / "train.log").read_text()
+    assert "done training" in plog and valid_values(plog, "accuracy") == scores  # the same seed and data
+
+
+def test_runs_that_cannot_learn_are_said_before_training(glue):
+    """The recipe's 10 epochs on a small data set, a warmup as long as the run, T0 past its end: one line
+    each, before anything is trained, whatever set the numbers."""
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    n = len(MMapIndexedDataset(os.path.join(glue["data"], "SST-2-bin", "input0", "train")))
+    end = 10 * -(-n // int(RECIPE["SST-2"][1]))  # 10 epochs of ceil(n / batch) updates
+    env = {k: v for k, v in glue["env"].items() if k != "MAX_UPDATE"}
+    p = run([FINETUNE, "SST-2", "recadam"], dict(env, DRY_RUN="1"), check=0)
+    warnings = [line for line in p.stdout.splitlines() if "warning" in line]
+    assert warnings == [
+        f"finetune.sh: warning: the recipe's 10 epochs are about {end} updates on this data, not its 20935: the lr "
+        f"schedule (warmup 1256, decay to 0 at 20935) is cut short; MAX_UPDATE={end} scales it to the data",
+        f"finetune.sh: warning: the warmup (1256 updates) is not shorter than the run ({end} updates): the lr never "
+        f"reaches LR=1e-5",
+        f"finetune.sh: warning: T0=1000 is not before the run's end ({end} updates): λ(t) stays below 1/2, so "
+        f"RecAdam barely moves the encoder; give T0 < {end}"]
+    p = run([FINETUNE, "SST-2", "recadam"], dict(env, DRY_RUN="1", MAX_UPDATE=str(end), T0="10"), check=0)
+    assert "warning" not in p.stdout, p.stdout
 
 
 @pytest.mark.parametrize("task,method,name", RUNS)
@@ -549,7 +599,7 @@ def fake(tmp_path):
         p = run([FINETUNE, task, method, *extra], e, check=check)
         if check != 0:
             return p, None, None
-        run_dir = re.search(r"^== done: (.*)$", p.stdout, re.M).group(1)
+        run_dir = re.search(r"^== done: (\S+)", p.stdout, re.M).group(1)
         return p, run_dir, json.loads(open(os.path.join(run_dir, "argv.json")).read())
 
     finetune.env, finetune.tmp = env, tmp_path
@@ -867,6 +917,9 @@ def test_failed_training_leaves_no_done_marker(fake):
     (["RTE", "sgd"], {}, "unknown METHOD 'sgd'"),
     (["RTE", "adam"], {"ROBERTA_PATH": None}, "ROBERTA_PATH is not set"),
     (["RTE", "adam"], {"ROBERTA_PATH": "/no/such.pt"}, "ROBERTA_PATH=/no/such.pt: no such file"),
+    (["RTE", "adam"], {"ROBERTA_PATH": "/"}, "ROBERTA_PATH=/ is a directory: give the checkpoint file in it"),
+    (["RTE", "adam"], {"RHO": "x"}, None),  # a knob of another method is not read
+    (["RTE", "sam"], {"RHO": "big"}, "RHO='big' is not a number"),
     (["RTE", "adam"], {"DATA_DIR": "/no/such/dir"}, "no data at /no/such/dir/RTE-bin"),
     (["RTE", "adam"], {"FP16": "yes"}, "FP16 must be 0, 1 or auto"),
     (["RTE", "adam"], {"SAVE_INTERVAL_UPDATES": "0"}, "SAVE_INTERVAL_UPDATES must be a positive integer"),
@@ -876,8 +929,11 @@ def test_failed_training_leaves_no_done_marker(fake):
 def test_finetune_errors(fake, args, env, message):
     e = {k: v for k, v in fake.env.items() if not (k in env and env[k] is None)}
     e.update({k: v for k, v in env.items() if v is not None})
+    if message is None:
+        run([FINETUNE, *args], e, check=0)
+        return
     p = run([FINETUNE, *args], e)
-    assert p.returncode == 2 and f"error: {message}" in p.stdout, p.stdout
+    assert p.returncode == 2 and p.stdout.strip().splitlines()[-1].startswith(f"finetune.sh: error: {message}"), p.stdout
     assert not os.path.exists(fake.env["SAVE_DIR"]), "nothing written"
 
 

@@ -99,7 +99,8 @@ def test_labels_the_head_cannot_take(runs, split, example):
     msg = one_error_line(result(runs, f"{split}_label"))
     where = os.path.join(runs["data"][split], "label", f"{split}.bin")
     if split == "train":
-        assert msg == (f"{where}, example {example}: label '2' is class 2, but --num-classes 2 gives the head "
+        assert msg == (f"{where}, example {example}: label '2' (line 3 of label/dict.txt) is class index 2, but "
+                       f"--num-classes 2 gives the head "
                        f"classes 0-1; set --num-classes 3")
     else:
         assert msg.startswith(f"{where}, example {example}: a label that ") and "(binarized as <unk>)" in msg

@@ -19,20 +19,38 @@ def quickstart_lines():
     return [ln for ln in code.splitlines() if ln.strip()]
 
 
-def test_readme_quickstart_runs_as_printed(tmp_path):
+def test_readme_quickstart_runs_as_printed(tmp_path, tiny):
     lines = quickstart_lines()
     assert lines[0].startswith("make demo")
     # the repository, as a user's clone would be: the commands are relative to its root
     for name in ("scripts", "recadam_fairseq", "data-prep"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    (tmp_path / "demo-out" / "tiny").mkdir(parents=True)  # what make demo made: this session's tiny model
+    os.symlink(tiny.pretrained, tmp_path / "demo-out" / "tiny" / "pretrained.pt")
+    os.symlink(tiny.glue_bin, tmp_path / "demo-out" / "tiny" / "glue-bin")
     os.symlink(os.path.dirname(os.path.dirname(sys.executable)), tmp_path / ".venv")  # this suite's venv
     script = "set -euo pipefail\n" + "\n".join(lines[1:]) + "\n"
     env = {k: v for k, v in os.environ.items() if k not in ("ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "FP16")}
     env["OMP_NUM_THREADS"] = "1"
     p = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
     assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
-    runs = tmp_path / "tiny" / "runs"
+    runs = tmp_path / "runs"
     done = sorted(str(d.relative_to(runs)) for d in runs.glob("*/*/*") if (d / "done").exists())
     assert done == ["SST-2/adam/seed1", "SST-2/recadam-k0.1-t10/seed1"], done
     summary = (runs / "summary.md").read_text()
     assert "| SST-2 | accuracy |" in summary, summary
+
+
+def test_tiny_model_arch_flags_are_the_checkpoint_s(tiny):
+    """`make_tiny_roberta.py --arch-flags` (docs/glue.md): the flags a hand-written fairseq-train command on
+    the tiny model repeats, read back from its checkpoint."""
+    import torch
+
+    p = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "make_tiny_roberta.py"), "--arch-flags"],
+                       capture_output=True, text=True, check=True)
+    flags = p.stdout.split()
+    model = torch.load(tiny.pretrained, map_location="cpu", weights_only=False)["cfg"]["model"]
+    for flag, value in zip(flags[::2], flags[1::2]):
+        key = "_name" if flag == "--arch" else flag[2:].replace("-", "_")
+        assert str(getattr(model, key, None) if not isinstance(model, dict) else model.get(key)) == value, flag
+    assert len(flags) == 12

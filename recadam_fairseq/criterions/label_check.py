@@ -46,7 +46,9 @@ def check_labels(task, flag: str = "--num-classes") -> None:
             raise ConfigError(f"{where}: a label that {os.path.join(data, 'label', 'dict.txt')} does not have "
                               f"(binarized as <unk>): the training data never had it; rebuild the label "
                               f"dictionary from every split, or drop those examples")
-        raise ConfigError(f"{where}: label {label_dict[token]!r} is class {token - label_dict.nspecial}, but "
+        # the class is the label's line in label/dict.txt (by frequency), not its text: say both
+        raise ConfigError(f"{where}: label {label_dict[token]!r} (line {token - label_dict.nspecial + 1} of "
+                          f"label/dict.txt) is class index {token - label_dict.nspecial}, but "
                           f"{flag} {num_classes} gives the head classes 0-{num_classes - 1}; "
                           f"set {flag} {_classes_needed(tokens, label_dict)}")
 

@@ -120,12 +120,19 @@ def write_glue(out, raw, rng, vocab, pos, neg, cls_raw, sizes):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", help="output directory")
+    ap.add_argument("out", nargs="?", help="output directory")
+    ap.add_argument("--arch-flags", action="store_true",
+                    help="print the tiny model's architecture flags (what a fairseq-train command on it repeats)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--pretrain-updates", type=int, default=40)
     ap.add_argument("--train-size", type=int, default=256)
     ap.add_argument("--valid-size", type=int, default=64)
     args = ap.parse_args(argv)
+    if args.arch_flags:
+        print(" ".join(TINY_ARCH))
+        return
+    if not args.out:
+        ap.error("the output directory is required")
 
     rng = random.Random(args.seed)
     out = os.path.abspath(args.out)

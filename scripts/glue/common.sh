@@ -61,6 +61,17 @@ choose_fp16() {
   esac
 }
 
+# schedule_warnings END: a line each for a run that cannot learn: a warmup (WARMUP) not shorter than the run's
+# END, RecAdam's T0 at or past it (λ(t) stays below 1/2: the encoder barely moves).
+schedule_warnings() {
+  local end=$1
+  [ "$WARMUP" -lt "$end" ] ||
+    note "warning: the warmup ($WARMUP updates) is not shorter than the run ($end updates): the lr never reaches LR=$LR"
+  if [ "${METHOD_RECADAM:-0}" = 1 ] && awk -v t0="$T0" -v n="$end" 'BEGIN { exit !(t0 + 0 >= n + 0) }'; then
+    note "warning: T0=$T0 is not before the run's end ($end updates): λ(t) stays below 1/2, so RecAdam barely moves the encoder; give T0 < $end"
+  fi
+}
+
 # arch_flags DEFAULT: ARCH_FLAGS and MAX_POSITIONS: ARCH if given, else the checkpoint's arch and sizes
 # (CKPT_*), else (a dry run without a checkpoint) --arch DEFAULT.
 arch_flags() {
@@ -141,22 +152,32 @@ render_command() {
   echo
 }
 
-# Run CMD in RUN (continuing from its newest complete checkpoint), append to train.log, mark it done.
+# Run CMD in RUN (continuing from its newest complete checkpoint). fairseq-train appends to train.log itself:
+# a pipe the user closes (`| head`) loses nothing of the log and does not stop the run. The terminal gets one
+# line per log interval and validation (prelaunch.py follow; fairseq's config and Hydra's warnings stay in
+# the log), an error as the last line. `done` is written once the run ended well, then the end line with
+# the best dev score (summarize.py --run).
 train_and_mark_done() {
-  local run=$1 msg rc
+  local run=$1 msg rc log=$1/train.log follower err
   if has_checkpoints "$run"; then
     msg=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" resume "$run" 2>&1) || die "${msg##*error: }"
     note "$msg"
-    echo "$(basename "$0"): $msg" >> "$run/train.log"
+    echo "$(basename "$0"): $msg" >> "$log"
   fi
+  touch "$log"
+  "$PYTHON" "$SCRIPT_DIR/prelaunch.py" follow "$log" --offset "$(wc -c < "$log")" --pid $$ ${METRIC:+--metric "$METRIC"} &
+  follower=$!
   set +e
-  "${CMD[@]}" 2>&1 | tee -a "$run/train.log"
-  rc=${PIPESTATUS[0]}
+  "${CMD[@]}" >> "$log" 2>&1
+  rc=$?
   set -e
+  kill -TERM "$follower" 2>/dev/null || true
+  wait "$follower" 2>/dev/null || true
   if [ "$rc" -ne 0 ]; then
-    echo "$(basename "$0"): error: fairseq-train failed (exit $rc); see $run/train.log" >&2
+    err=$(grep -E '^(fairseq-train: error: |[A-Za-z_.]*(Error|Exception): )' "$log" | tail -1 || true)
+    echo "$(basename "$0"): error: fairseq-train failed (exit $rc)${err:+: $err}; see $log" >&2
     exit "$rc"
   fi
   date '+%Y-%m-%d %H:%M:%S' > "$run/done"
-  echo "== done: $run"
+  echo "== done: $run ($("$PYTHON" "$SCRIPT_DIR/summarize.py" --run "$run" 2>/dev/null || echo "no dev score in its log"))"
 }

@@ -39,7 +39,8 @@
 #   PRINT_RUN_DIR=1  print the run directory and exit (used by grid.sh)
 #
 # The run directory gets command.sh (the exact command), run.json (the settings), train.log
-# (fairseq's --log-format json output, with stderr; appended to on resume) and, on success, `done`.
+# (fairseq's --log-format json output, with stderr, written by fairseq-train; appended to on resume) and, on
+# success, `done`. The terminal: a line per log interval and validation, the best dev score at the end.
 set -euo pipefail
 
 die() { echo "finetune.sh: error: $*" >&2; exit 2; }
@@ -103,10 +104,6 @@ SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(default_save_interval "$TOTAL")
 is_uint "$SAVE_INTERVAL_UPDATES" && [ "$SAVE_INTERVAL_UPDATES" -gt 0 ] ||
   die "SAVE_INTERVAL_UPDATES must be a positive integer, got '$SAVE_INTERVAL_UPDATES'"
 
-if [ "$METHOD_RECADAM" = 1 ] && awk -v t0="$T0" -v n="$TOTAL" 'BEGIN { exit !(t0 + 0 >= n + 0) }'; then
-  note "note: T0=$T0 is not before the run's end ($TOTAL updates): λ(t) stays below 1/2, so RecAdam barely moves the encoder; give T0 < MAX_UPDATE"
-fi
-
 NAME=$METHOD_NAME
 RUN="$SAVE_DIR/$TASK/$NAME/seed$SEED"
 if [ "${PRINT_RUN_DIR:-0}" = 1 ]; then echo "$RUN"; exit 0; fi
@@ -115,6 +112,9 @@ DATA="$DATA_DIR/$TASK-bin"
 problems=()
 if [ -z "${ROBERTA_PATH:-}" ]; then
   problems+=("ROBERTA_PATH is not set: give the pretrained checkpoint, e.g. ROBERTA_PATH=roberta.large/model.pt")
+elif [ -d "$ROBERTA_PATH" ]; then
+  problems+=("ROBERTA_PATH=$ROBERTA_PATH is a directory: give the checkpoint file in it$(
+    f=$(compgen -G "$ROBERTA_PATH/*.pt" | head -1 || true); [ -z "$f" ] || echo ", e.g. ROBERTA_PATH=$f")")
 elif [ ! -f "$ROBERTA_PATH" ]; then
   problems+=("ROBERTA_PATH=$ROBERTA_PATH: no such file")
 fi
@@ -141,8 +141,17 @@ if [ "$METHOD_FT" = 1 ]; then  # the arch as the roberta_ft model's (re-init, Lo
   [ -z "${ARCH:-}" ] || [[ " ${ASK[*]} " == *" --arch "* ]] || ASK+=(--arch "$ARCH")
 fi
 [ "$FP16" = 0 ] || { [ "$DRY_RUN" = 1 ] && [ "$FP16" = 1 ]; } || ASK+=(--cuda)
+[ ! -f "$DATA/input0/train.idx" ] || ASK+=(--tasks "$TASK" --steps "$DATA_DIR" "$BATCH" "$NUM_GPUS")  # PER_EPOCH
 [ ${#ASK[@]} = 0 ] || ask_python "${ASK[@]}"
 choose_fp16
+# Runs that cannot learn, said before training whatever set the numbers: the recipe's 10 epochs ending
+# before its update count on a small data set, then a warmup as long as the run, RecAdam's T0 past its end.
+END=$TOTAL
+if [ -z "${MAX_UPDATE:-}" ] && [ -n "${PER_EPOCH:-}" ] && [ $((PER_EPOCH * 10)) -lt "$TOTAL" ]; then
+  END=$((PER_EPOCH * 10))
+  note "warning: the recipe's 10 epochs are about $END updates on this data, not its $TOTAL: the lr schedule (warmup $WARMUP, decay to 0 at $TOTAL) is cut short; MAX_UPDATE=$END scales it to the data"
+fi
+schedule_warnings "$END"
 arch_flags "$([ "$METHOD_FT" = 1 ] && echo roberta_ft_large || echo roberta_large)"
 
 CMD=("${TRAIN[@]}" "$DATA"

@@ -78,6 +78,7 @@ arch_flags roberta_base
 
 TOTAL=$((PER_EPOCH * EPOCHS))
 WARMUP=$(( TOTAL / 10 > 0 ? TOTAL / 10 : 1 ))
+schedule_warnings "$TOTAL"
 SAVE_INTERVAL_UPDATES=${SAVE_INTERVAL_UPDATES:-$(default_save_interval "$TOTAL")}
 [[ $SAVE_INTERVAL_UPDATES =~ ^[1-9][0-9]*$ ]] ||
   die "SAVE_INTERVAL_UPDATES must be a positive integer, got '$SAVE_INTERVAL_UPDATES'"

@@ -4,6 +4,7 @@
     prelaunch.py plan [--method M] [--multitask] [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A]
                       [--freeze SPEC] [--cuda] [--steps DATA_DIR BATCH GPUS]
     prelaunch.py resume RUN_DIR
+    prelaunch.py follow LOG [--offset BYTES] [--metric M] [--pid PID]
 
 ``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
   --method     METHOD (its name in the catalogue, recadam_fairseq/catalogue.py), METHOD_NAME (the run
@@ -22,8 +23,12 @@
   --ft         the architecture (CKPT_ARCH, or ARCH for --arch) as the roberta_ft model's twin of it (re-init, LoRA)
   --freeze     checks FREEZE (the layer syntax of recadam_fairseq/core/layers.py) against the model's layers
   --cuda       HAS_CUDA: 1 when torch sees a CUDA device
-  --steps      PER_EPOCH: updates per epoch of --tasks on GPUS workers, batches of BATCH examples (multitask.sh)
+  --steps      PER_EPOCH: updates per epoch of --tasks on GPUS workers, batches of BATCH examples (about: with
+               --max-tokens a batch may hold fewer examples)
 Errors are one line on stderr (exit 2), naming the input.
+
+``follow`` prints the progress lines of fairseq's log LOG as it grows (recadam_fairseq/tools/progress.py)
+until SIGTERM or until process PID (the calling script) is gone.
 
 ``resume`` prepares RUN_DIR for fairseq to continue from: a checkpoint_last.pt that does not load (a
 kill during fairseq's non-atomic copy leaves it empty or truncated) is set aside as
@@ -314,8 +319,17 @@ def main(argv=None) -> int:
     p.add_argument("--steps", nargs=3, metavar=("DATA_DIR", "BATCH", "GPUS"))
     r = sub.add_parser("resume")
     r.add_argument("run_dir")
+    f = sub.add_parser("follow")
+    f.add_argument("log")
+    f.add_argument("--offset", type=int, default=0)
+    f.add_argument("--metric")
+    f.add_argument("--pid", type=int)
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "follow":
+            from recadam_fairseq.tools import progress
+
+            return progress.follow(args.log, args.offset, args.metric, args.pid)
         if args.cmd == "resume":
             print(resume(args.run_dir))
         else:

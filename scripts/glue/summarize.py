@@ -298,8 +298,25 @@ def write_csv(path, rows, fields):
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
 
 
+def run_line(run_dir):
+    """One run in one line, for the end of finetune.sh / multitask.sh: its best dev score and where."""
+    valid, last = parse_log(os.path.join(run_dir, "train.log"))
+    entries = valid.get("valid", [])
+    metric = "glue_avg" if any("glue_avg" in e for e in entries) else primary_metric(
+        os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))))
+    best, at = best_of(entries, metric)
+    if best is None:
+        return f"no {metric} in its {len(entries)} validations" if entries else "no validation in its log"
+    return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}, "
+            f"{len(entries)} validations")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if (argv if argv is not None else sys.argv[1:])[:1] == ["--run"]:  # one run's line (the task scripts' end)
+        ap.add_argument("--run", required=True, metavar="RUN_DIR")
+        print(run_line(ap.parse_args(argv).run))
+        return
     ap.add_argument("runs_dir")
     ap.add_argument("--out", help="where to write the summary files (default: RUNS_DIR)")
     ap.add_argument("--include-unfinished", action="store_true",

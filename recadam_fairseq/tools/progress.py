@@ -1,0 +1,113 @@
+"""What the task scripts show of a run while fairseq-train writes its whole output to train.log.
+
+fairseq prints its config (about 10 KB), Hydra's deprecation warnings and a line per event; the
+terminal gets one line per log interval and per validation, and the errors. ``follow`` reads the
+log as it grows (the run writes it itself, so a pipe the user closes, ``| head``, loses nothing).
+"""
+
+import os
+import signal
+import sys
+import time
+from typing import Optional
+
+from .plot_run import parse_log_lines
+
+
+def _num(x) -> str:
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return str(x)
+    return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
+    """The terminal's line for one line of fairseq's log, or None: a train interval, a validation,
+    the end of training, a logged warning or error (the script prints the run's error last)."""
+    stripped = line.rstrip("\n")
+    for level in (" | WARNING | ", " | ERROR | "):  # fairseq's and the plug-in's (not Python's warnings)
+        if level in stripped:
+            return "  " + level.strip(" |").lower() + ": " + stripped.split(level, 1)[1].split(" | ", 1)[-1]
+    if "done training in" in stripped:
+        return "  " + stripped.split("| ", 3)[-1].strip()
+    records = parse_log_lines([stripped])
+    if records.get("train_inner"):
+        r = records["train_inner"][0]
+        parts = [f"update {r.get('num_updates', '?')}", f"epoch {r.get('epoch', '?')}", f"loss {_num(r.get('loss'))}",
+                 f"lr {_num(r.get('lr'))}"]
+        if "ups" in r:
+            parts.append(f"{_num(r['ups'])} updates/s")
+        return "  " + ", ".join(parts)
+    for kind, recs in records.items():
+        if not recs or kind in ("train", "train_inner"):
+            continue
+        r = recs[0]
+        subset = next((k[: -len("_num_updates")] for k in r if k.endswith("_num_updates")), None)
+        if subset is None:
+            continue
+        keys = [metric] if metric and f"{subset}_{metric}" in r else [
+            k[len(subset) + 1:] for k in r if k.startswith(subset + "_") and k[len(subset) + 1:] not in (
+                "loss", "nll_loss", "ppl", "wps", "wpb", "bsz", "num_updates", "best_loss") and
+            not k[len(subset) + 1:].startswith("best_")][:3]
+        shown = ", ".join(f"{k} {_num(r[f'{subset}_{k}'])}" for k in keys)
+        best = next((r[k] for k in r if k.startswith(f"{subset}_best_")), None)
+        return (f"  {subset} at update {r[f'{subset}_num_updates']}: loss {_num(r.get(f'{subset}_loss'))}"
+                + (f", {shown}" if shown else "") + (f" (best {_num(best)})" if best is not None else ""))
+    return None
+
+
+def alive(pid: Optional[int]) -> bool:
+    if pid is None:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def follow(path: str, offset: int = 0, metric: Optional[str] = None, pid: Optional[int] = None,
+           poll: float = 0.5) -> int:
+    """Print the progress lines of ``path`` from byte ``offset`` until SIGTERM or until process ``pid`` is
+    gone (then the rest); a closed stdout or Ctrl-C ends it quietly."""
+    stop = []
+    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+    pending = ""
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            f.seek(offset)
+            while True:
+                chunk = f.read()
+                if chunk:
+                    pending += chunk
+                    *lines, pending = pending.split("\n")
+                    for line in lines:
+                        shown = progress_line(line, metric)
+                        if shown is not None:
+                            print(shown, flush=True)
+                elif stop or not alive(pid):
+                    return 0
+                else:
+                    time.sleep(poll)
+    except (BrokenPipeError, KeyboardInterrupt):
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
+        return 0
+
+
+def main(argv=None) -> int:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("log")
+    ap.add_argument("--offset", type=int, default=0, help="start at this byte (what the log held before the run)")
+    ap.add_argument("--metric", help="the validation metric to show")
+    ap.add_argument("--pid", type=int, help="stop when this process (the calling script) is gone")
+    a = ap.parse_args(argv)
+    return follow(a.log, a.offset, a.metric, a.pid)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
