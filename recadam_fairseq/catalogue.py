@@ -212,9 +212,10 @@ _SINGLE: Tuple[Method, ...] = (
     Method("r4f", "R4F: R3F with a spectrally normalised classification head", "adam", knobs=("lambda", "eps"),
            criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
            extra_fixed=("--spectral-norm-classification-head",), page="r3f.md"),
-    Method("sam", "SAM: sharpness-aware minimisation over Adam (Foret et al. 2021)", "samsgd", knobs=("rho",),
+    Method("sam", "SAM: sharpness-aware minimisation over Adam (Foret et al. 2021); --sam-type esam, gsam: ESAM, GSAM", "samsgd", knobs=("rho",),
            optimizer_fixed=("--sam-type", "sam"), page="sam.md"),
-    Method("fsam", "FSAM: SAM perturbing the top weights by Fisher information (Zhong et al. 2022)", "samsgd",
+    Method("fsam", "FSAM: SAM perturbing the top weights by Fisher information (Zhong et al. 2022); fisher-esam, "
+           "fisher-gsam", "samsgd",
            knobs=SAM_KNOBS, optimizer_fixed=("--sam-type", "fisher-sam"), page="sam.md"),
     Method("freeze", "the embeddings and encoder layers 0..N-1 frozen (through --task glue_multitask)", "adam",
            knobs=("layers",), task="glue_multitask", multitask=True, scripts=False, page="ca-mtl.md"),

@@ -37,7 +37,7 @@ from ..core import lora, mixout
 from ..core.errors import ConfigError
 from .tiny import tiny_sizes
 
-# under fairseq's logger: recadam's anchor re-runs the upgrade quietly (it silences "fairseq")
+# under fairseq's logger: recadam's anchor re-runs the upgrade quietly (it silences "fairseq.models" around it)
 logger = logging.getLogger("fairseq.models.roberta_ft")
 
 MARKER = "reinit_layers"

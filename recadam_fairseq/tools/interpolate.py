@@ -135,6 +135,3 @@ def main(argv=None):
         return 1
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,7 +1,0 @@
-"""The comparison's methods: recadam_fairseq.compare.methods, for scripts that load this file."""
-
-import os
-import sys
-
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # a checkout
-from recadam_fairseq.compare.methods import *  # noqa: E402,F401,F403
