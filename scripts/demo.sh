@@ -2,7 +2,7 @@
 # End-to-end RecAdam fine-tuning on tiny generated data, on CPU (run by `make demo`).
 #   1. a tiny RoBERTa is "pretrained" with masked LM on generated text (scripts/make_tiny_roberta.py)
 #   2. it is fine-tuned on a generated sentence classification task with --optimizer recadam,
-#      and, for comparison, with fairseq's --optimizer adam
+#      and, for comparison, with Adam (recadam with a constant λ: fairseq's adam bit for bit)
 #   3. scripts/plot_run.py draws λ(t), the distance to the pretrained weights, the losses and accuracy
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -38,7 +38,9 @@ finetune() {  # NAME, then optimizer flags
 
 finetune recadam --optimizer recadam \
   --recadam-anneal-fun sigmoid --recadam-anneal-k 0.1 --recadam-anneal-t0 50 --recadam-pretrain-cof 5000
-finetune adam --optimizer adam
+# Adam as recadam with a constant λ = 1 (nothing pulls): fairseq's adam bit for bit (tests/test_fairseq_train.py),
+# which also logs its distance from the pretrained weights for the plot
+finetune adam --optimizer recadam --recadam-anneal-fun constant
 
 python scripts/plot_run.py "$OUT/recadam/train.log" "$OUT/adam/train.log" --labels recadam adam \
   --out "$OUT/runs.png" > /dev/null
