@@ -67,7 +67,7 @@ def describe(m: catalogue.Method) -> str:
             head = f"{knob.var} [{knob.default}]"
             lines.append(f"    {head:<{width}}  {knob.flag}: {knob.help}"
                          + (" (added only when set)" if knob.implicit else ""))
-    defaults = {k: KNOBS[k].default for k in m.knobs if not KNOBS[k].implicit}
+    defaults = m.defaults()
     lines.append(f"  flags at the defaults: {flag_text(m, defaults)}")
     if m.scripts:
         lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
@@ -97,7 +97,7 @@ def readme_table() -> str:
             continue
         if m.name == "adam":
             continue
-        values = {k: KNOBS[k].default for k in m.knobs if not KNOBS[k].implicit}
+        values = m.defaults()
         page = m.page.split("#")[0]
         rows.append(f"| {m.name} | {m.summary} | {'`' + m.name + '`' if m.scripts else '-'} | "
                     f"`{flag_text(m, values)}` | [{page}](docs/{m.page}) |")

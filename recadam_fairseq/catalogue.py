@@ -140,7 +140,8 @@ class Method:
         return "k" in self.knobs
 
     def defaults(self) -> Dict[str, str]:
-        return {k: KNOBS[k].default for k in self.knobs}
+        """The knobs' values when no variable is set: the flags the scripts pass (an implicit knob's none)."""
+        return {k: KNOBS[k].default for k in self.knobs if not KNOBS[k].implicit}
 
     def flags(self, values: Mapping[str, str]) -> Dict[str, List[str]]:
         """The method's flags for knob ``values`` (text, as given; a knob that is absent adds no flag):
@@ -248,7 +249,7 @@ def with_recadam(m: Method) -> Method:
         raise UnknownMethod(f"recadam-{m.name}: {m.name} does not combine with RecAdam ({why})")
     return replace(m, name=f"recadam-{m.name}", summary=f"RecAdam with {m.name}", optimizer="recadam",
                    knobs=RECADAM_KNOBS + m.knobs, base="recadam", aliases=(f"recadam+{m.name}",),
-                   multitask=m.multitask and m.name != "freeze", scripts=m.scripts)
+                   multitask=m.multitask and m.name != "freeze")
 
 
 # RecAdam's combinations that the scripts and the comparison run

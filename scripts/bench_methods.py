@@ -35,8 +35,7 @@ def command_flags(name, values, extra):
     """A method of the catalogue (recadam_fairseq/catalogue.py) at its defaults but ``values``: its flags,
     then ``extra``."""
     m = catalogue.get(name)
-    v = {k: catalogue.KNOBS[k].default for k in m.knobs if not catalogue.KNOBS[k].implicit}
-    v.update(values)
+    v = {**m.defaults(), **values}
     return m.all_flags(v) + (["--arch", "roberta_ft"] if m.needs_ft else []) + extra  # the tiny sizes stay
 
 

@@ -20,6 +20,7 @@ from recadam_fairseq.compare import methods as comparison
 
 
 def at_defaults(m):
+    """The knobs' defaults, restated from KNOBS (an implicit knob passes no flag)."""
     return {k: KNOBS[k].default for k in m.knobs if not KNOBS[k].implicit}
 
 

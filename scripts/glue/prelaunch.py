@@ -212,9 +212,7 @@ def need(module: str):
 # --------------------------------------------------------------------------- main
 def method_plan(name: str, env, multitask: bool = False) -> dict:
     """What METHOD adds to the task scripts' command, its knobs read from ``env``."""
-    shown = catalogue.names(scripts=True) if not multitask else [n for n in catalogue.names() if
-                                                                   catalogue.METHODS[n].multitask and
-                                                                   catalogue.METHODS[n].scripts]
+    shown = [n for n in catalogue.names(scripts=True) if catalogue.METHODS[n].multitask or not multitask]
     try:
         m = catalogue.get(name)
     except catalogue.UnknownMethod:
@@ -222,20 +220,17 @@ def method_plan(name: str, env, multitask: bool = False) -> dict:
     if m.name not in shown:
         raise Stop(f"METHOD {name} is not one of this script's; choose one of {' '.join(shown)}"
                    + ("" if m.scripts else " (it runs in the comparison: scripts/forgetting/run.py --methods)"))
-    values = {}
-    for key in m.knobs:
-        k = catalogue.KNOBS[key]
-        if k.implicit and not env.get(k.var):
-            continue
-        try:
-            values[key] = k.check(env.get(k.var) or k.default)
-        except ValueError as e:
-            raise Stop(str(e)) from None
+    knobs = catalogue.KNOBS
+    given = {k: env[knobs[k].var] for k in m.knobs if env.get(knobs[k].var)}
+    try:
+        values = {k: knobs[k].check(v) for k, v in {**m.defaults(), **given}.items()}
+    except ValueError as e:
+        raise Stop(str(e)) from None
     f = m.flags(values)
-    return {**{catalogue.KNOBS[k].var: v for k, v in values.items()}, "METHOD": m.name, "METHOD_NAME": m.run_name(values), "METHOD_CRITERION": m.criterion or "",
-            "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"], "METHOD_FT": int(m.needs_ft),
-            "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
-            "METHOD_SETTINGS": " ".join(f"{catalogue.KNOBS[k].var}={v}" for k, v in values.items()),
+    return {**{knobs[k].var: v for k, v in values.items()}, "METHOD": m.name, "METHOD_NAME": m.run_name(values),
+            "METHOD_CRITERION": m.criterion or "", "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"],
+            "METHOD_FT": int(m.needs_ft), "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
+            "METHOD_SETTINGS": " ".join(f"{knobs[k].var}={v}" for k, v in values.items()),
             "METHOD_JSON": "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in m.settings(values).items())}
 
 
