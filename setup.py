@@ -24,8 +24,10 @@ setup(
         # (also the `tensorboard --logdir` viewer and the tests' event reader); tensorboardX (100 kB)
         # silences the "Please install tensorboardX" line that fairseq prints on import.
         "tensorboard": ["tensorboard", "tensorboardX"],
+        # --zero-sharding os (ZeRO stage 1): fairseq wraps the optimizer in fairscale's OSS
+        "sharded": ["fairscale==0.4.13"],
         "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard",
-                 "transformers>=5"],
+                 "transformers>=5", "fairscale==0.4.13"],
         # scripts/export_hf.py: a fine-tuned classifier as Hugging Face's RobertaForSequenceClassification
         "export": ["transformers>=5", "safetensors"],
         # scripts/forgetting + data-prep/convert_bert_to_fairseq.py; the model itself:

@@ -72,15 +72,28 @@ def check_pull_stability(cfg, hp) -> None:
 
 
 def check_sharding(cfg) -> None:
-    """Sharded optimizer state would need the anchor sharded with it: not supported (yet)."""
-    for flag, used in (("--zero-sharding os", str(cfg.zero_sharding) == "os"),
-                       ("--ddp-backend fully_sharded", str(cfg.ddp_backend) == "fully_sharded")):
-        if used:
-            raise ConfigError(
-                f"recadam does not support {flag}: the pretrained anchor would have to be sharded like the "
-                f"optimizer state it belongs to. Use --ddp-backend pytorch_ddp (GPUs), legacy_ddp or no_c10d; "
-                f"--recadam-anchor-dtype bf16 halves the anchor's memory"
-            )
+    """--zero-sharding os works (each rank's RecAdam holds θ* of its shard); FSDP's flat shards do not."""
+    if str(cfg.ddp_backend) == "fully_sharded":
+        raise ConfigError(
+            "recadam does not support --ddp-backend fully_sharded: θ* would have to follow FSDP's flat parameter "
+            "shards. Use --zero-sharding os (θ* and Adam's moments sharded), or --ddp-backend legacy_ddp / "
+            "pytorch_ddp; --recadam-anchor-dtype bf16 halves the anchor's memory"
+        )
+
+
+class BoundRecAdam(RecAdam):
+    """RecAdam with constructor kwargs that are no param-group hyperparameters (``bound``): under
+    --zero-sharding os fairseq builds each rank's optimizer as ``type(optimizer)(shard, **optimizer_config)``,
+    and those keys would land in every param group (and the checkpoint)."""
+
+    bound: dict = {}
+
+    def __init__(self, params, **hp):
+        super().__init__(params, **hp, **self.bound)
+
+
+def bound_recadam(**kwargs) -> type:
+    return type("RecAdam", (BoundRecAdam,), {"bound": kwargs, "__module__": __name__})
 
 
 @register_optimizer("recadam", dataclass=FairseqRecAdamConfig)
@@ -101,11 +114,11 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         check_checkpoint_paths(cfg)
         check_pull_stability(cfg, hp)
         check_sharding(cfg)
-        self._optimizer = RecAdam(params, **hp, fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)
+        self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)(params, **hp)
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning
         add_sam(self, cfg, seed=cfg.seed)  # --sam-type
-        self.anchoring = Anchoring(self._optimizer, cfg)
+        self.anchoring = Anchoring(self, cfg)
         self.listen("anchoring", self.anchoring)
         add_layer_lr(self, cfg)  # --layer-lr-decay: per-tensor (per-run) lr scales
 
@@ -127,6 +140,9 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         }
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
+        # every rank sees the whole state here (OSS keeps its shard's): θ* is restored, not rebuilt, on
+        # every rank, also one whose shard holds no anchored tensor
+        self.anchoring.restored = any("anchor" in st for st in state_dict.get("state", {}).values())
         try:
             super().load_state_dict(state_dict, optimizer_overrides)
         except ValueError as e:  # another model size, or another layout (e.g. --fp16 vs fp32)
@@ -136,6 +152,8 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
                 f"recadam: the checkpoint's optimizer state does not fit this model: {e}. Start with "
                 f"--reset-optimizer (θ* then comes from --restore-file or --recadam-pretrained-path)"
             ) from e
+        if self.anchoring.oss is not None:  # OSS loaded its own copy of the shard's state too; only .optim's is used
+            self.anchoring.oss.state.clear()
 
     def step(self, closure=None, scale=1.0, groups=None):
         if not self.anchoring.bound:
@@ -152,12 +170,24 @@ class Anchoring:
     ``all_reduce_grads(model)`` is the first call that shows the parameters' names. Then, on log
     steps, λ(t) and the distance to θ* in fairseq's logs."""
 
-    def __init__(self, optimizer: RecAdam, cfg):
-        self.opt, self.cfg = optimizer, cfg
+    def __init__(self, owner: FairseqOptimizer, cfg):
+        self.owner, self.cfg = owner, cfg
         self.bound = False
+        self.restored = False  # load_state_dict: the checkpoint's optimizer state holds θ*
         self.pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
             self.pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
+
+    @property
+    def oss(self):
+        """fairscale's OSS when fairseq shards the optimizer state (--zero-sharding os), else None."""
+        o = self.owner._optimizer
+        return None if isinstance(o, RecAdam) else o
+
+    @property
+    def opt(self) -> RecAdam:
+        """The RecAdam of this rank: under --zero-sharding os, the one OSS built for this rank's shard."""
+        return self.owner._optimizer if self.oss is None else self.oss.optim
 
     def before_reduce(self, model: torch.nn.Module) -> None:
         if not self.bound:
@@ -171,9 +201,12 @@ class Anchoring:
             self.bound, self.pretrained = True, None
             return
         tensors = [p for g in opt.param_groups for p in g["params"]]
+        if self.oss is not None and not {id(p) for _, p in model.named_parameters()} >= {id(t) for t in tensors}:
+            raise ConfigError("recadam --zero-sharding os: θ* of fp32 master copies (--fp16-no-flatten-grads, "
+                              "--bf16) is not supported yet; train in fp32 or with --memory-efficient-fp16")
         targets = mixout.targets_by_parameter(unwrap_model(model))  # --mixout: the model's own copy of θ*
         dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
-        if any(opt.anchor_of(t) is not None for t in tensors):
+        if self.restored or any(opt.anchor_of(t) is not None for t in tensors):
             logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")
             if targets:
                 restored = [(opt.anchor_of(t), opt.state[t].get("anchor_runs")) for t in tensors]
@@ -183,6 +216,7 @@ class Anchoring:
                     if anchor is not None:
                         opt.set_anchor(t, anchor, runs)
                 self._share(model, targets, used, views, unshared)
+            self._log_shards()
             self.bound = True
             return
         line, anchors, plan = build_anchors(tensors, model, self.cfg, self.pretrained, dtype, shared=targets)
@@ -194,7 +228,25 @@ class Anchoring:
             itemsize = torch.empty(0, dtype=dtype).element_size()
             unshared = sum(plan.numel[n] for n in plan.anchored) * itemsize + mixout.held_bytes(targets.values())
             self._share(model, targets, plan.shared, plan.views, unshared)
+        self._log_shards()
         self.bound = True
+
+    def _log_shards(self) -> None:
+        """--zero-sharding os: the elements of θ* each rank holds (rank 0 logs them all)."""
+        if self.oss is None:
+            return
+        opt = self.opt
+        mine = [sum(a.numel() for a in map(opt.anchor_of, g["params"]) if a is not None) for g in opt.param_groups]
+        held = [None] * self.oss.world_size
+        torch.distributed.all_gather_object(held, sum(mine), group=self.oss.group)
+        logger.info(f"recadam: --zero-sharding os: θ* elements held per rank: {', '.join(f'{n:,}' for n in held)} "
+                    f"(of {sum(held):,})")
+
+    def _reduce(self, x, op):
+        """A number summed (or maxed) over the ranks of the sharded optimizer, in float64."""
+        x = torch.as_tensor(x, dtype=torch.float64).to(self.oss._default_device).reshape(1)
+        torch.distributed.all_reduce(x, op=op, group=self.oss.group)
+        return x[0]
 
     def _share(self, model, targets, used, views, unshared: int) -> None:
         """--mixout: the model's targets are θ* (anchors ``used``; ``views``: pieces of the anchor that
@@ -217,8 +269,18 @@ class Anchoring:
         """λ(t) and the distance to θ*, on log steps only: the distance costs a pass over the weights.
 
         Every rank holds the same weights and anchor: each logs the same value (no sum over ranks).
+        Under --zero-sharding os each rank holds a shard (perhaps without an anchored tensor): t is
+        the ranks' largest, the distance their sum.
         """
-        t = self.opt.anchored_step()
-        if t and t % max(1, int(self.cfg.log_interval)) == 0:
-            dist = self.opt.anchor_distance().item()
-            log_recadam_metrics(self.opt.current_lambda(), dist, 0.5 * self.cfg.recadam_pretrain_cof * dist)
+        opt, cfg = self.opt, self.cfg
+        t = opt.anchored_step()
+        if self.oss is not None:
+            t = int(self._reduce(t, torch.distributed.ReduceOp.MAX))
+        if t and t % max(1, int(cfg.log_interval)) == 0:
+            if self.oss is None:
+                lam, dist = opt.current_lambda(), opt.anchor_distance().item()
+            else:
+                lam = anneal_lambda(str(cfg.recadam_anneal_fun), t, cfg.recadam_anneal_k, cfg.recadam_anneal_t0,
+                                    cfg.recadam_anneal_w)
+                dist = self._reduce(opt.anchor_distance(), torch.distributed.ReduceOp.SUM).item()
+            log_recadam_metrics(lam, dist, 0.5 * cfg.recadam_pretrain_cof * dist)

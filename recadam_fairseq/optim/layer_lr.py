@@ -66,6 +66,8 @@ def add_layer_lr(optimizer, cfg) -> Optional[LayerLRDecay]:
     check_gamma(gamma)
     if gamma == 1.0:
         return None
+    if str(getattr(cfg, "zero_sharding", "none")) == "os":  # the scales would go to the unsharded optimizer, unused
+        raise ConfigError(f"{FLAG} {gamma:g} does not support --zero-sharding os yet: drop one of them")
     listener = LayerLRDecay(optimizer.optimizer, gamma)
     optimizer.listen(STATE_KEY, listener)
     return listener

@@ -37,6 +37,8 @@ def add_sam(optimizer: events.LoopOptimizer, cfg, seed: int = 1) -> Optional[SAM
     validate_sam_hparams(hp)
     if hp["sam_type"] == "none":
         return None
+    if str(getattr(cfg, "zero_sharding", "none")) == "os":  # not yet checked against the unsharded run
+        raise ConfigError(f"--sam-type {hp['sam_type']} does not support --zero-sharding os yet: drop one of them")
     if hp["rho"] == 0:  # ε = 0: the second pass would compute ∇L(θ) again
         logger.warning(f"--sam-type {hp['sam_type']} with --rho 0: ε is 0, so no second pass is run "
                        f"(the base optimizer's update alone)")
