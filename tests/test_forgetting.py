@@ -341,7 +341,7 @@ def test_plot_of_a_smoke_run_shows_its_points(tmp_path, case):
 
 
 def test_plot_lists_the_few_diverged_runs_apart():
-    """The full run: two settings near chance among many are listed beside the chart, which fits the
+    """The full run: two settings near chance among many are marked at the panels' edge, which fit the
     others (as the plot of docs/forgetting.png)."""
     rows = _summary([("adam", 0.86, 0.83, [(40, 0.75, 0.87)]), ("recadam:0.1:50", 0.85, 0.87, []),
                      ("r3f:1", 0.86, 0.84, []), ("freeze:4", 0.82, 0.88, []),
@@ -355,6 +355,68 @@ def test_plot_lists_the_few_diverged_runs_apart():
     assert xlim == pytest.approx((min(xs) - pad_x, max(xs) + 2 * pad_x))
     assert ylim == pytest.approx((min(ys) - pad_y, max(ys) + pad_y))
     assert plot.chart_limits([]) == (None, None, [])
+
+
+def _colours(ax):
+    """{legend label: its colour} of a panel."""
+    from matplotlib.colors import to_hex
+
+    return {label: to_hex(h.get_color()) for h, label in zip(*ax.get_legend_handles_labels())}
+
+
+def _edge_markers(ax, marker):
+    """The (x, y) of the off-scale markers ``marker`` drawn in a panel."""
+    return [tuple(line.get_xydata()[0]) for line in ax.lines if line.get_marker() == marker]
+
+
+def test_figure_has_a_panel_per_family_and_marks_the_far_out_at_the_edge():
+    """One panel per family present (the catalogue's page: RecAdam + R3F with R3F), Adam in each, no
+    two methods of a panel in one colour; re-init's forgetting, far outside the others', is a marker
+    at the right edge with its value written, the limits fit the rest."""
+    rows = _summary([("adam", 0.86, 0.83, [(40, 0.75, 0.87)]), ("recadam:0.1:50", 0.85, 0.87, []),
+                     ("recadam:0.1:100", 0.84, 0.875, []), ("recadam-coupled:0.1:50", 0.83, 0.86, []),
+                     ("r3f:1", 0.86, 0.84, []), ("r4f:1", 0.855, 0.85, []),
+                     ("recadam-r3f:k=0.1,t0=25,lambda=1", 0.85, 0.86, []), ("llrd:0.9", 0.86, 0.855, []),
+                     ("reinit:1", 0.86, 0.65, [])])
+    fig, panels, (xlim, ylim) = plot.figure(rows, {"snli_auc": 0.88}, 200)
+    assert list(panels) == ["recadam", "r3f", "llrd", "reinit"]
+    assert list(_colours(panels["r3f"])) == ["adam", "r3f", "r4f", "recadam+r3f"]
+    for ax in panels.values():
+        colours = list(_colours(ax).values())
+        assert colours[0] == "#000000" and len(set(colours)) == len(colours)
+    assert [r["name"] for r in plot.chart_limits(rows)[2]] == ["reinit-n1"]
+    assert xlim[1] < 0.23
+    (edge,) = _edge_markers(panels["reinit"], ">")
+    assert edge[0] == pytest.approx(xlim[1], abs=0.02 * (xlim[1] - xlim[0])) and edge[1] == pytest.approx(0.86)
+    assert "drop 0.230" in [t.get_text() for t in panels["reinit"].texts]
+    assert not _edge_markers(panels["recadam"], ">")  # the others at their place
+    # the labels name only the knob that varies within a method, and none of a panel overlap
+    assert sorted(t.get_text() for t in panels["recadam"].texts) == ["t0=100", "t0=50"]
+    renderer = fig.canvas.get_renderer()
+    for ax in panels.values():
+        boxes = [t.get_window_extent(renderer) for t in ax.texts]
+        assert not any(a.overlaps(b) for i, a in enumerate(boxes) for b in boxes[i + 1:])
+
+
+def test_overview_has_a_panel_per_family_and_marks_the_clipped_gaps():
+    """The summary's figure: one panel per family, its methods in distinct colours; a gap below
+    OVERVIEW_MIN_GAP is a marker at the bottom edge with its value."""
+    gap = lambda f, a: {"d_forgetting": f, "d_accuracy": a}  # noqa: E731
+    summary_ = {"adam": {"tasks": {"movie": gap(0, 0), "nli": gap(0, 0)}},
+                "recadam": {"tasks": {"movie": gap(0.02, -0.01), "nli": gap(0.03, -0.02)}},
+                "recadam-coupled": {"tasks": {"movie": gap(0.01, 0.0)}},
+                "lora": {"tasks": {"movie": gap(0.05, -0.07), "nli": gap(0.1, -0.3)}},
+                "recadam+r3f": {"tasks": {"movie": gap(0.03, 0.0)}}}
+    fig, panels = plot.overview_figure(summary_, ["movie", "nli"])
+    assert list(panels) == ["recadam", "r3f", "lora"]
+    assert list(_colours(panels["recadam"])) == ["recadam", "recadam-coupled"]
+    for ax in panels.values():
+        colours = list(_colours(ax).values())
+        assert len(set(colours)) == len(colours)
+    (edge,) = _edge_markers(panels["lora"], "v")
+    assert edge[0] == pytest.approx(0.1) and edge[1] == pytest.approx(plot.OVERVIEW_MIN_GAP, abs=0.01)
+    assert "nli: -0.300" in [t.get_text() for t in panels["lora"].texts]
+    assert panels["lora"].get_ylim()[0] >= plot.OVERVIEW_MIN_GAP - 0.01
 
 
 def test_table_goes_between_the_markers(tmp_path):
@@ -475,11 +537,13 @@ def test_every_method_gives_a_row(pipeline):
         assert re.search(rf"\n\| {re.escape(method)} \| {re.escape(methods.knob_text(r))}.*\| {re.escape(cell)} \|\n",
                          md), (method, cell)
     assert "WiSE-FT: each run's final checkpoint mixed with the pretrained weights" in md
-    # the plot: the curves are drawn, θ* (x = 0) and every interpolation inside the main panel
-    xlim, ylim, _ = plot.chart_limits(res["rows"])
-    assert xlim[0] < 0 < xlim[1]
-    points = [p for r in res["rows"] for p in r.get("interpolated", [])]
-    assert len(_inside(points, xlim, ylim)) == len(points) == len(ALPHAS) * len(ALL_METHODS)
+    # the plot: the curves are drawn, θ* (x = 0) and every interpolation inside the panels, but for
+    # those of a setting marked at the edge (far outside the others: its curve is cut there)
+    xlim, ylim, off = plot.chart_limits(res["rows"])
+    assert xlim[0] < 0 < xlim[1] and len(off) < len(ALL_METHODS) / 4
+    assert len([p for r in res["rows"] for p in r.get("interpolated", [])]) == len(ALPHAS) * len(ALL_METHODS)
+    points = [p for r in res["rows"] if all(r is not o for o in off) for p in r.get("interpolated", [])]
+    assert len(_inside(points, xlim, ylim)) == len(points) == len(ALPHAS) * (len(ALL_METHODS) - len(off))
     bare = [{k: v for k, v in r.items() if k != "interpolated"} for r in res["rows"]]
     plot.plot(bare, base, str(work / "bare.png"), UPDATES)
     assert (work / "bare.png").read_bytes() != (work / "results.png").read_bytes()
