@@ -86,7 +86,7 @@ class BoundRecAdam(RecAdam):
     --zero-sharding os fairseq builds each rank's optimizer as ``type(optimizer)(shard, **optimizer_config)``,
     and those keys would land in every param group (and the checkpoint)."""
 
-    bound: dict = {}
+    bound = {}  # set per class by bound_recadam
 
     def __init__(self, params, **hp):
         super().__init__(params, **hp, **self.bound)

@@ -159,8 +159,11 @@ render_command() {
 # the best dev score (summarize.py --run).
 train_and_mark_done() {
   local run=$1 msg rc log=$1/train.log follower err
-  if has_checkpoints "$run"; then
-    msg=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" resume "$run" 2>&1) || die "${msg##*error: }"
+  if has_checkpoints "$run"; then  # its one line on stdout; library warnings (stderr) are not it
+    err=$(mktemp)
+    msg=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" resume "$run" 2> "$err") ||
+      { msg=$(tail -1 "$err"); rm -f "$err"; die "${msg##*error: }"; }
+    rm -f "$err"
     note "$msg"
     echo "$(basename "$0"): $msg" >> "$log"
   fi
