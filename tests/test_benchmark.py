@@ -13,6 +13,26 @@ from recadam_fairseq.tools import benchmark as bench
 PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")
 
 
+def test_a_benchmark_stopped_midway_keeps_what_finished(tmp_path, monkeypatch):
+    """The GPU pass stops a stage at its time budget (a KeyboardInterrupt): the workloads done stay."""
+    real, calls = bench.benchmark_workload, []
+
+    def stop_at_the_second(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args)
+
+    monkeypatch.setattr(bench, "benchmark_workload", stop_at_the_second)
+    md, js = tmp_path / "b.md", tmp_path / "b.json"
+    with pytest.raises(KeyboardInterrupt):
+        bench.main(["--quick", "--layouts", "flat", "per-tensor", "--rounds", "1", "--impls", "recadam",
+                    "--out-md", str(md), "--out-json", str(js)])
+    saved = json.loads(js.read_text())
+    assert saved["complete"] is False and {r["layout"] for r in saved["rows"]} == {"flat"}
+    assert md.read_text().startswith("**Partial: not yet run: per-tensor/tiny.**")
+
+
 def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     (tmp_path / "docs").mkdir()
     md, js, doc = tmp_path / "docs" / "b.md", tmp_path / "b.json", tmp_path / "docs" / "performance.md"
@@ -21,6 +41,7 @@ def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     rc = bench.main(["--quick", "--layouts", "flat", "--rounds", "1", "--impls", "recadam", "recadam-foreach",
                      "torch-adamw-fused", "--out-md", str(md), "--out-json", str(js), "--doc", str(doc)])
     assert rc == 0
+    assert json.loads(js.read_text())["complete"] is True
     rows = {r["impl"]: r for r in json.loads(js.read_text())["rows"]}
     assert set(rows) == {"recadam", "recadam-foreach", "torch-adamw-fused", "copy", "anchor_distance()"}
     for name in ("recadam", "recadam-foreach"):

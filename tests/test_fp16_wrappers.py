@@ -22,7 +22,12 @@ MODES = {
     "fp16-flat": ["--fp16"],
     "fp16-per-param": ["--fp16", "--fp16-no-flatten-grads"],
     "memory-efficient-fp16": ["--fp16", "--memory-efficient-fp16"],
+    # fairseq never flattens bf16 and keeps no loss scale; in fairseq-train --bf16 also means --tpu
+    # (fairseq 0.12's options.py), so these layouts are reachable in-process only, off a TPU
+    "bf16": ["--bf16"],
+    "memory-efficient-bf16": ["--memory-efficient-bf16"],
 }
+HALF = {mode: torch.bfloat16 if "bf16" in mode else torch.float16 for mode in MODES}
 
 
 @pytest.fixture
@@ -43,10 +48,10 @@ def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu"):
     torch.manual_seed(1)
     net = Net()
     net.load_state_dict(pre.state_dict(), strict=False)
-    net = net.half().to(device)
+    net = net.to(device, HALF[mode])
     cfg = parse(*FLAGS, *MODES[mode], "--recadam-anchor-dtype", anchor_dtype, restore=restore)
     params = list(net.parameters())
-    if mode == "memory-efficient-fp16":
+    if mode.startswith("memory-efficient"):
         opt = optim.MemoryEfficientFP16Optimizer.build_optimizer(cfg, params)
     else:
         opt = optim.FP16Optimizer.build_optimizer(cfg, params)
@@ -54,32 +59,32 @@ def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu"):
     for _ in range(STEPS):
         opt.zero_grad()
         for p, g in zip(params, grads(gen, net)):
-            p.grad = g.half().to(device)
+            p.grad = g.to(device, HALF[mode])
         opt._needs_sync = True  # what opt.backward(loss) records: fp16 grads are copied to fp32 at step()
         opt.all_reduce_grads(net)
         opt.step()
     return net, opt
 
 
-def run_core(rounded_each_step=False, anchor_dtype=torch.float32):
-    """The core on fp32 copies of the fp16 weights, fed the same (fp16-rounded) gradients."""
+def run_core(rounded_each_step=False, anchor_dtype=torch.float32, half=torch.float16):
+    """The core on fp32 copies of the half weights, fed the same (half-rounded) gradients."""
     torch.manual_seed(0)
     pre = Net(head=False)
     torch.manual_seed(1)
     net = Net()
     net.load_state_dict(pre.state_dict(), strict=False)
-    net = net.half().float()
+    net = net.to(half).float()
     enc, head = list(net.encoder.parameters()), list(net.head.parameters())
     opt = RecAdam([dict(params=enc, pretrain_params=[p.detach().to(anchor_dtype).float().clone() for p in enc]),
                    dict(params=head, anneal_w=0.0)], **HP)
     gen = torch.Generator().manual_seed(5)
     for _ in range(STEPS):
         for p, g in zip(net.parameters(), grads(gen, net)):
-            p.grad = g.half().float()
+            p.grad = g.to(half).float()
         opt.step()
-        if rounded_each_step:  # no fp32 master copy: the fp16 value is the state
+        if rounded_each_step:  # no fp32 master copy: the half value is the state
             for p in net.parameters():
-                p.data.copy_(p.data.half().float())
+                p.data.copy_(p.data.to(half).float())
     return net
 
 
@@ -103,12 +108,24 @@ def test_fp16_master_weights_equal_the_core(mode, tmp_path, cpu_flat_fp16):
         assert core.state[flat]["anchor"].numel() == n_enc
 
 
-def test_memory_efficient_fp16_equals_the_core_rounded_each_step(tmp_path):
-    net, opt = run_wrapper("memory-efficient-fp16", tmp_path)
-    want = flat_params(run_core(rounded_each_step=True))
+@pytest.mark.parametrize("mode", ["memory-efficient-fp16", "memory-efficient-bf16"])
+def test_memory_efficient_modes_equal_the_core_rounded_each_step(mode, tmp_path):
+    net, opt = run_wrapper(mode, tmp_path)
+    want = flat_params(run_core(rounded_each_step=True, half=HALF[mode]))
     assert torch.equal(flat_params(net), want)
     st = opt.optimizer.state[net.encoder.weight]
     assert st["exp_avg"].dtype == torch.float32 and st["anchor"].dtype == torch.float32
+    assert net.encoder.weight.dtype == HALF[mode]
+
+
+def test_bf16_master_weights_equal_the_core(tmp_path):
+    """--bf16: fp32 master copies per tensor (never flat), no loss scale; the bf16 model is their rounding."""
+    net, opt = run_wrapper("bf16", tmp_path)
+    assert isinstance(opt.fp32_params, list) and opt.scaler is None
+    want = flat_params(run_core(half=torch.bfloat16))
+    assert torch.equal(torch.cat([p.reshape(-1) for p in opt.fp32_params]), want)
+    assert torch.equal(flat_params(net), want.bfloat16().float())
+    assert "anchor" not in opt.optimizer.state[opt.fp32_params[-1]]  # the new head
 
 
 @pytest.mark.parametrize("dtype,torch_dtype", [("bf16", torch.bfloat16), ("fp16", torch.float16)])
@@ -154,8 +171,18 @@ def test_fp16_wrappers_on_gpu_equal_the_core(mode, tmp_path):
 
 
 @pytest.mark.gpu
-def test_memory_efficient_fp16_on_gpu(tmp_path):
-    net, opt = run_wrapper("memory-efficient-fp16", tmp_path, device="cuda")
-    want = flat_params(run_core(rounded_each_step=True))
-    # one fp16 ulp: a different fp32 round-off can round the fp16 result the other way
-    torch.testing.assert_close(flat_params(net).cpu(), want, rtol=2e-3, atol=1e-4)
+def test_bf16_wrapper_on_gpu_equals_the_core(tmp_path):
+    net, opt = run_wrapper("bf16", tmp_path, device="cuda")
+    master = torch.cat([p.reshape(-1) for p in opt.fp32_params]).cpu()
+    torch.testing.assert_close(master, flat_params(run_core(half=torch.bfloat16)), rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mode", ["memory-efficient-fp16", "memory-efficient-bf16"])
+def test_memory_efficient_modes_on_gpu(mode, tmp_path):
+    net, opt = run_wrapper(mode, tmp_path, device="cuda")
+    want = flat_params(run_core(rounded_each_step=True, half=HALF[mode]))
+    # one ulp of the half type (2^-10 fp16, 2^-7 bf16, relative): a different fp32 round-off can round
+    # the half result the other way, and the next step starts from there
+    ulp = 2 ** -10 if HALF[mode] == torch.float16 else 2 ** -7
+    torch.testing.assert_close(flat_params(net).cpu(), want, rtol=2 * ulp, atol=1e-4)

@@ -74,23 +74,32 @@ def train_per_tensor(fused, problem, p_dtype=None, **hp):
     ps = [torch.nn.Parameter(p.clone().to(p_dtype or p.dtype)) for p in ps0]
     opt = RecAdam([{"params": ps[:4], "pretrain_params": anchors}, {"params": ps[4:], "anneal_w": 0.0}],
                   **dict(HP, weight_decay=0.01, **hp), fused=fused)
+    peak = [p.detach().abs().float() for p in ps]  # each weight's largest magnitude on its way
     for i, gs in enumerate(grads):
         if i == 3:
             opt.param_groups[0]["lr"] *= 0.5
         for p, g in zip(ps, gs):
             p.grad = g.to(p.dtype)
         opt.step()
-    return [p.detach() for p in ps], [opt.state[p]["exp_avg"] for p in ps], [opt.state[p]["exp_avg_sq"] for p in ps]
+        peak = [torch.maximum(m, p.detach().abs().float()) for m, p in zip(peak, ps)]
+    return ([p.detach() for p in ps], [opt.state[p]["exp_avg"] for p in ps], [opt.state[p]["exp_avg_sq"] for p in ps],
+            peak)
 
 
 def assert_close_to_eager(fast, eager, p_dtype):
-    """(weights, m, v) of the compiled path against the eager one: FMA contraction in fp32 (rtol 1e-6);
-    fp16 weights: an fp32 result an ulp apart may round to the neighbouring fp16 value (2^-9 relative
-    at a binade's edge)."""
-    tol = dict(rtol=1e-6, atol=1e-7) if p_dtype == torch.float32 else dict(rtol=2 ** -9, atol=2 ** -24)
-    for x, y in zip(fast[0], eager[0]):
-        torch.testing.assert_close(x.float(), y.float(), **tol)
-    for xs, ys in zip(fast[1:], eager[1:]):
+    """(weights, m, v) of the compiled path against the eager one: FMA contraction in fp32 (rtol 1e-6).
+
+    fp16 weights: an fp32 result an ulp apart may round to the neighbouring fp16 value, and that
+    one-ulp step stays in the weight while it shrinks: on the H200 an element that ended at 1.0e-3
+    was 2^-18 (4 of its final ulps) apart. We allow two fp16 ulps at the weight's largest magnitude
+    on the way (one ulp <= 2^-10 of it), with the eager run's trajectory as that magnitude."""
+    for x, y, peak in zip(fast[0], eager[0], eager[3]):
+        if p_dtype == torch.float32:
+            torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
+        else:
+            gap = (x.float() - y.float()).abs() - 2 ** -9 * peak
+            assert gap.max() <= 2 ** -24, f"{(gap > 2 ** -24).sum().item()} fp16 weights beyond 2 ulps of their peak"
+    for xs, ys in zip(fast[1:3], eager[1:3]):
         for x, y in zip(xs, ys):
             torch.testing.assert_close(x, y, rtol=1e-6, atol=1e-7)
 

@@ -31,6 +31,7 @@ def e2e_run(tmp_path_factory):
         doc.write_text(f.read(), encoding="utf-8")
     proc = _e2e("--size", "tiny", "--precision", "fp32", "--device", "cpu", "--methods", "recadam", "ca-mtl",
                 "--updates", "4", "--log-interval", "1", "--batch-size", "8", "--train-size", "32", "--rounds", "1",
+                "--warmup-runs", "0",
                 "--work", str(out / "work"), "--out-md", str(out / "e2e.md"), "--out-json", str(out / "e2e.json"),
                 "--doc", str(doc), cwd=str(out))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

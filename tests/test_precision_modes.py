@@ -137,21 +137,37 @@ GPU_MODES = {
     "fp16-flat": (["--fp16"], 0.05),
     "fp16-per-param": (["--fp16", "--fp16-no-flatten-grads"], 0.05),
     "memory-efficient-fp16": (["--memory-efficient-fp16"], 0.10),
-    # bf16 keeps 8 significant bits (rounding 2^-8·|θ|, 8x fp16's); fairseq never flattens it
-    "bf16": (["--bf16"], 0.40),
-    "memory-efficient-bf16": (["--memory-efficient-bf16"], 0.60),
     "amp": (["--amp"], 0.05),
 }
+# fairseq-train --bf16 / --memory-efficient-bf16 also set --tpu (fairseq 0.12's options.py): the Trainer
+# asks torch_xla for its device and fails off a TPU, on a GPU too (seen on an H200). The optimizer's
+# bf16 layouts are tested in-process: test_fp16_wrappers.py.
+# Dropout off: on the H200 (2026-11-26) the fp16 and AMP updates were 58-80% away from fp32's with
+# dropout on, as far as two seeds' runs are apart. The likely cause (not yet confirmed on a GPU):
+# CUDA's dropout kernel walks the random stream by the tensor's dtype, so an fp16 activation is not
+# masked as its fp32 twin; on the CPU the masks agree (1.5%; 1.8% without dropout). This test
+# measures the arithmetic.
+NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
+
+
+@pytest.fixture(scope="module")
+def fp32_on_gpu(tiny, tmp_path_factory):
+    """The reference run, once for every mode (GPU time is scarce)."""
+    root = tmp_path_factory.mktemp("fp32-gpu")
+    tiny.train(root, *FLAGS, *NO_DROPOUT, device="cuda")
+    return load_ckpt(root / "checkpoint_last.pt")
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", list(GPU_MODES))
-def test_precision_modes_on_gpu(tiny, tmp_path, mode):
+def test_precision_modes_on_gpu(tiny, tmp_path, fp32_on_gpu, mode):
     flags, tol = GPU_MODES[mode]
-    tiny.train(tmp_path / "fp32", *FLAGS, device="cuda")
-    tiny.train(tmp_path / mode, *FLAGS, *flags, device="cuda")
+    tiny.train(tmp_path / mode, *FLAGS, *NO_DROPOUT, *flags, device="cuda")
     pre = load_ckpt(tiny.pretrained)["model"]
-    ref, got = load_ckpt(tmp_path / "fp32" / "checkpoint_last.pt"), load_ckpt(tmp_path / mode / "checkpoint_last.pt")
+    ref, got = fp32_on_gpu, load_ckpt(tmp_path / mode / "checkpoint_last.pt")
     keys = [k for k in ref["model"] if k in pre and ref["model"][k].is_floating_point()]
     d32, d = update(ref, pre, keys), update(got, pre, keys)
-    assert (d - d32).norm() / d32.norm() < tol
+    rel = ((d - d32).norm() / d32.norm()).item()
+    print(f"{mode}: |Δ - Δ_fp32| / |Δ_fp32| = {rel:.4f}")
+    assert d32.norm() > 0.1 and rel < tol
+    assert got["optimizer_history"][-1]["num_updates"] == 12

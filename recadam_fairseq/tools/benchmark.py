@@ -648,6 +648,27 @@ def main(argv=None) -> int:
           f"threads: {info['threads']}", flush=True)
 
     rows, notes, started = [], [], time.perf_counter()
+
+    def save(rows, notes, e2e, partial: str = "") -> str:
+        """The report and JSON so far: rewritten after every workload, so a run stopped at a time limit
+        keeps what finished (``partial`` says what is missing)."""
+        report = render_report(info, rows, notes)
+        if partial:
+            report = f"**Partial: {partial}.**\n\n" + report
+        if e2e:
+            report += (f"\n## End to end: fairseq-train on the tiny generated RoBERTa (CPU, {args.threads} thread(s))\n\n"
+                       f"{e2e_table(e2e)}\n\nWall time per update from fairseq's updates/s (ups) over each log interval "
+                       f"after the first, fp32; recadam includes its metrics on log steps. This model is far below the "
+                       f"fused update's auto threshold, so recadam runs the eager update here.\n")
+        with open(args.out_md, "w") as f:
+            f.write(report)
+        with open(args.out_json, "w") as f:
+            json.dump(dict(machine=info, hyperparameters=dict(adam=ADAM_HP, recadam=RECADAM_HP),
+                           memory_methods=MEMORY_METHODS, rounds=args.rounds, warmup=args.warmup, rows=rows,
+                           notes=notes, e2e=e2e, complete=not partial), f, indent=2)
+        return report
+
+    todo = [(size, layout) for size in sizes for layout in args.layouts]
     for size in sizes:
         need, avail = bytes_needed(size), available_bytes(device)
         if need > 0.8 * avail:
@@ -663,6 +684,9 @@ def main(argv=None) -> int:
             print(f"{layout}/{size} ({w.numel / 1e6:.2f}M elements): {time.perf_counter() - t:.1f} s", flush=True)
             del w, results
             gc.collect()
+            todo.remove((size, layout))
+            if todo:
+                save(rows, notes, [], partial="not yet run: " + ", ".join(f"{lay}/{sz}" for sz, lay in todo))
     notes = llrd_notes(rows) + distance_notes(rows) + notes
     e2e = []
     if args.e2e:
@@ -670,23 +694,12 @@ def main(argv=None) -> int:
         e2e = run_e2e(args.e2e, args.e2e_rounds, args.threads)
     notes.append(f"total time {time.perf_counter() - started:.0f} s")
 
-    report = render_report(info, rows, notes)
-    if e2e:
-        report += (f"\n## End to end: fairseq-train on the tiny generated RoBERTa (CPU, {args.threads} thread(s))\n\n"
-                   f"{e2e_table(e2e)}\n\nWall time per update from fairseq's updates/s (ups) over each log interval "
-                   f"after the first, fp32; recadam includes its metrics on log steps. This model is far below the "
-                   f"fused update's auto threshold, so recadam runs the eager update here.\n")
+    report = save(rows, notes, e2e)
     print("\n" + report)
-    with open(args.out_md, "w") as f:
-        f.write(report)
     if args.doc:
         link = os.path.relpath(os.path.abspath(args.out_md), os.path.dirname(os.path.abspath(args.doc)))
         update_doc(args.doc, summary_table(info, rows, e2e, full_table=args.out_md, link=link.replace(os.sep, "/")),
                    args.doc_flag)
-    with open(args.out_json, "w") as f:
-        json.dump(dict(machine=info, hyperparameters=dict(adam=ADAM_HP, recadam=RECADAM_HP),
-                       memory_methods=MEMORY_METHODS,
-                       rounds=args.rounds, warmup=args.warmup, rows=rows, notes=notes, e2e=e2e), f, indent=2)
     return 0
 
 

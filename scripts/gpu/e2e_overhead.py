@@ -145,7 +145,7 @@ def train_command(args, setup: Dict, name: str, save_dir: str) -> List[str]:
             "--log-format", "json", "--log-interval", str(args.log_interval)]
 
 
-def run_one(args, setup: Dict, name: str, rnd: int) -> Dict:
+def run_one(args, setup: Dict, name: str, rnd) -> Dict:
     run_dir = os.path.join(args.work, "runs", f"{name}-r{rnd}")
     os.makedirs(run_dir, exist_ok=True)
     peak_json = os.path.join(run_dir, "peak.json")
@@ -245,6 +245,9 @@ def parse_args(argv=None):
     ap.add_argument("--batch-size", type=int, default=32)
     ap.add_argument("--train-size", type=int, default=2048, help="generated training sentences")
     ap.add_argument("--rounds", type=int, default=2, help="fairseq-train runs per method, the order rotating")
+    ap.add_argument("--warmup-runs", type=int, default=1,
+                    help="untimed fairseq-train runs of the first method before the rounds (on the H200 the first "
+                         "run of a fresh machine was 20-50%% slower than the others)")
     ap.add_argument("--work", help="work directory (default: a new temporary one)")
     ap.add_argument("--out-md", default="e2e.md")
     ap.add_argument("--out-json", default="e2e.json")
@@ -317,6 +320,9 @@ def main(argv=None) -> int:
             f.write("\n")
         return md
 
+    for w in range(args.warmup_runs):
+        r = run_one(args, setup, args.methods[0], f"warmup{w}")
+        print(f"warm-up {args.methods[0]}: {1e3 * r['s_per_update']:.1f} ms/update (not counted)", flush=True)
     total, done = args.rounds * len(args.methods), 0
     for rnd in range(args.rounds):
         k = rnd % len(args.methods)

@@ -3,11 +3,15 @@
 #   here:   bash scripts/gpu/wheels.sh                       (once: fairseq-fixed + its needs into .whl/)
 #   there:  bash scripts/gpu/run.sh STAGE...                 (device call with carry: [".whl"])
 # Stages (a device call is limited to 10 minutes: the stages of one call share RECADAM_GPU_BUDGET_S,
-# default 570 s; e.g. "tests bench" in one call, "e2e-recadam e2e" in another):
+# default 570 s; a session has 15 minutes of device time, the machine's start included). Seen on an
+# H200 (2026-11-26): tests 229 s, bench's flat base 23 s and large 30 s, bench-per-tensor's base 114 s
+# (inductor compiles a 74-tensor program, ~50 s, twice), one roberta-base fairseq-train run ~35 s.
+# So: "tests bench e2e-recadam" in one call, then "bench-per-tensor e2e" if time is left.
 #   check        versions, the GPU, fairseq and the plug-in import (every stage starts with it)
 #   tests        every test marked gpu                                              -> gpu-tests.log
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
-#   bench        the optimizer-step benchmark on CUDA, base and large shapes      -> bench.log, benchmark.{md,json}
+#   bench        the optimizer-step benchmark on CUDA, flat layout, base and large -> bench.log, benchmark.{md,json}
+#   bench-per-tensor  the same, per-tensor layout, base shapes                   -> bench-pt.log, benchmark-pt.{md,json}
 #   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
 #   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
 #   forgetting   the forgetting harness, fairseq-train on CUDA (scripts/gpu/forgetting.sh; first carry
@@ -23,7 +27,7 @@ PY=${PYTHON:-python3}
 SITE=${RECADAM_GPU_SITE:-/tmp/recadam-gpu-site}
 export PYTHONUNBUFFERED=1
 
-STAGES="check tests suite bench e2e-recadam e2e forgetting"
+STAGES="check tests suite bench bench-per-tensor e2e-recadam e2e forgetting"
 for s in "$@"; do
     case " $STAGES " in *" $s "*) ;; *) echo "run.sh: unknown stage '$s' (one of: $STAGES)" >&2; exit 2 ;; esac
 done
@@ -89,8 +93,10 @@ for s in "$@"; do
     tests) stage tests gpu-tests.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider ;;
     suite) stage suite suite.log $PY -m pytest -n "$WORKERS" --dist loadfile -q -p no:cacheprovider \
                --ignore tests/test_forgetting.py ;;
-    bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large \
+    bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large --layouts flat \
                --out-md "$OUT/benchmark.md" --out-json "$OUT/benchmark.json" ;;
+    bench-per-tensor) stage bench-per-tensor bench-pt.log $PY scripts/benchmark.py --device cuda --sizes base \
+               --layouts per-tensor --out-md "$OUT/benchmark-pt.md" --out-json "$OUT/benchmark-pt.json" ;;
     e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
