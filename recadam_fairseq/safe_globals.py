@@ -20,17 +20,20 @@ from omegaconf import DictConfig, ListConfig
 from omegaconf.base import ContainerMetadata, Metadata
 from omegaconf.nodes import AnyNode, BooleanNode, FloatNode, IntegerNode, StringNode
 
-# In checkpoint files (fairseq 0.12.x): the legacy ``args`` namespace (also inside cfg.model), and
+# In checkpoint files (fairseq 0.12.x): the legacy ``args`` namespace (also inside cfg.model),
 # numpy scalars where a criterion logs a numpy metric (fairseq's sentence_prediction: pearson)
-# that best-checkpoint tracking stores.
-CHECKPOINT_GLOBALS = [argparse.Namespace, np.dtype, type(np.dtype(np.float64)), type(np.dtype(np.float32))]
+# that best-checkpoint tracking stores, and numpy arrays in the saved meters (the translation
+# task's --eval-bleu logs its n-gram counts as int64 arrays).
+CHECKPOINT_GLOBALS = [argparse.Namespace, np.dtype, np.ndarray,
+                      *{type(np.dtype(t)) for t in (np.float64, np.float32, np.int64, np.int32)}]
 for _module in ("numpy._core.multiarray", "numpy.core.multiarray"):  # numpy 2 / numpy 1 pickles
-    try:
-        with warnings.catch_warnings():  # numpy 2 deprecates the numpy.core alias
-            warnings.simplefilter("ignore", DeprecationWarning)
-            CHECKPOINT_GLOBALS.append((importlib.import_module(_module).scalar, f"{_module}.scalar"))
-    except (ImportError, AttributeError):
-        pass
+    for _name in ("scalar", "_reconstruct"):
+        try:
+            with warnings.catch_warnings():  # numpy 2 deprecates the numpy.core alias
+                warnings.simplefilter("ignore", DeprecationWarning)
+                CHECKPOINT_GLOBALS.append((getattr(importlib.import_module(_module), _name), f"{_module}.{_name}"))
+        except (ImportError, AttributeError):
+            pass
 
 # In the checkpoint state rank 0 broadcasts (checkpoint_utils.load_checkpoint_to_cpu has turned
 # its ``cfg`` into an omegaconf DictConfig): the containers, their nodes and metadata.

@@ -1,0 +1,134 @@
+"""RecAdam on translation fine-tuning, through the real fairseq-train: a tiny transformer pretrained on
+one domain of a generated language pair (recadam_fairseq/tools/make_tiny_translation.py), fine-tuned
+on the other, BLEU on both domains' dev sets at every validation.
+
+Evidence: θ* is the pretrained checkpoint tensor for tensor (shared embeddings once), in the per-tensor
+and the --fp16 flat layouts; the BLEU fairseq logs is sacrebleu's on the checkpoint's own greedy
+translations, recomputed here.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from argparse import Namespace
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+import torch
+
+from conftest import TRAIN_ENTRY, USER_DIR, assert_one_line_error, json_records, load_ckpt
+from recadam_fairseq.tools import make_tiny_translation as tiny_mt
+
+UPDATES = 8
+BLEU = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu-detok", "space",
+        "--valid-subset", "valid,test", "--validate-interval-updates", "4",
+        "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+
+
+def finetune_args(setup, save, *extra, updates=UPDATES, validate=False):
+    return [os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_ARCH,
+            "--finetune-from-model", os.path.join(setup, "pretrained.pt"), "--user-dir", USER_DIR,
+            "--optimizer", "recadam", "--recadam-pretrain-cof", "500", "--recadam-anneal-k", "0.5",
+            "--recadam-anneal-t0", "4", "--lr", "1e-3", "--lr-scheduler", "fixed",
+            "--max-tokens", "512", "--max-update", str(updates), "--seed", "5", "--cpu", "--num-workers", "0",
+            "--save-dir", str(save), "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
+            *([] if validate else ["--disable-validation"]), *extra]
+
+
+def train(save, args):
+    os.makedirs(save, exist_ok=True)
+    p = subprocess.run([sys.executable, TRAIN_ENTRY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    return p.returncode, p.stdout
+
+
+@pytest.fixture(scope="module")
+def mt(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mt")
+    setup = str(root / "tiny")
+    tiny_mt.main([setup, "--pretrain-updates", "80", "--train-size", "192", "--valid-size", "24"])
+    jobs = {
+        # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test)
+        "rdrop": finetune_args(setup, root / "rdrop", "--criterion", "label_smoothed_cross_entropy_rdrop",
+                               "--label-smoothing", "0.1", *BLEU, validate=True),
+        # R3F's seq2seq criterion, --fp16: one flat fp32 tensor
+        "r3f_fp16": finetune_args(setup, root / "r3f_fp16", "--criterion", "label_smoothed_cross_entropy_r3f",
+                                  "--label-smoothing", "0.1", "--eps", "1e-3", "--fp16", updates=4),
+        "llrd": finetune_args(setup, root / "llrd", "--criterion", "label_smoothed_cross_entropy",
+                              "--layer-lr-decay", "0.9", updates=1),
+    }
+    with ThreadPoolExecutor(2) as pool:
+        futures = {k: pool.submit(train, root / k, args) for k, args in jobs.items()}
+        out = {k: f.result() for k, f in futures.items()}
+    for k in ("rdrop", "r3f_fp16"):
+        assert out[k][0] == 0, f"{k}:\n{out[k][1][-4000:]}"
+    return Namespace(root=root, setup=setup, runs=out)
+
+
+def pretrained(mt):
+    return load_ckpt(os.path.join(mt.setup, "pretrained.pt"))["model"]
+
+
+def trained_names(ckpt):
+    """The model's parameters in the order fairseq hands them to the optimizer (tied ones once)."""
+    from fairseq import checkpoint_utils
+
+    import recadam_fairseq.safe_globals  # noqa: F401
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)])
+    return models[0], task, [n for n, p in models[0].named_parameters() if p.requires_grad]
+
+
+def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
+    ckpt = mt.root / "rdrop" / "checkpoint_last.pt"
+    _, _, names = trained_names(ckpt)
+    pre = pretrained(mt)
+    assert "decoder.embed_tokens.weight" not in names  # shared with the encoder's: one tensor, one anchor
+    state = load_ckpt(ckpt)["last_optimizer_state"]["state"]
+    assert len(state) == len(names)
+    for i, n in enumerate(names):
+        assert torch.equal(state[i]["anchor"], pre[n]), n
+    # the --fp16 run: θ* on the one flat tensor, every element anchored, as the model held it in fp16
+    (st,) = load_ckpt(mt.root / "r3f_fp16" / "checkpoint_last.pt")["last_optimizer_state"]["state"].values()
+    flat = torch.cat([pre[n].half().float().reshape(-1) for n in names])
+    assert "anchor_runs" not in st and torch.equal(st["anchor"], flat)  # no runs: the whole tensor is anchored
+    assert st["step"] == 4
+
+
+def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint(mt):
+    import sacrebleu
+    from fairseq import utils
+
+    log = mt.runs["rdrop"][1]
+    rec = {tag: json_records(log, tag) for tag in ("valid", "test")}  # fairseq tags a subset by its name
+    for tag, rows in rec.items():
+        assert [int(r[f"{tag}_num_updates"]) for r in rows] == [4, 8], tag
+        assert all(0 <= float(r[f"{tag}_bleu"]) <= 100 for r in rows)
+    assert float(json_records(log, "train_inner")[-1]["symm_kl"]) > 0  # R-Drop's term ran
+
+    # the last validation saw checkpoint_last's weights: translate the original domain's dev set
+    model, task, _ = trained_names(mt.root / "rdrop" / "checkpoint_last.pt")
+    model.eval()
+    task.load_dataset("test")
+    gen = task.build_generator([model], Namespace(beam=1))
+    hyps, refs = [], []
+    batches = task.get_batch_iterator(task.dataset("test"), max_tokens=4096).next_epoch_itr(shuffle=False)
+    pad = task.target_dictionary.pad()
+    for sample in batches:
+        out = task.inference_step(gen, [model], sample)
+        for i in range(len(out)):
+            hyps.append(task.target_dictionary.string(out[i][0]["tokens"].int()))
+            refs.append(task.target_dictionary.string(utils.strip_pad(sample["target"][i], pad).int(),
+                                                      unk_string="UNKNOWNTOKENINREF"))
+    assert len(hyps) == 24
+    want = sacrebleu.corpus_bleu(hyps, [refs]).score
+    assert want > 1  # the pretrained model translates its own domain a little
+    assert float(rec["test"][-1]["test_bleu"]) == pytest.approx(want, abs=0.006)  # logged to 2 decimals
+
+
+def test_layer_lr_decay_refuses_an_encoder_decoder_in_one_line(mt):
+    rc, log = mt.runs["llrd"]
+    assert rc == 1 and "Traceback" not in log, log[-3000:]
+    (line,) = [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")]
+    assert "--layer-lr-decay" in line
