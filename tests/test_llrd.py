@@ -47,6 +47,24 @@ def test_scale_table_of_roberta_names():
     assert exponent("encoder.sentence_encoder.layers.11.adapter.up.weight", 12) == 1
 
 
+def test_scale_table_of_encoder_decoder_names():
+    """fairseq's transformer / BART names: each stack decays from its own top, the embeddings below both."""
+    from recadam_fairseq.core.layer_lr import stack_layers
+
+    names = ["encoder.embed_tokens.weight", "encoder.embed_positions.weight", "decoder.embed_positions.weight",
+             "encoder.layernorm_embedding.weight", "decoder.layernorm_embedding.bias",
+             *[f"encoder.layers.{l}.fc1.weight" for l in range(6)], *[f"decoder.layers.{l}.fc1.weight" for l in range(3)],
+             "decoder.layers.2.encoder_attn.k_proj.weight", "encoder.layer_norm.weight", "decoder.output_projection.weight"]
+    assert stack_layers(names) == {"encoder": 6, "decoder": 3} and num_layers(names) == 6
+    got = {n: exponent(n, stack_layers(names)) for n in names}
+    assert got == {**{n: 7 for n in names[:5]}, **{f"encoder.layers.{l}.fc1.weight": 6 - l for l in range(6)},
+                   **{f"decoder.layers.{l}.fc1.weight": 3 - l for l in range(3)},
+                   "decoder.layers.2.encoder_attn.k_proj.weight": 1, "encoder.layer_norm.weight": 0,
+                   "decoder.output_projection.weight": 0}
+    # RoBERTa's names never read as an encoder-decoder's: sentence_encoder.layers is the stack "encoder"
+    assert stack_layers(ROBERTA_NAMES) == {"encoder": 12}
+
+
 class Toy(nn.Module):
     """RoBERTa's names, 2 layers; a CA-MTL adapter in layer 1; a head; a frozen tensor."""
 
@@ -112,7 +130,7 @@ def test_ca_mtl_new_modules_keep_the_full_lr(tiny):
 def test_gamma_outside_0_1_and_a_model_without_layers(gamma):
     with pytest.raises(ConfigError, match=r"^--layer-lr-decay .*: must be in \(0, 1\]"):
         LayerLRPlan([], Toy(), gamma)
-    with pytest.raises(ConfigError, match="no encoder layers named"):
+    with pytest.raises(ConfigError, match="no layers named"):
         LayerLRPlan([p for p in nn.Linear(2, 2).parameters()], nn.Linear(2, 2), 0.9)
 
 

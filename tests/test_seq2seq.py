@@ -55,13 +55,15 @@ def mt(tmp_path_factory):
         # R3F's seq2seq criterion, --fp16: one flat fp32 tensor
         "r3f_fp16": finetune_args(setup, root / "r3f_fp16", "--criterion", "label_smoothed_cross_entropy_r3f",
                                   "--label-smoothing", "0.1", "--eps", "1e-3", "--fp16", updates=4),
-        "llrd": finetune_args(setup, root / "llrd", "--criterion", "label_smoothed_cross_entropy",
-                              "--layer-lr-decay", "0.9", updates=1),
+        # LLRD and ChildTuning-D over the encoder's and the decoder's layers, on Adam's first step
+        "llrd_cd": finetune_args(setup, root / "llrd_cd", "--criterion", "label_smoothed_cross_entropy",
+                                 "--label-smoothing", "0.1", "--recadam-anneal-w", "0", "--layer-lr-decay", "0.9",
+                                 "--child-tuning", "D", "--child-tuning-ratio", "0.3", updates=1),
     }
     with ThreadPoolExecutor(2) as pool:
         futures = {k: pool.submit(train, root / k, args) for k, args in jobs.items()}
         out = {k: f.result() for k, f in futures.items()}
-    for k in ("rdrop", "r3f_fp16"):
+    for k in jobs:
         assert out[k][0] == 0, f"{k}:\n{out[k][1][-4000:]}"
     return Namespace(root=root, setup=setup, runs=out)
 
@@ -127,8 +129,26 @@ def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint
     assert float(rec["test"][-1]["test_bleu"]) == pytest.approx(want, abs=0.006)  # logged to 2 decimals
 
 
-def test_layer_lr_decay_refuses_an_encoder_decoder_in_one_line(mt):
-    rc, log = mt.runs["llrd"]
-    assert rc == 1 and "Traceback" not in log, log[-3000:]
-    (line,) = [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")]
-    assert "--layer-lr-decay" in line
+def test_llrd_and_childtuning_d_over_encoder_and_decoder_layers(mt):
+    """Adam's first step moves each element by lr·scale·g/(|g|+ε): the largest move of a tensor is its lr
+    scale (each stack's top layer γ = 0.9, the shared embeddings γ² one below both stacks); ChildTuning-D's
+    mask leaves every other element of the layers where it was."""
+    import re
+
+    log = mt.runs["llrd_cd"][1]
+    assert "--layer-lr-decay 0.9: embeddings ×0.81, encoder layers 0..0 ×0.9..×0.9, decoder layers 0..0" in log
+    kept = int(re.search(r"mask from the Fisher information: ([\d,]+) of", log).group(1).replace(",", ""))
+    ckpt = mt.root / "llrd_cd" / "checkpoint_last.pt"
+    _, _, names = trained_names(ckpt)
+    now, pre = load_ckpt(ckpt)["model"], pretrained(mt)
+    moved_in_layers = 0
+    for n in names:
+        d = (now[n].double() - pre[n].double()).abs()
+        in_layer = ".layers." in n
+        scale = 0.9 if in_layer else 0.81 if "embed_tokens" in n else 1.0
+        if in_layer and d.max() == 0:  # D's mask kept none of it (k_proj.bias: no gradient, softmax's invariance)
+            continue
+        assert d.max().item() == pytest.approx(1e-3 * scale, rel=1e-4), n
+        moved_in_layers += int((d > 0).sum()) if in_layer else 0
+    assert moved_in_layers == kept
+    assert {n.split(".")[0] for n in names if ".layers." in n and (now[n] != pre[n]).any()} == {"encoder", "decoder"}

@@ -6,6 +6,11 @@ lr·γ^(L−l) (the top layer γ, the bottom γ^L), the embeddings (token and po
 their layer norm) lr·γ^(L+1), everything else (classification heads, lm_head's own tensors,
 CA-MTL's new modules, wherever they sit) lr.
 
+An encoder–decoder (fairseq's ``transformer*``, ``bart_*``: ``encoder.layers.{l}.``,
+``decoder.layers.{l}.``) decays each stack from its own top: encoder layer l gets γ^(E−l), decoder
+layer l γ^(D−l), the embeddings (shared or not) γ^(max(E, D)+1). The decoder reads the encoder's
+output, but its layers are no more task-specific for that: we do not stack one on the other.
+
 The scales map onto the optimizer's tensors through :func:`anchor.layout` (the model's tensors,
 fp32 copies, or ``--fp16``'s one flat tensor, where each parameter is an element run).
 """
@@ -23,8 +28,9 @@ from .wrappers import unwrap_model
 
 FLAG = "--layer-lr-decay"
 EMBEDDINGS = ("embed_tokens", "embed_positions", "layernorm_embedding", "emb_layer_norm")
-_LAYER = re.compile(r"(?:^|\.)sentence_encoder\.layers\.(\d+)\.")
-_EMBEDDING = re.compile(r"(?:^|\.)sentence_encoder\.(?:%s)\." % "|".join(EMBEDDINGS))
+# RoBERTa's sentence_encoder.layers.N (the stack "encoder"), an encoder-decoder's encoder/decoder.layers.N
+_LAYER = re.compile(r"(?:^|\.)(?:sentence_(encoder)|(encoder|decoder))\.layers\.(\d+)\.")
+_EMBEDDING = re.compile(r"(?:^|\.)(?:sentence_encoder|encoder|decoder)\.(?:%s)\." % "|".join(EMBEDDINGS))
 
 # One optimizer tensor's scale: None (1 everywhere), a number, or element runs [(start, length, scale)]
 # (elements outside the runs: 1).
@@ -37,29 +43,45 @@ def check_gamma(gamma: float) -> None:
                           f"BERT-base fine-tuning 0.9 to 0.95)")
 
 
-def layer_of(name: str) -> Optional[int]:
-    """The encoder layer (0-based) parameter ``name`` belongs to, or None outside the encoder layers."""
+def stack_of(name: str) -> Optional[Tuple[str, int]]:
+    """("encoder" or "decoder", the 0-based layer) of parameter ``name``, or None outside the layers."""
     m = _LAYER.search(name)
-    return int(m.group(1)) if m else None
+    return ((m.group(1) or m.group(2)), int(m.group(3))) if m else None
+
+
+def layer_of(name: str) -> Optional[int]:
+    """The layer (0-based, in its stack) parameter ``name`` belongs to, or None outside the layers."""
+    found = stack_of(name)
+    return found[1] if found else None
+
+
+def stack_layers(names: Iterable[str]) -> Dict[str, int]:
+    """How many layers each stack has, from the parameter names: {"encoder": L} for RoBERTa."""
+    out: Dict[str, int] = {}
+    for found in map(stack_of, names):
+        if found:
+            out[found[0]] = max(out.get(found[0], 0), found[1] + 1)
+    return out
 
 
 def num_layers(names: Iterable[str]) -> int:
-    """L: how many encoder layers the parameter names show (0 when none)."""
-    found = {int(m.group(1)) for m in map(_LAYER.search, names) if m}
-    return max(found) + 1 if found else 0
+    """L: how many layers the deepest stack shows (0 when none)."""
+    return max(stack_layers(names).values(), default=0)
 
 
-def exponent(name: str, layers: int, new: Sequence[str] = ()) -> int:
-    """k in lr·γ^k for parameter ``name`` of a model with ``layers`` encoder layers."""
+def exponent(name: str, layers: Union[int, Dict[str, int]], new: Sequence[str] = ()) -> int:
+    """k in lr·γ^k for parameter ``name``; ``layers``: the encoder's count, or each stack's."""
     if name in new:
         return 0
-    m = _LAYER.search(name)
-    if m:
-        return layers - int(m.group(1))
-    return layers + 1 if _EMBEDDING.search(name) else 0
+    layers = {"encoder": layers} if isinstance(layers, int) else layers
+    found = stack_of(name)
+    if found:
+        return layers[found[0]] - found[1]
+    return max(layers.values()) + 1 if _EMBEDDING.search(name) else 0
 
 
-def name_scales(names: Sequence[str], gamma: float, layers: int, new: Sequence[str] = ()) -> Dict[str, float]:
+def name_scales(names: Sequence[str], gamma: float, layers: Union[int, Dict[str, int]],
+                new: Sequence[str] = ()) -> Dict[str, float]:
     new = set(new)
     return {n: gamma ** exponent(n, layers, new) for n in names}
 
@@ -99,17 +121,21 @@ class LayerLRPlan:
         named = trainable_named_parameters(model)
         self.gamma = gamma
         # L counts every layer, trainable or frozen
-        self.layers = num_layers(n for n, _ in model.named_parameters())
+        self.stacks = stack_layers(n for n, _ in model.named_parameters())
+        self.layers = max(self.stacks.values(), default=0)
         if self.layers == 0:
-            raise ConfigError(f"{FLAG} {gamma:g}: the model has no encoder layers named "
-                              f"*.sentence_encoder.layers.N.* (RoBERTa's names), so there is nothing to decay "
-                              f"(model: {', '.join(n for n, _ in named[:3])}, ...)")
+            raise ConfigError(f"{FLAG} {gamma:g}: the model has no layers named *.sentence_encoder.layers.N.* "
+                              f"(RoBERTa's) or encoder.layers.N / decoder.layers.N (fairseq's encoder-decoders), "
+                              f"so there is nothing to decay (model: {', '.join(n for n, _ in named[:3])}, ...)")
         self.new = new_tensor_names(model)
-        self.scale_of = name_scales([n for n, _ in named], gamma, self.layers, self.new)
+        self.scale_of = name_scales([n for n, _ in named], gamma, self.stacks, self.new)
         self.scales = tensor_scales(layout(tensors, named), self.scale_of)
 
     def summary(self) -> str:
-        """One line: the scale of the embeddings, of the bottom and top layers, and of the rest."""
+        """One line: the scale of the embeddings, of each stack's bottom and top layers, and of the rest."""
         g, L = self.gamma, self.layers
-        return (f"{FLAG} {g:g} over {L} encoder layers: embeddings ×{g ** (L + 1):.3g}, layers 0..{L - 1} "
-                f"×{g ** L:.3g}..×{g:.3g}, the rest (heads, lm_head, new modules) ×1")
+        if list(self.stacks) == ["encoder"]:
+            return (f"{FLAG} {g:g} over {L} encoder layers: embeddings ×{g ** (L + 1):.3g}, layers 0..{L - 1} "
+                    f"×{g ** L:.3g}..×{g:.3g}, the rest (heads, lm_head, new modules) ×1")
+        stacks = ", ".join(f"{s} layers 0..{n - 1} ×{g ** n:.3g}..×{g:.3g}" for s, n in self.stacks.items())
+        return f"{FLAG} {g:g}: embeddings ×{g ** (L + 1):.3g}, {stacks}, the rest ×1"

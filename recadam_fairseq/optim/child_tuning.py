@@ -132,8 +132,9 @@ class ChildTuning:
         cfg, inner = self.cfg, unwrap_model(model)
         named = [(n, p) for n, p in trainable_named_parameters(inner) if d_eligible(n)]
         if not named:
-            raise ConfigError(f"{FLAG} D: the model has no trainable parameters in encoder layers named "
-                              f"*.sentence_encoder.layers.N.* (RoBERTa's), the ones D masks")
+            raise ConfigError(f"{FLAG} D: the model has no trainable parameters in layers named "
+                              f"*.sentence_encoder.layers.N.* (RoBERTa's) or encoder.layers.N / decoder.layers.N "
+                              f"(fairseq's encoder-decoders), the ones D masks")
         world, rank, group = 1, 0, None
         if dist.is_available() and dist.is_initialized():
             group = distributed_utils.get_data_parallel_group()
