@@ -3,12 +3,14 @@ one domain of a generated language pair (recadam_fairseq/tools/make_tiny_transla
 on the other, BLEU on both domains' dev sets at every validation.
 
 Evidence: θ* is the pretrained checkpoint tensor for tensor (shared embeddings once), in the per-tensor
-and the --fp16 flat layouts; the BLEU fairseq logs is sacrebleu's on the checkpoint's own greedy
-translations, recomputed here.
+and the --fp16 flat layouts; a run resumed mid-epoch ends bit for bit where the whole one did; the BLEU
+fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recomputed here; LLRD's scales
+and ChildTuning-D's mask read off Adam's first step.
 """
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from argparse import Namespace
@@ -51,7 +53,7 @@ def mt(tmp_path_factory):
     jobs = {
         # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test)
         "rdrop": finetune_args(setup, root / "rdrop", "--criterion", "label_smoothed_cross_entropy_rdrop",
-                               "--label-smoothing", "0.1", *BLEU, validate=True),
+                               "--label-smoothing", "0.1", *BLEU, "--save-interval-updates", "2", validate=True),
         # R3F's seq2seq criterion, --fp16: one flat fp32 tensor
         "r3f_fp16": finetune_args(setup, root / "r3f_fp16", "--criterion", "label_smoothed_cross_entropy_r3f",
                                   "--label-smoothing", "0.1", "--eps", "1e-3", "--fp16", updates=4),
@@ -65,6 +67,12 @@ def mt(tmp_path_factory):
         out = {k: f.result() for k, f in futures.items()}
     for k in jobs:
         assert out[k][0] == 0, f"{k}:\n{out[k][1][-4000:]}"
+    # resume the R-Drop run from its update-2 checkpoint (mid-epoch: 4 updates an epoch), in a directory of its own
+    (root / "resumed").mkdir()
+    shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
+    out["resumed"] = train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
+                                              for a in jobs["rdrop"]])
+    assert out["resumed"][0] == 0, out["resumed"][1][-4000:]
     return Namespace(root=root, setup=setup, runs=out)
 
 
@@ -98,6 +106,22 @@ def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
     assert st["step"] == 4
 
 
+def test_a_resumed_run_ends_bit_for_bit_where_the_whole_one_did(mt):
+    whole = load_ckpt(mt.root / "rdrop" / "checkpoint_last.pt")
+    resumed = load_ckpt(mt.root / "resumed" / "checkpoint_last.pt")
+    assert "Loaded checkpoint " in mt.runs["resumed"][1] and "(epoch 1 @ 2 updates)" in mt.runs["resumed"][1]
+    for k, v in whole["model"].items():
+        assert torch.equal(v, resumed["model"][k]), k
+    a, b = whole["last_optimizer_state"]["state"], resumed["last_optimizer_state"]["state"]
+    for i in a:
+        for key in ("anchor", "exp_avg", "exp_avg_sq"):
+            assert torch.equal(a[i][key], b[i][key]), (i, key)
+        assert a[i]["step"] == b[i]["step"] == UPDATES
+    # the BLEU of update 8 on both domains, as the whole run logged it
+    for tag in ("valid", "test"):
+        assert json_records(mt.runs["resumed"][1], tag)[-1] == json_records(mt.runs["rdrop"][1], tag)[-1]
+
+
 def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint(mt):
     import sacrebleu
     from fairseq import utils
@@ -105,7 +129,7 @@ def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint
     log = mt.runs["rdrop"][1]
     rec = {tag: json_records(log, tag) for tag in ("valid", "test")}  # fairseq tags a subset by its name
     for tag, rows in rec.items():
-        assert [int(r[f"{tag}_num_updates"]) for r in rows] == [4, 8], tag
+        assert [int(r[f"{tag}_num_updates"]) for r in rows] == [2, 4, 6, 8], tag  # fairseq validates at every save
         assert all(0 <= float(r[f"{tag}_bleu"]) <= 100 for r in rows)
     assert float(json_records(log, "train_inner")[-1]["symm_kl"]) > 0  # R-Drop's term ran
 
