@@ -343,7 +343,6 @@ def runs(tiny, tmp_path_factory):
                        "--validate-interval-updates", "6", optimizer="adam", validate=True, data=str(reg)), None),
         "bad_eps": (*glue("bad", *R3F, "--eps=-1e-5", optimizer="adam", updates=1), None),
         "seq_ours": (root / "s_ours", _seq2seq_args(seq, root / "s_ours", "bart_base"), None),
-        "seq_transformer": (root / "s_tr", _seq2seq_args(seq, root / "s_tr", "transformer"), None),
     }
     tokemb, arch = _tokemb_user_dirs(root)
     jobs["oracle"] = (root / "oracle", _user_dir(glue("oracle", *R3F, *SEED_FLAGS, optimizer="adam")[1],
@@ -474,12 +473,10 @@ def test_bad_eps_stops_at_start(runs):
     assert r["rc"] != 0 and "--eps must be >= 0" in r["log"] and "num_updates" not in r["log"]
 
 
-def test_seq2seq_drop_in_for_fairseq_rxf_and_trains_a_plain_transformer(runs):
+def test_seq2seq_drop_in_for_fairseq_rxf(runs):
+    """On bart_base; a plain transformer (where fairseq's version fails) trains in tests/test_seq2seq.py."""
     ours, oracle = runs["seq_ours"], runs["seq_oracle"]
     _same_logs(_inner(ours, "loss", "nll_loss", "symm_kl"), _inner(oracle, "loss", "nll_loss", "symm_kl"))
     assert len(_inner(ours, "loss")) == 10
     _assert_same_weights(_weights(ours), _weights(oracle))
-    tr = json_records(runs["seq_transformer"]["log"], "train_inner")  # fairseq's version fails there
-    assert len(tr) == 10 and all(float(x["symm_kl"]) > 0 for x in tr)
-    assert float(tr[-1]["nll_loss"]) < float(tr[0]["nll_loss"])
 

@@ -104,6 +104,9 @@ def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
     flat = torch.cat([pre[n].half().float().reshape(-1) for n in names])
     assert "anchor_runs" not in st and torch.equal(st["anchor"], flat)  # no runs: the whole tensor is anchored
     assert st["step"] == 4
+    # R3F's term on a plain transformer (fairseq's rxf criterion fails there): positive at every update
+    tr = json_records(mt.runs["r3f_fp16"][1], "train_inner")
+    assert len(tr) == 4 and all(float(x["symm_kl"]) > 0 for x in tr)
 
 
 def test_a_resumed_run_ends_bit_for_bit_where_the_whole_one_did(mt):
