@@ -3,6 +3,12 @@
 Installed when fairseq loads the user-dir (``plugin.py``): a ``sys.excepthook`` that prints a
 :class:`~recadam_fairseq.core.errors.ConfigError` as one line on stderr, and hands every other exception to the hook that was there before, with its
 traceback. The exit status stays 1. ``RECADAM_TRACEBACK=1`` shows the traceback of ours too.
+
+Two of fairseq's own start-up failures are a user's input too, and get one line saying what to
+change (:func:`fairseq_input_error`): a checkpoint that does not fit ``--arch`` (fairseq's "Cannot
+load model parameters from checkpoint", with the first mismatch from torch's message) and
+``--bf16`` off a TPU (fairseq 0.12's ``options.py`` turns ``--bf16`` into ``--tpu``, and the Trainer
+asks torch_xla for its device).
 """
 
 import os
@@ -15,6 +21,32 @@ from .core.errors import ConfigError
 def ours(exc: Optional[BaseException]) -> Optional[ConfigError]:
     """``exc`` if it is the plug-in's own ConfigError (another exception raised from one keeps its traceback)."""
     return exc if isinstance(exc, ConfigError) else None
+
+
+def _innermost(exc: BaseException):
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_next is not None:
+        tb = tb.tb_next
+    return tb.tb_frame.f_code if tb is not None else None
+
+
+def fairseq_input_error(exc: Optional[BaseException]) -> Optional[str]:
+    """What to change, for fairseq's start-up failures that come from the command line; else None."""
+    text = str(exc)
+    if text.startswith("Cannot load model parameters from checkpoint ") and type(exc) is Exception:
+        path = text[len("Cannot load model parameters from checkpoint "):].split("; please")[0]
+        cause = str(exc.__cause__ or exc.__context__ or "")
+        details = [ln.strip().rstrip(".") for ln in cause.splitlines()[1:] if ln.strip()]
+        first = details[0] if details else "its tensors differ from the model's"
+        if len(first) > 240:
+            first = first[:240] + " ..."
+        return (f"{path}: the checkpoint does not fit the model --arch and its flags build ({first}); "
+                f"give the checkpoint's architecture flags")
+    code = _innermost(exc) if isinstance(exc, AttributeError) else None
+    if code is not None and code.co_name == "get_tpu_device" and "xla_device" in text:
+        return ("--bf16: fairseq 0.12 runs --bf16 and --memory-efficient-bf16 on TPUs only (options.py turns them "
+                "into --tpu, which needs torch_xla); on a GPU use --fp16 or --amp")
+    return None
 
 
 def one_line(err: BaseException) -> str:
@@ -30,9 +62,12 @@ def install() -> None:
 
     def hook(etype, value, tb):
         err = ours(value)
-        if err is None or os.environ.get("RECADAM_TRACEBACK"):
+        line = one_line(err) if err is not None else None
+        if line is None and fairseq_input_error(value):
+            line = one_line(ConfigError(fairseq_input_error(value)))
+        if line is None or os.environ.get("RECADAM_TRACEBACK"):
             return previous(etype, value, tb)
-        sys.stderr.write(one_line(err) + "\n")
+        sys.stderr.write(line + "\n")
         sys.stderr.flush()
 
     hook.recadam_fairseq = True

@@ -136,13 +136,20 @@ if kind == "wrapped":
         raise ConfigError("--eps must be >= 0")
     except ConfigError as e:
         raise RuntimeError("fairseq wrapped it") from e
+if kind == "bf16":  # what fairseq-train --bf16 runs off a TPU (its options.py sets --tpu)
+    from fairseq import utils
+    utils.get_tpu_device()
 raise KeyError("not ours")
 """
     script = tmp_path / "prog.py"
     script.write_text(code)
     out = {k: subprocess.run([sys.executable, str(script), k], capture_output=True, text=True)
-           for k in ("ours", "wrapped", "foreign")}
+           for k in ("ours", "wrapped", "foreign", "bf16")}
     assert out["ours"].returncode == 1 and out["ours"].stderr == "prog.py: error: --rho must be >= 0, got -1\n"
     assert "Traceback" in out["wrapped"].stderr and "--eps must be >= 0" in out["wrapped"].stderr \
         and "fairseq wrapped it" in out["wrapped"].stderr
     assert out["foreign"].returncode == 1 and "Traceback" in out["foreign"].stderr and "KeyError" in out["foreign"].stderr
+    # fairseq's own start-up failure from a flag: one line saying what to change
+    assert out["bf16"].returncode == 1 and "Traceback" not in out["bf16"].stderr
+    assert out["bf16"].stderr.splitlines()[-1].startswith("prog.py: error: --bf16: fairseq 0.12 runs --bf16 and "
+                                                          "--memory-efficient-bf16 on TPUs only")

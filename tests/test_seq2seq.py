@@ -19,7 +19,8 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, USER_DIR, assert_one_line_error, json_records, load_ckpt
+from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
+from test_one_line_errors import one_error_line
 from recadam_fairseq.tools import make_tiny_translation as tiny_mt
 
 UPDATES = 8
@@ -62,10 +63,13 @@ def mt(tmp_path_factory):
                                  "--label-smoothing", "0.1", "--recadam-anneal-w", "0", "--layer-lr-decay", "0.9",
                                  "--child-tuning", "D", "--child-tuning-ratio", "0.3", updates=1),
     }
+    # the pretrained checkpoint under a wider --arch: one line before training
+    jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
+                                  "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
     with ThreadPoolExecutor(2) as pool:
         futures = {k: pool.submit(train, root / k, args) for k, args in jobs.items()}
         out = {k: f.result() for k, f in futures.items()}
-    for k in jobs:
+    for k in jobs.keys() - {"wider"}:
         assert out[k][0] == 0, f"{k}:\n{out[k][1][-4000:]}"
     # resume the R-Drop run from its update-2 checkpoint (mid-epoch: 4 updates an epoch), in a directory of its own
     (root / "resumed").mkdir()
@@ -179,3 +183,12 @@ def test_llrd_and_childtuning_d_over_encoder_and_decoder_layers(mt):
         moved_in_layers += int((d > 0).sum()) if in_layer else 0
     assert moved_in_layers == kept
     assert {n.split(".")[0] for n in names if ".layers." in n and (now[n] != pre[n]).any()} == {"encoder", "decoder"}
+
+
+def test_a_checkpoint_of_another_architecture_stops_in_one_line(mt):
+    msg = one_error_line(mt.runs["wider"][1])
+    assert msg == (f"{os.path.join(mt.setup, 'pretrained.pt')}: the checkpoint does not fit the model --arch and its "
+                   f"flags build (size mismatch for encoder.embed_tokens.weight: copying a param with shape "
+                   f"torch.Size([100, 32]) from checkpoint, the shape in current model is torch.Size([100, 64])); "
+                   f"give the checkpoint's architecture flags")
+    assert not os.listdir(mt.root / "wider")  # nothing saved
