@@ -23,6 +23,8 @@ import numpy as np
 import torch
 
 from . import events, report
+from .anchor_source import restore_path
+from .core import anchor
 from .core import probes
 from .core.errors import ConfigError
 from .core.wrappers import unwrap_model
@@ -33,13 +35,16 @@ STATE_FILE = "forgetting_meter.json"
 _pending = []  # an install waiting for the first training call (the criterion and the optimizer both install)
 
 
-def install(cfg) -> None:
-    """Check the probe's files now; measure θ* and follow the validations from the first training call."""
+def install(cfg, task=None) -> None:
+    """Check the probe against the model's checkpoint now (component build: before training, outside the
+    training step's crash handler); measure θ* and follow the validations from the first training call.
+    ``task``: the criterion's, whose dictionary the probe's must be."""
     probe = getattr(cfg, "forgetting_probe", None)
     if not probe or _pending:
         return
     data = load_probe(probe, str(cfg.forgetting_meter))
     meter = ForgettingMeter(cfg, data)
+    meter.check_checkpoint(restore_path(cfg), task)
     _pending.append(meter)
 
     def first_call(criterion, args):
@@ -110,23 +115,48 @@ class ForgettingMeter:
         self.start_values: Optional[Dict[str, float]] = None
 
     # ------------------------------------------------------------------ checks against the model
-    def check(self, task, model) -> None:
-        d = task.source_dictionary
-        own = self.data["dict"]
-        extra = d.symbols[len(own.symbols):]
-        if d.symbols[:len(own.symbols)] != own.symbols or any(s != "<mask>" for s in extra):
-            raise ConfigError(f"{self.flag}: its dict.txt ({len(own)} symbols) is not the model's dictionary "
-                              f"({len(d)} symbols): binarize the probe with the model's dict.txt "
-                              f"(scripts/binarize_probe.py --dict)")
+    def check_dictionary(self, symbols, where: str = "") -> None:
+        own = self.data["dict"].symbols
+        if list(symbols[:len(own)]) != list(own) or any(s != "<mask>" for s in symbols[len(own):]):
+            self.dictionary_error(len(symbols), where)
+
+    def dictionary_error(self, size: int, where: str = ""):
+        raise ConfigError(f"{self.flag}: its dict.txt ({len(self.data['dict'])} symbols) is not the model's dictionary "
+                          f"({size} symbols{where}): binarize the probe with the model's dict.txt "
+                          f"(scripts/binarize_probe.py --dict)")
+
+    def head_error(self, where: str, missing: bool):
+        what = "no LM head (encoder.lm_head)" if missing else "an LM head at its initial values (it was made without one)"
+        raise ConfigError(f"--forgetting-meter mlm: {where} has {what}; use --forgetting-meter pairs with a "
+                          f"sentence-pair probe")
+
+    def check_checkpoint(self, path: str, task=None) -> None:
+        """Before training: the probe's dictionary against the task's (or the checkpoint's embedding rows: the
+        dictionary with <mask>), and for mlm an LM head in the checkpoint that fairseq loads the weights from."""
+        if task is not None:
+            self.check_dictionary(task.source_dictionary.symbols)
+        if not os.path.isfile(path):
+            return  # no weights to load (fairseq starts from random ones): the first training call checks the model
+        state = anchor.load_checkpoint(path)["model"]
+        emb = state.get("encoder.sentence_encoder.embed_tokens.weight")
+        if task is None and emb is not None and emb.shape[0] not in (len(self.data["dict"]), len(self.data["dict"]) + 1):
+            self.dictionary_error(emb.shape[0], f" in the embeddings of {path}")
         if self.kind == "mlm":
-            if "<mask>" not in d.indices:
+            keys = ("encoder.lm_head.bias", "encoder.lm_head.layer_norm.weight", "encoder.lm_head.layer_norm.bias")
+            if any(k not in state for k in keys):
+                self.head_error(f"the checkpoint {path}", True)
+            if at_init(*(state[k] for k in keys)):
+                self.head_error(f"the checkpoint {path}", False)
+
+    def check(self, task, model) -> None:
+        """At the first training call, on the model itself (what the checkpoint could not say)."""
+        self.check_dictionary(task.source_dictionary.symbols)
+        if self.kind == "mlm":
+            if "<mask>" not in task.source_dictionary.indices:
                 raise ConfigError("--forgetting-meter mlm: the task's dictionary has no <mask> symbol")
             head = getattr(getattr(model, "encoder", None), "lm_head", None)
             if head is None or untrained(head):
-                what = "no LM head (encoder.lm_head)" if head is None else \
-                    "an LM head at its initial values (the checkpoint had none)"
-                raise ConfigError(f"--forgetting-meter mlm: the model ({type(model).__name__}) has {what}; "
-                                  f"use --forgetting-meter pairs with a sentence-pair probe")
+                self.head_error(f"the model ({type(model).__name__})", head is None)
 
     # ------------------------------------------------------------------ measuring
     def measure(self, model) -> Dict[str, float]:
@@ -175,12 +205,14 @@ class ForgettingMeter:
 
 
 def untrained(head) -> bool:
+    ln = getattr(head, "layer_norm", None)
+    return getattr(head, "bias", None) is not None and ln is not None and at_init(head.bias, ln.weight, ln.bias)
+
+
+def at_init(bias, ln_weight, ln_bias) -> bool:
     """An LM head exactly at fairseq's init (bias 0, layer norm 1 and 0): a checkpoint without one
     (tools/convert_bert.py fills them so); a trained head never has all of these."""
-    ln = getattr(head, "layer_norm", None)
-    bias = getattr(head, "bias", None)
-    return (bias is not None and ln is not None and not bool(bias.any()) and bool((ln.weight == 1).all())
-            and not bool(ln.bias.any()))
+    return not bool(bias.any()) and bool((ln_weight == 1).all()) and not bool(ln_bias.any())
 
 
 def read_state(path: str) -> Optional[dict]:

@@ -57,7 +57,7 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
             self.coupled = coupled_term.CoupledObjective(cfg)
-        forgetting_meter.install(cfg)  # --forgetting-probe
+        forgetting_meter.install(cfg, task)  # --forgetting-probe
         self.heads = task.head_names
         self.label_orders = [None if task.regression[t] else glue_core.label_values(task.label_dictionary_of(t), k)
                              for t, k in enumerate(task.num_classes)]

@@ -56,7 +56,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
             check_anneal(cfg)
             self.coupled = coupled_term.CoupledObjective(cfg)
         check_labels(task)
-        forgetting_meter.install(cfg)  # --forgetting-probe
+        forgetting_meter.install(cfg, task)  # --forgetting-probe
         self._model_checked = False
         self._label_orders = {}  # number of classes -> label id to label value
 
