@@ -214,3 +214,39 @@ def test_probe_math_against_references():
     assert probes.roc_auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
     assert torch.equal(probes.mask_positions(21, 3), probes.mask_positions(21, 3))
     assert len(probes.mask_positions(21, 3)) == 3 and int(probes.mask_positions(21, 3).max()) < 20
+
+
+def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, runs, tmp_path):
+    import csv
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORGETTING_", "CRITERION", "DRY_RUN"))}
+    env.update(ROBERTA_PATH=tiny.pretrained, DATA_DIR=tiny.glue_bin, SAVE_DIR=str(tmp_path / "dry"), DRY_RUN="1",
+               FP16="0", PYTHON=sys.executable, FORGETTING_PROBE=runs["pairs"], FORGETTING_METER="pairs")
+    finetune = os.path.join(ROOT, "scripts", "glue", "finetune.sh")
+    p = subprocess.run([finetune, "SST-2", "adam"], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert f"--forgetting-probe {runs['pairs']} --forgetting-meter pairs" in " ".join(p.stdout.split(" \\\n  "))
+    p = subprocess.run([finetune, "SST-2", "adam"], env=dict(env, CRITERION="sentence_prediction"),
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip().endswith("CRITERION=sentence_prediction with METHOD adam has "
+                                                           "neither (leave CRITERION unset)"), p.stderr
+
+    # two validations: the better score forgot more; a budget between them picks the other one
+    run = tmp_path / "runs" / "SST-2" / "adam" / "seed1"
+    run.mkdir(parents=True)
+    (run / "done").write_text("")
+    (run / "train.log").write_text(
+        '{"valid_accuracy": "80", "valid_fgt_mlm_loss_delta": "0.5", "valid_num_updates": "4"}\n'
+        '{"valid_accuracy": "70", "valid_fgt_mlm_loss_delta": "0.1", "valid_num_updates": "8"}\n')
+    summarize = os.path.join(ROOT, "scripts", "glue", "summarize.py")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, summarize, str(tmp_path / "runs"), "--out", str(out), "--forgetting-budget", "0.2"],
+                   check=True, capture_output=True)
+    with open(out / "runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert (float(row["best"]), int(row["best_update"]), float(row["forgetting"])) == (70, 8, 0.1)  # not 80 at 4
+    assert "## Forgetting at the chosen validation" in (out / "summary.md").read_text()
