@@ -10,7 +10,9 @@ TensorBoard, W&B), with the change since θ*.
 - The measurement runs in eval mode without gradients; the modules' modes and the RNG states are put
   back, so training is the same with and without the meter.
 
-Installed by the components that declare the flags (config.ForgettingMeterConfig), once per process.
+Installed by the components that declare the flags (config.ForgettingMeterConfig), once per process: the
+plug-in's optimizers when they are built, the GLUE criteria when fairseq first puts them in training mode
+(glue_core.ChecksPathsWhenTraining: not in fairseq-validate, which rebuilds criteria from a checkpoint).
 """
 
 import json
@@ -21,6 +23,7 @@ from typing import Dict, Optional
 
 import numpy as np
 import torch
+from fairseq.logging import metrics
 
 from . import events, report
 from .anchor_source import restore_path
@@ -40,7 +43,11 @@ def install(cfg, task=None) -> None:
     training step's crash handler); measure θ* and follow the validations from the first training call.
     ``task``: the criterion's, whose dictionary the probe's must be."""
     probe = getattr(cfg, "forgetting_probe", None)
-    if not probe or _pending:
+    if not probe:
+        return
+    if _pending:  # the optimizer installed it (without the task): the criterion adds the dictionary check
+        if task is not None:
+            _pending[0].check_dictionary(task.source_dictionary.symbols)
         return
     data = load_probe(probe, str(cfg.forgetting_meter))
     meter = ForgettingMeter(cfg, data)
@@ -113,6 +120,7 @@ class ForgettingMeter:
         self.kind = data["kind"]
         self.flag = f"--forgetting-probe {data['probe']}"
         self.start_values: Optional[Dict[str, float]] = None
+        self.last = None  # (update, values) of the latest measurement
 
     # ------------------------------------------------------------------ checks against the model
     def check_dictionary(self, symbols, where: str = "") -> None:
@@ -201,7 +209,18 @@ class ForgettingMeter:
         return ("mlm_loss", "mlm_acc") if self.kind == "mlm" else ("pairs_auc",)
 
     def log(self, model) -> None:
-        report.log_forgetting_metrics(self.measure(model), self.start_values)
+        """At the start of a validation subset: measured once per update (MNLI's valid and valid1 share it)."""
+        upd = updates_done()
+        if self.last is None or self.last[0] != upd:
+            self.last = (upd, self.measure(model))
+        report.log_forgetting_metrics(self.last[1], self.start_values)
+
+
+def updates_done() -> Optional[int]:
+    """fairseq's update count during a validation, whose fresh root aggregator hides it from
+    events.update_number(): its "default" aggregator, which the Trainer logs num_updates into."""
+    meter = metrics.get_meter("default", "num_updates")
+    return None if meter is None or meter.val is None else int(meter.val)
 
 
 def untrained(head) -> bool:

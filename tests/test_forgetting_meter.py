@@ -59,8 +59,7 @@ def runs(tiny, tmp_path_factory):
         "pairs": lambda: tiny.train(root / "pairs", "--criterion", "sentence_prediction_recadam", *VALIDATE,
                                     "--forgetting-probe", pairs, "--forgetting-meter", "pairs", optimizer="adam",
                                     updates=4, validate=True),
-        "dict": lambda: tiny.train(root / "dict", "--criterion", "sentence_prediction_recadam", "--forgetting-probe",
-                                   other, check=False),
+        "dict": lambda: tiny.train(root / "dict", "--forgetting-probe", other, check=False),
         "empty": lambda: tiny.train(root / "empty", "--forgetting-probe", empty, check=False),
         "headless": lambda: tiny.train(root / "headless", "--forgetting-probe", mlm, "--restore-file", headless,
                                        check=False),
@@ -192,11 +191,22 @@ def test_pairs_meter_is_the_zero_shot_auc_by_hand(tiny, runs):
     assert list(pairs["label"]) == [int(x[2] == "entailment") for x in lines]
 
 
-def test_bad_probes_are_one_line_errors(runs):
+def test_bad_probes_are_one_line_errors(tiny, runs):
     root = runs["root"]
     assert_one_line_error(runs["log_dict"], root / "dict", f"--forgetting-probe {runs['other']}: its dict.txt "
-                          f"(103 symbols) is not the model's dictionary (105 symbols): binarize the probe with the model's "
-                          f"dict.txt (scripts/binarize_probe.py --dict)")
+                          f"(103 symbols) is not the model's dictionary (105 symbols in the embeddings of {tiny.pretrained}): "
+                          f"binarize the probe with the model's dict.txt (scripts/binarize_probe.py --dict)")
+    # with the task (the GLUE criteria's install): symbol by symbol, so a reordered dictionary is caught too
+    from fairseq.data import Dictionary
+
+    from recadam_fairseq import forgetting_meter
+    from recadam_fairseq.core.errors import ConfigError
+
+    meter = forgetting_meter.ForgettingMeter(None, forgetting_meter.load_probe(runs["mlm"], "mlm"))
+    symbols = Dictionary.load(os.path.join(runs["mlm"], "dict.txt")).symbols
+    meter.check_dictionary(symbols + ["<mask>"])
+    with pytest.raises(ConfigError, match=r"its dict.txt \(104 symbols\) is not the model's dictionary \(105 symbols\)"):
+        meter.check_dictionary(symbols[:4] + symbols[5:] + symbols[4:5] + ["<mask>"])
     assert_one_line_error(runs["log_empty"], root / "empty",
                           f"--forgetting-probe {runs['empty']}: the probe is empty (no sentence in "
                           f"{runs['empty']}/sentences.bin)")

@@ -23,7 +23,6 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.logging import metrics
 from fairseq.logging.meters import safe_round
 
-from .. import forgetting_meter
 from ..config import check_anneal
 from ..core import r3f
 from ..core.errors import ConfigError
@@ -57,7 +56,6 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
             self.coupled = coupled_term.CoupledObjective(cfg)
-        forgetting_meter.install(cfg, task)  # --forgetting-probe
         self.heads = task.head_names
         self.label_orders = [None if task.regression[t] else glue_core.label_values(task.label_dictionary_of(t), k)
                              for t, k in enumerate(task.num_classes)]

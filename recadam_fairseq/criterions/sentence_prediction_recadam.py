@@ -20,7 +20,6 @@ from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.logging import metrics
 
-from .. import forgetting_meter
 from ..config import (ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams, RecAdamObjective,
                       check_anneal, check_consistency_terms, redefault)
 from ..core import r3f
@@ -56,7 +55,6 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
             check_anneal(cfg)
             self.coupled = coupled_term.CoupledObjective(cfg)
         check_labels(task)
-        forgetting_meter.install(cfg, task)  # --forgetting-probe
         self._model_checked = False
         self._label_orders = {}  # number of classes -> label id to label value
 
