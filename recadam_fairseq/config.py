@@ -94,8 +94,8 @@ class ForgettingMeterConfig(CheckpointPaths):
 
     forgetting_probe: Optional[str] = field(
         default=None,
-        metadata={"help": "forgetting meter: a probe directory written by scripts/binarize_probe.py (sentences.bin/idx, "
-                          "dict.txt; pairs.npz for pairs); at each validation, and once before update 1 (θ*), the "
+        metadata={"help": "forgetting meter: a probe directory written by scripts/binarize_probe.py "
+                          "(sentences.bin/idx, dict.txt; pairs.npz for pairs); at each validation, and once before update 1 (θ*), the "
                           "probe is measured and logged as fgt_* beside the task metrics; unset: no meter"},
     )
     forgetting_meter: ChoiceEnum(["mlm", "pairs"]) = field(

@@ -83,7 +83,8 @@ def load_probe(probe: str, kind: str) -> dict:
     out = {"probe": probe, "kind": kind, "items": items, "dict": Dictionary.load(os.path.join(probe, "dict.txt"))}
     if kind == "pairs":
         if len(items) != len(ds):
-            raise ConfigError(f"{flag}: {len(ds) - len(items)} empty sentences in {prefix}.bin, which pairs.npz indexes")
+            raise ConfigError(f"{flag}: {len(ds) - len(items)} empty sentences in {prefix}.bin, which pairs.npz "
+                              f"indexes")
         pairs = np.load(os.path.join(probe, "pairs.npz"))
         prem, hyp, lab = pairs["premise"], pairs["hypothesis"], pairs["label"]
         if not len(lab) or not ((lab == 1).any() and (lab == 0).any()):
@@ -134,7 +135,8 @@ class ForgettingMeter:
                           f"(scripts/binarize_probe.py --dict)")
 
     def head_error(self, where: str, missing: bool):
-        what = "no LM head (encoder.lm_head)" if missing else "an LM head at its initial values (it was made without one)"
+        what = ("no LM head (encoder.lm_head)" if missing
+                else "an LM head at its initial values (it was made without one)")
         raise ConfigError(f"--forgetting-meter mlm: {where} has {what}; use --forgetting-meter pairs with a "
                           f"sentence-pair probe")
 
@@ -147,7 +149,8 @@ class ForgettingMeter:
             return  # no weights to load (fairseq starts from random ones): the first training call checks the model
         state = anchor.load_checkpoint(path)["model"]
         emb = state.get("encoder.sentence_encoder.embed_tokens.weight")
-        if task is None and emb is not None and emb.shape[0] not in (len(self.data["dict"]), len(self.data["dict"]) + 1):
+        n = len(self.data["dict"])
+        if task is None and emb is not None and emb.shape[0] not in (n, n + 1):
             self.dictionary_error(emb.shape[0], f" in the embeddings of {path}")
         if self.kind == "mlm":
             keys = ("encoder.lm_head.bias", "encoder.lm_head.layer_norm.weight", "encoder.lm_head.layer_norm.bias")
@@ -198,7 +201,8 @@ class ForgettingMeter:
         elif events.update_number() == 0:
             self.start_values = self.measure(model)
             write_state(path, {"identity": ident, "start": self.start_values})
-            logger.info(f"forgetting meter: {self.kind} on {len(self.items)} probe sentences, at θ*: {self.start_values}")
+            logger.info(f"forgetting meter: {self.kind} on {len(self.items)} probe sentences, at θ*: "
+                        f"{self.start_values}")
         else:
             logger.warning(f"forgetting meter: resumed at update {events.update_number()} without {path}: "
                            f"no values at θ*, no _delta metrics")

@@ -47,7 +47,8 @@ def runs(tiny, tmp_path_factory):
     state = load_ckpt(tiny.pretrained)
     for k in ("encoder.lm_head.bias", "encoder.lm_head.layer_norm.bias"):
         state["model"][k] = torch.zeros_like(state["model"][k])
-    state["model"]["encoder.lm_head.layer_norm.weight"] = torch.ones_like(state["model"]["encoder.lm_head.layer_norm.weight"])
+    ln = "encoder.lm_head.layer_norm.weight"
+    state["model"][ln] = torch.ones_like(state["model"][ln])
     headless = str(root / "headless.pt")
     torch.save(state, headless)
 
@@ -194,8 +195,8 @@ def test_pairs_meter_is_the_zero_shot_auc_by_hand(tiny, runs):
 def test_bad_probes_are_one_line_errors(tiny, runs):
     root = runs["root"]
     assert_one_line_error(runs["log_dict"], root / "dict", f"--forgetting-probe {runs['other']}: its dict.txt "
-                          f"(103 symbols) is not the model's dictionary (105 symbols in the embeddings of {tiny.pretrained}): "
-                          f"binarize the probe with the model's dict.txt (scripts/binarize_probe.py --dict)")
+                          f"(103 symbols) is not the model's dictionary (105 symbols in the embeddings of "
+                          f"{tiny.pretrained}): binarize the probe with the model's dict.txt (scripts/binarize_probe.py --dict)")
     # with the task (the GLUE criteria's install): symbol by symbol, so a reordered dictionary is caught too
     from fairseq.data import Dictionary
 
@@ -205,14 +206,15 @@ def test_bad_probes_are_one_line_errors(tiny, runs):
     meter = forgetting_meter.ForgettingMeter(None, forgetting_meter.load_probe(runs["mlm"], "mlm"))
     symbols = Dictionary.load(os.path.join(runs["mlm"], "dict.txt")).symbols
     meter.check_dictionary(symbols + ["<mask>"])
-    with pytest.raises(ConfigError, match=r"its dict.txt \(104 symbols\) is not the model's dictionary \(105 symbols\)"):
+    with pytest.raises(ConfigError, match=r"dict.txt \(104 symbols\) is not the model's dictionary \(105 symbols\)"):
         meter.check_dictionary(symbols[:4] + symbols[5:] + symbols[4:5] + ["<mask>"])
     assert_one_line_error(runs["log_empty"], root / "empty",
                           f"--forgetting-probe {runs['empty']}: the probe is empty (no sentence in "
                           f"{runs['empty']}/sentences.bin)")
     assert_one_line_error(runs["log_headless"], root / "headless",
-                          f"--forgetting-meter mlm: the checkpoint {root / 'headless.pt'} has an LM head at its initial "
-                          f"values (it was made without one); use --forgetting-meter pairs with a sentence-pair probe")
+                          f"--forgetting-meter mlm: the checkpoint {root / 'headless.pt'} has an LM head at its "
+                          f"initial values (it was made without one); use --forgetting-meter pairs with a sentence-pair "
+                          f"probe")
 
 
 def test_probe_math_against_references():

@@ -13,8 +13,8 @@ from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
 from .. import forgetting_meter
-from ..config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams, SAMHyperparams,
-                      check_checkpoint_paths)
+from ..config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams,
+                      SAMHyperparams, check_checkpoint_paths)
 from ..events import LoopOptimizer
 from .child_tuning import add_child_tuning
 from .layer_lr import LayerwiseSteps, add_layer_lr

@@ -34,7 +34,8 @@ def read_pairs(path: str):
                 continue
             cols = line.rstrip("\n").split("\t")
             if len(cols) != 3:
-                raise SystemExit(f"error: {path}:{n}: expected premise<TAB>hypothesis<TAB>label, got {len(cols)} columns")
+                raise SystemExit(f"error: {path}:{n}: expected premise<TAB>hypothesis<TAB>label, "
+                                 f"got {len(cols)} columns")
             if cols[2].strip() not in LABELS:
                 skipped += 1
                 continue

@@ -358,7 +358,8 @@ def main(argv=None):
 
     # runs.csv
     run_fields = ["task", "method", "config", "k", "t0", "seed", "status", "metric", "best", "best_update", "other",
-                  "mm", "validations", "last_update", "total_updates", "note", "path", "forgetting", "forgetting_metric"]
+                  "mm", "validations", "last_update", "total_updates", "note", "path", "forgetting",
+                  "forgetting_metric"]
     write_csv(os.path.join(out, "runs.csv"), [dict(r, mm=r["mm"]) for r in runs], run_fields)
     # variants.csv
     write_csv(os.path.join(out, "variants.csv"), variants,
