@@ -88,6 +88,25 @@ def check_anneal(cfg) -> None:
 
 
 @dataclass
+class ForgettingMeterConfig(CheckpointPaths):
+    """The forgetting meter (forgetting_meter.py): read by the GLUE criteria and the plug-in's optimizers
+    (recadam, samsgd), so any GLUE run has it whichever of the two is fairseq's own."""
+
+    forgetting_probe: Optional[str] = field(
+        default=None,
+        metadata={"help": "forgetting meter: a probe directory written by scripts/binarize_probe.py "
+                          "(sentences.bin/idx, dict.txt; pairs.npz for pairs); at each validation, and once before update 1 (θ*), the "
+                          "probe is measured and logged as fgt_* beside the task metrics; unset: no meter"},
+    )
+    forgetting_meter: ChoiceEnum(["mlm", "pairs"]) = field(
+        default="mlm",
+        metadata={"help": "forgetting meter: mlm, the masked-LM loss (bits) and accuracy of the model's own LM head on "
+                          "the probe's sentences (fixed masking); pairs, the zero-shot sentence-pair AUC (cosine of "
+                          "mean-pooled states, entailment vs contradiction), for encoders without an LM head"},
+    )
+
+
+@dataclass
 class LayerLRHyperparams(FairseqDataclass):
     """Layer-wise learning-rate decay: read by ``--optimizer recadam`` and ``samsgd`` (optim/layer_lr.py)."""
 

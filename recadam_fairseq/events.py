@@ -25,6 +25,8 @@ before and after the step              ``all_reduce_grads(model)`` and ``step()`
 state kept in the checkpoint           :class:`LoopOptimizer`: each listener's ``state_dict()`` goes into
                                        the optimizer state (``last_optimizer_state[key]``)
 the update number                      :func:`update_number`: fairseq's own count, as its Trainer logs it
+the start of each validation pass      :func:`on_validation`: a torch forward pre-hook on that criterion
+(per valid subset)                     instance; its first evaluation call in a fresh metrics root
 =====================================  =================================================================
 
 A new method adds a listener to its optimizer (``self.listen("name", obj)``, "name" placed in
@@ -82,6 +84,25 @@ def forward_hooks(criterion: torch.nn.Module, before: Callable, after: Callable)
             after(module, args, output)
 
     return criterion.register_forward_pre_hook(pre), criterion.register_forward_hook(post)
+
+
+def on_validation(criterion: torch.nn.Module, marker: str, callback: Callable[[torch.nn.Module, tuple], Any]):
+    """``callback(criterion, args)`` at the start of each validation pass, per valid subset (before its first
+    batch's forward), from a per-instance forward pre-hook; returns the hook's handle.
+
+    fairseq_cli.train's ``validate`` runs each subset inside ``metrics.aggregate(new_root=True)``, a fresh root
+    aggregator, and calls the criterion from ``trainer.valid_step`` without gradients on a model in eval mode.
+    The first such call in an aggregator that lacks the metric ``marker`` is a new pass; the callback logs
+    ``marker`` there (``metrics.log_scalar``), which marks it. Training calls are not passed on."""
+    def pre(module, args):
+        if torch.is_grad_enabled() or len(args) < 2 or not isinstance(args[0], torch.nn.Module) or args[0].training:
+            return None
+        active = metrics.get_active_aggregators()
+        if active and marker not in active[0]:
+            callback(module, args)
+        return None
+
+    return criterion.register_forward_pre_hook(pre)
 
 
 def loss_scale(loss: torch.Tensor, callback: Callable[[torch.Tensor], Any]) -> None:

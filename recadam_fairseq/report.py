@@ -22,3 +22,16 @@ def log_sam_metrics(rho: float, eps_norm: float, mask_frac: float, sharpness: fl
     L(θ+ε) − L(θ) per example (nats), averaged over the log interval like the loss."""
     for priority, (key, value) in enumerate(zip(SAM_METRICS, (rho, eps_norm, mask_frac, sharpness))):
         metrics.log_scalar(key, value, priority=320 + priority, round=6)
+
+
+FORGETTING_ROUND = 5
+
+
+def log_forgetting_metrics(values: dict, start: dict = None) -> None:
+    """The forgetting meter's probe values as ``fgt_<name>`` and, with θ*'s values, ``fgt_<name>_delta`` (now −
+    at θ*), logged once per validation pass into its aggregator (forgetting_meter.py)."""
+    for priority, (name, value) in enumerate(values.items()):
+        metrics.log_scalar(f"fgt_{name}", value, priority=340 + 2 * priority, round=FORGETTING_ROUND)
+        if start is not None and name in start:
+            metrics.log_scalar(f"fgt_{name}_delta", value - start[name], priority=341 + 2 * priority,
+                               round=FORGETTING_ROUND)

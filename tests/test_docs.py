@@ -199,6 +199,7 @@ FLAG_TABLES = {
     "docs/reinit.md": [["--arch", "roberta_ft_base"]],
     "docs/lora.md": [["--arch", "roberta_ft_base"]],
     "docs/mixout.md": [["--arch", "roberta_ft_base"]],
+    "docs/forgetting-meter.md": [["--optimizer", "recadam"]],
 }
 
 

@@ -37,7 +37,7 @@ SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR"
               "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
               "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS", "RHO", "KEEP_RATIO", "MASK_ITER_E", "MAX_POSITIONS",
               "SAVE_INTERVAL_UPDATES", "RESTART", "PYTHON", "RECADAM_EXIT_AFTER_SAVES", "TASKS", "SAMPLING",
-              "METHOD", "FREEZE", "EPOCHS"] + [k.var for k in catalogue.KNOBS.values()]
+              "METHOD", "FREEZE", "EPOCHS", "FORGETTING_PROBE", "FORGETTING_METER"] + [k.var for k in catalogue.KNOBS.values()]
 CUDA = __import__("torch").cuda.is_available()
 
 # fairseq's RoBERTa GLUE recipe: lr, batch, updates, warmup, classes, best-checkpoint metric

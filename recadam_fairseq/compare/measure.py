@@ -23,8 +23,8 @@ from typing import Dict, List, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
+from recadam_fairseq.core import probes  # the probes' math, shared with the forgetting meter
 from recadam_fairseq.tools import interpolate as wise  # the checkpoints' interpolation (scripts/interpolate.py)
 from recadam_fairseq.tools import merge_lora  # LoRA checkpoints as plain RoBERTa (scripts/merge_lora.py)
 
@@ -75,44 +75,27 @@ def sentences(prefix: str):
 
 
 def batches(items, batch_size: int, pad: int, bos: int):
-    """(row indices, padded ``<s> item`` tokens) in length order, so that little is padding."""
-    from fairseq.data import data_utils
-
-    order = np.argsort([len(x) for x in items], kind="stable")
-    for start in range(0, len(order), batch_size):
-        rows = order[start:start + batch_size]
-        yield rows, data_utils.collate_tokens([F.pad(items[i], (1, 0), value=bos) for i in rows], pad_idx=pad)
+    """(row indices, padded ``<s> item`` tokens) in length order (core/probes.py, shared with the meter)."""
+    return probes.batches(items, batch_size, pad, bos)
 
 
 @torch.inference_mode()
 def mean_pooled(model, items, batch_size: int = 128, pad: int = 1, bos: int = 0) -> torch.Tensor:
     """(n, dim) mean of the last layer's hidden states over each sentence's tokens (pads excluded)."""
-    out = None
-    for rows, tokens in batches(items, batch_size, pad, bos):
-        h, _ = model(tokens, features_only=True)
-        keep = tokens.ne(pad).unsqueeze(-1).to(h.dtype)
-        pooled = (h * keep).sum(1) / keep.sum(1)
-        if out is None:
-            out = h.new_empty(len(items), h.shape[-1])
-        out[torch.as_tensor(rows)] = pooled
-    return out
+    return probes.mean_pooled(lambda tokens: model(tokens, features_only=True)[0], items, batch_size, pad, bos)
 
 
 def roc_auc(labels: np.ndarray, scores: np.ndarray) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    return float(roc_auc_score(labels, scores))
+    return probes.roc_auc(labels, scores)
 
 
 def snli_auc(model, snli_dir: str, embeddings: Optional[torch.Tensor] = None) -> Dict[str, float]:
-    """ROC-AUC of cos(premise, hypothesis) for entailment (1) vs contradiction (0)."""
+    """ROC-AUC of cos(premise, hypothesis) for entailment (1) vs contradiction (0): the pair probe of
+    core/probes.py, which the forgetting meter (``--forgetting-meter pairs``) logs during training."""
     pairs = np.load(os.path.join(snli_dir, "pairs.npz"))
     if embeddings is None:
         embeddings = mean_pooled(model, sentences(os.path.join(snli_dir, "sentences")))
-    cos = F.cosine_similarity(embeddings[pairs["premise"]], embeddings[pairs["hypothesis"]], dim=-1).double().numpy()
-    lab = pairs["label"]
-    return {"auc": roc_auc(lab, cos), "cos_entailment": float(cos[lab == 1].mean()),
-            "cos_contradiction": float(cos[lab == 0].mean())}
+    return probes.pair_auc(embeddings, pairs["premise"], pairs["hypothesis"], pairs["label"])
 
 
 @torch.inference_mode()

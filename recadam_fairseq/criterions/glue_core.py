@@ -19,6 +19,7 @@ from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
 from fairseq.logging import metrics
 from fairseq.logging.meters import MetersDict, safe_round
 
+from .. import forgetting_meter
 from ..config import check_checkpoint_paths
 from ..core import glue_metrics
 from ..core.errors import ConfigError
@@ -33,14 +34,15 @@ LABEL_FREE_METRICS = {"cm": ("mcc",), "reg": tuple(REGRESSION_METRICS)}
 
 
 class ChecksPathsWhenTraining:
-    """Mixed into the GLUE criteria: ``--restore-file`` / ``--finetune-from-model`` are checked when fairseq's
-    Trainer first puts the criterion in training mode, before the first update and outside the step's crash
-    handler. fairseq-validate, which rebuilds criteria from a checkpoint whose files may be long gone, never
-    does."""
+    """Mixed into the GLUE criteria: ``--restore-file`` / ``--finetune-from-model`` are checked, and the
+    forgetting meter (``--forgetting-probe``) installed, when fairseq's Trainer first puts the criterion in
+    training mode, before the first update and outside the step's crash handler. fairseq-validate, which
+    rebuilds criteria from a checkpoint whose files may be long gone, never does."""
 
     def train(self, mode: bool = True):
         if mode and not getattr(self, "_paths_checked", False):
             check_checkpoint_paths(self.cfg)
+            forgetting_meter.install(self.cfg, self.task)
             self._paths_checked = True
         return super().train(mode)
 

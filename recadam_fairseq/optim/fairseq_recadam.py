@@ -15,9 +15,10 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from fairseq.optim.adam import FairseqAdamConfig
 from omegaconf import II, OmegaConf
 
+from .. import forgetting_meter
 from ..anchor_source import build_anchors, pretrained_model_state
-from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, LayerLRHyperparams, RecAdamHyperparams,
-                      SAMHyperparams, check_anneal, check_checkpoint_paths, lr_values, redefault)
+from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, ForgettingMeterConfig, LayerLRHyperparams,
+                      RecAdamHyperparams, SAMHyperparams, check_anneal, check_checkpoint_paths, lr_values, redefault)
 from ..core import mixout
 from ..core.anchor import share_existing
 from ..core.anneal import anneal_lambda
@@ -37,7 +38,8 @@ FUSED = {"auto": None, "on": True, "off": False}
 
 
 @dataclass
-class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams):
+class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams,
+                           ForgettingMeterConfig):
     # fairseq's adam flags, as its FairseqAdamConfig declares them (weight decay: decoupled, applied last)
     adam_betas: Any = redefault(FairseqAdamConfig, "adam_betas", (0.9, 0.999))
     adam_eps: float = redefault(FairseqAdamConfig, "adam_eps")
@@ -115,6 +117,7 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         check_pull_stability(cfg, hp)
         check_sharding(cfg)
         self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)(params, **hp)
+        forgetting_meter.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning
         add_sam(self, cfg, seed=cfg.seed)  # --sam-type

@@ -12,7 +12,9 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
-from ..config import ChildTuningHyperparams, CheckpointPaths, LayerLRHyperparams, SAMHyperparams, check_checkpoint_paths
+from .. import forgetting_meter
+from ..config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams,
+                      SAMHyperparams, check_checkpoint_paths)
 from ..events import LoopOptimizer
 from .child_tuning import add_child_tuning
 from .layer_lr import LayerwiseSteps, add_layer_lr
@@ -22,7 +24,8 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass
-class SAMSGDConfig(SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams, CheckpointPaths, FairseqAdamConfig):
+class SAMSGDConfig(SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams, ForgettingMeterConfig, CheckpointPaths,
+                   FairseqAdamConfig):
     seed: int = II("common.seed")
 
 
@@ -35,6 +38,7 @@ class SAMSGD(LoopOptimizer, LayerwiseSteps, FairseqAdam):
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
         check_checkpoint_paths(cfg)
+        forgetting_meter.install(cfg)  # --forgetting-probe: before SAM's first pass 1 moves θ
         add_child_tuning(self, cfg)  # the listeners, in the order of events.LISTENERS (which says why)
         add_sam(self, cfg, seed=cfg.seed)
         self.layer_lr = add_layer_lr(self, cfg)

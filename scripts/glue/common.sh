@@ -86,6 +86,19 @@ arch_flags() {
   [[ $MAX_POSITIONS =~ ^[1-9][0-9]*$ ]] || die "MAX_POSITIONS must be a positive integer, got '$MAX_POSITIONS'"
 }
 
+# The forgetting meter (docs/forgetting-meter.md): FORGETTING_PROBE=DIR (written by scripts/binarize_probe.py)
+# and FORGETTING_METER [mlm] | pairs become --forgetting-probe / --forgetting-meter on CMD.
+forgetting_flags() {
+  if [ -z "${FORGETTING_PROBE:-}" ]; then
+    [ -z "${FORGETTING_METER:-}" ] || die "FORGETTING_METER=$FORGETTING_METER needs FORGETTING_PROBE=DIR (scripts/binarize_probe.py)"
+    return 0
+  fi
+  case "${FORGETTING_METER:=mlm}" in mlm|pairs) ;; *) die "FORGETTING_METER must be mlm or pairs, got '$FORGETTING_METER'" ;; esac
+  [ "$DRY_RUN" = 1 ] || [ -d "$FORGETTING_PROBE" ] ||
+    die "FORGETTING_PROBE=$FORGETTING_PROBE: no such directory (write it with scripts/binarize_probe.py)"
+  CMD+=(--forgetting-probe "$FORGETTING_PROBE" --forgetting-meter "$FORGETTING_METER")
+}
+
 has_checkpoints() { compgen -G "$1/checkpoint*.pt" > /dev/null; }
 
 # write_command RUN TITLE SETTINGS N_TRAIN_WORDS CMD...: RUN/command.sh, after deciding what RUN holds:

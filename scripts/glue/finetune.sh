@@ -32,6 +32,8 @@
 #   CRITERION     [sentence_prediction_recadam; the method's own where it has one (R3F, R-Drop, the coupled
 #                 objective), which takes no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
+#   FORGETTING_PROBE  a probe directory (scripts/binarize_probe.py): the forgetting meter logs what the model
+#                 loses from pretraining at each validation; FORGETTING_METER [mlm] | pairs (docs/forgetting-meter.md)
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
 #   PYTHON        [the interpreter of FAIRSEQ_TRAIN]: reads the recipe, the checkpoint and the machine
 #   RESTART=1     start the run over (its checkpoints and log are deleted)
@@ -176,6 +178,11 @@ CMD+=(--lr "$LR" --lr-scheduler polynomial_decay --total-num-update "$TOTAL" --w
 [ -n "${MAX_UPDATE:-}" ] || CMD+=(--max-epoch 10)
 [ "$FP16" = 0 ] || CMD+=(--fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128)
 CMD+=(--find-unused-parameters)
+if [ -n "${FORGETTING_PROBE:-}" ] && [ "$CRITERION" = sentence_prediction ] &&
+   [[ " ${METHOD_FLAGS[*]} " != *" --optimizer recadam "* && " ${METHOD_FLAGS[*]} " != *" --optimizer samsgd "* ]]; then
+  die "FORGETTING_PROBE needs the plug-in's criterion or optimizer, which carry the meter: CRITERION=sentence_prediction with METHOD $METHOD has neither (leave CRITERION unset)"
+fi
+forgetting_flags
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
 # MNLI: valid = matched, valid1 = mismatched (data-prep/prepare_glue.py); the first one picks the best checkpoint
 [ "$TASK" != MNLI ] || CMD+=(--valid-subset valid,valid1)

@@ -21,6 +21,7 @@
 #   LR [2e-5]  BATCH [32]  EPOCHS [5]  SEED [1]  FP16 [auto: 1 with a CUDA device]  NUM_GPUS [1]
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]
 #   SAVE_DIR      [runs]; the run is $SAVE_DIR/MTL/<ARCH>-<SAMPLING>-<METHOD>/seed$SEED (summarize.py reads it)
+#   FORGETTING_PROBE  [none] the forgetting meter's probe, FORGETTING_METER [mlm] | pairs (docs/forgetting-meter.md)
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train]   PYTHON [fairseq-train's]
 #   RESTART=1     start the run over        DRY_RUN=1     print the command (written to $RUN/command.sh)
 set -euo pipefail
@@ -99,6 +100,7 @@ CMD=("${TRAIN[@]}" "$DATA_DIR" --user-dir "$USER_DIR"
 [ "$FP16" = 0 ] || CMD+=(--fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128)
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
 [[ ",$TASKS," != *",MNLI,"* ]] || CMD+=(--valid-subset valid,valid1)  # MNLI-mm as valid1
+forgetting_flags
 CMD+=(--find-unused-parameters --best-checkpoint-metric glue_avg --maximize-best-checkpoint-metric
   --seed "$SEED" --save-dir "$RUN" --no-epoch-checkpoints
   --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1

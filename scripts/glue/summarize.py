@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Summarize GLUE fine-tuning runs made by scripts/glue/finetune.sh and grid.sh.
 
-    python scripts/glue/summarize.py RUNS_DIR [--out DIR] [--include-unfinished]
+    python scripts/glue/summarize.py RUNS_DIR [--out DIR] [--include-unfinished] [--forgetting-budget X]
 
 Finds the runs under RUNS_DIR (laid out as RUNS_DIR/<TASK>/<METHOD>[-k<K>-t<T0>...]/seed<N>/),
 reads their fairseq ``--log-format json`` logs (train.log) and writes to --out (default RUNS_DIR):
@@ -19,6 +19,11 @@ runs as MNLI and left out of the average. A method's result on a task is the mea
 over seeds of the config (k, t0, ...) whose mean is highest; the GLUE average is the mean of
 those over the tasks the method has. Runs without a ``done`` marker are listed as unfinished and
 left out of the tables unless --include-unfinished.
+
+Runs with the forgetting meter (FORGETTING_PROBE=..., docs/forgetting-meter.md) show, per run, the forgetting
+at the chosen validation: the masked-LM loss's rise since θ* (bits) or the pair AUC's fall. With
+--forgetting-budget X, a run's best validation is the best among those that forgot at most X (a run without
+the meter: among all, noted); its update is where that checkpoint is (kept when saved at that update).
 
 Multi-task runs (scripts/glue/multitask.sh, laid out as RUNS_DIR/MTL/<NAME>/seed<N>/) give one
 row per task they trained, all read at the validation with the best ``glue_avg`` (one model
@@ -38,6 +43,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from recadam_fairseq import catalogue  # noqa: E402  (pure Python: the methods)
 from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: the GLUE task table)
+from recadam_fairseq.core.forgetting import DELTAS, forgetting  # noqa: E402  (pure Python: the meter's names)
 from recadam_fairseq.core.glue_tasks import head_name  # noqa: E402
 
 TASKS = glue_tasks.RECIPE_TASKS
@@ -92,10 +98,14 @@ def parse_log(path):
     return valid, last
 
 
-def best_of(entries, metric):
-    """(best value, its stats) over validations; (None, None) if the metric was never logged."""
+def best_of(entries, metric, budget=None):
+    """(best value, its stats) over validations; (None, None) if the metric was never logged. With a
+    forgetting ``budget``: over the validations whose forgetting is at most it (all, without the meter)."""
     best, at = None, None
     for e in entries:
+        f = forgetting(e) if budget is not None else None
+        if f is not None and f[1] > budget:
+            continue
         x = to_float(e.get(metric))
         if x is not None and (best is None or x > best):
             best, at = x, e
@@ -110,7 +120,7 @@ def split_name(name):
     return name, ""
 
 
-def read_run(run_dir, root):
+def read_run(run_dir, root, budget=None):
     rel = os.path.relpath(run_dir, root)
     parts = rel.split(os.sep)
     meta = {}
@@ -139,7 +149,7 @@ def read_run(run_dir, root):
         "seed": seed, "status": "done" if os.path.exists(os.path.join(run_dir, "done")) else "unfinished",
         "metric": metric, "best": None, "best_update": "", "other": "", "mm": None,
         "last_update": "", "total_updates": meta.get("total_updates", ""), "validations": 0, "note": "",
-        "path": rel,
+        "path": rel, "forgetting": None, "forgetting_metric": "",
     }
     log = os.path.join(run_dir, "train.log")
     if not os.path.exists(log):
@@ -150,12 +160,19 @@ def read_run(run_dir, root):
     entries = valid.get("valid", [])
     run["validations"] = len(entries)
     run["last_update"] = "" if last is None else last
-    best, at = best_of(entries, metric)
+    best, at = best_of(entries, metric, budget)
     if best is None:
         run["note"] = f"no {metric} in the validations" if entries else "no validation yet"
+        if budget is not None and best_of(entries, metric)[0] is not None:
+            run["note"] = f"every validation forgot more than --forgetting-budget {budget:g}"
     else:
         run["best"] = best
         run["best_update"] = at.get("num_updates", "")
+        fgt = forgetting(at)
+        if fgt is not None:
+            run["forgetting_metric"], run["forgetting"] = DELTAS[fgt[0]][0], fgt[1]
+        elif budget is not None:
+            run["note"] = "no forgetting meter in its log: --forgetting-budget does not apply"
         run["other"] = "; ".join(f"{m}={at[m]}" for m in OTHER.get(task, []) if m in at)
     if task == "MNLI" and valid.get("valid1"):
         run["mm"], _ = best_of(valid["valid1"], "accuracy")
@@ -202,11 +219,11 @@ def read_multitask_run(run_dir, root):
     return out or [base]
 
 
-def read_runs(run_dir, root):
+def read_runs(run_dir, root, budget=None):
     parts = os.path.relpath(run_dir, root).split(os.sep)
     if len(parts) >= 3 and parts[-3] == MTL and re.fullmatch(r"seed\d+", parts[-1]):
         return read_multitask_run(run_dir, root)
-    return [read_run(run_dir, root)]
+    return [read_run(run_dir, root, budget)]
 
 
 def find_runs(root):
@@ -307,8 +324,10 @@ def run_line(run_dir):
     best, at = best_of(entries, metric)
     if best is None:
         return f"no {metric} in its {len(entries)} validations" if entries else "no validation in its log"
+    fgt = forgetting(at)
     return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}, "
-            f"{len(entries)} validations")
+            f"{len(entries)} validations" + ("" if fgt is None else f", forgetting there {fgt[1]:+.4g} "
+                                                                   f"({DELTAS[fgt[0]][0]} since θ*)"))
 
 
 def main(argv=None):
@@ -321,11 +340,14 @@ def main(argv=None):
     ap.add_argument("--out", help="where to write the summary files (default: RUNS_DIR)")
     ap.add_argument("--include-unfinished", action="store_true",
                     help="count runs without a done marker (their best so far) in the tables")
+    ap.add_argument("--forgetting-budget", type=float, metavar="X",
+                    help="runs with the forgetting meter: the best validation among those that forgot at most X "
+                         "(the masked-LM loss's rise in bits, or the pair AUC's fall, since θ*)")
     args = ap.parse_args(argv)
     root = args.runs_dir
     if not os.path.isdir(root):
         sys.exit(f"summarize.py: error: {root}: no such directory")
-    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    runs = [r for d in find_runs(root) for r in read_runs(d, root, args.forgetting_budget)]
     if not runs:
         sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
     runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))
@@ -336,7 +358,8 @@ def main(argv=None):
 
     # runs.csv
     run_fields = ["task", "method", "config", "k", "t0", "seed", "status", "metric", "best", "best_update", "other",
-                  "mm", "validations", "last_update", "total_updates", "note", "path"]
+                  "mm", "validations", "last_update", "total_updates", "note", "path", "forgetting",
+                  "forgetting_metric"]
     write_csv(os.path.join(out, "runs.csv"), [dict(r, mm=r["mm"]) for r in runs], run_fields)
     # variants.csv
     write_csv(os.path.join(out, "variants.csv"), variants,
@@ -419,6 +442,16 @@ def main(argv=None):
             best = "" if r["best"] is None else f"{r['metric']} {r['best']:.2f}"
             md.append(f"| {r['path']} | {r['status']} | {upd} | {best} | {r['note']} |")
         md.append("")
+    metered = [r for r in runs if r["forgetting"] is not None]
+    if metered:
+        budget = args.forgetting_budget
+        md += ["## Forgetting at the chosen validation", "",
+               "What each run lost from pretraining by its best validation (forgetting meter: the masked-LM loss's "
+               "rise since θ*, or the pair AUC's fall; positive = forgot)"
+               + (f", the best among validations that forgot at most {budget:g}" if budget is not None else "") + ".",
+               "", "| run | metric | best | update | forgetting | probe |", "|---|---|---|---|---|---|"]
+        md += [f"| {r['path']} | {r['metric']} | {fmt(r['best'])} | {r['best_update']} | {r['forgetting']:+.4f} | "
+               f"{r['forgetting_metric']} |" for r in metered] + [""]
     noscore = [r for r in runs if r["status"] == "done" and r["best"] is None]
     if noscore:
         md += ["## Finished runs without a score", ""] + [f"- {r['path']}: {r['note']}" for r in noscore] + [""]

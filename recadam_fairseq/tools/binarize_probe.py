@@ -1,0 +1,95 @@
+"""A forgetting-meter probe (``--forgetting-probe DIR``) from text, with the model's dictionary, through
+fairseq-preprocess (scripts/binarize_probe.py).
+
+- ``--text FILE``: one sentence a line (mlm: masked-LM on them; pairs needs ``--pairs``);
+- ``--pairs FILE``: ``premise<TAB>hypothesis<TAB>label`` lines, label entailment/1 or contradiction/0
+  (other labels, e.g. neutral, are skipped);
+
+both already tokenized as the model's data (RoBERTa: GPT-2 BPE, as for the GLUE data). DIR gets
+``sentences.{bin,idx}``, ``dict.txt`` (the model's, from ``--dict``) and for pairs ``pairs.npz``
+(premise / hypothesis sentence rows, label): the layout of the forgetting comparison's SNLI probe,
+which is thus a pairs probe as it is.
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+from typing import List, Optional
+
+import numpy as np
+
+from .prepare_glue import fairseq_preprocess
+
+LABELS = {"entailment": 1, "1": 1, "contradiction": 0, "0": 0}
+
+
+def read_pairs(path: str):
+    """(premises, hypotheses, labels) of the entailment / contradiction rows; the number of rows skipped."""
+    prem, hyp, lab, skipped = [], [], [], 0
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            cols = line.rstrip("\n").split("\t")
+            if len(cols) != 3:
+                raise SystemExit(f"error: {path}:{n}: expected premise<TAB>hypothesis<TAB>label, "
+                                 f"got {len(cols)} columns")
+            if cols[2].strip() not in LABELS:
+                skipped += 1
+                continue
+            prem.append(cols[0].strip())
+            hyp.append(cols[1].strip())
+            lab.append(LABELS[cols[2].strip()])
+    return prem, hyp, np.array(lab, dtype=np.int64), skipped
+
+
+def binarize(lines: List[str], out: str, dict_txt: str) -> None:
+    """``out/sentences.{bin,idx}`` and ``out/dict.txt`` by fairseq-preprocess --only-source --srcdict."""
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = os.path.join(tmp, "raw")
+        with open(raw, "w", encoding="utf-8") as f:
+            f.writelines(x + "\n" for x in lines)
+        fairseq_preprocess(["--only-source", "--srcdict", dict_txt, "--trainpref", raw, "--destdir", tmp,
+                            "--workers", "1"])
+        for ext in ("bin", "idx"):
+            shutil.move(os.path.join(tmp, f"train.{ext}"), os.path.join(out, f"sentences.{ext}"))
+        shutil.copyfile(os.path.join(tmp, "dict.txt"), os.path.join(out, "dict.txt"))
+
+
+def main(argv: Optional[List[str]] = None) -> dict:
+    ap = argparse.ArgumentParser(description="Binarize a forgetting-meter probe (--forgetting-probe DIR) with the "
+                                             "model's dictionary.")
+    src = ap.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text", help="one tokenized sentence a line (--forgetting-meter mlm)")
+    src.add_argument("--pairs", help="premise<TAB>hypothesis<TAB>label lines (--forgetting-meter pairs, or mlm)")
+    ap.add_argument("--dict", required=True, help="the model's dict.txt (e.g. the task data's input0/dict.txt)")
+    ap.add_argument("--out", required=True, help="the probe directory to write")
+    args = ap.parse_args(argv)
+    if not os.path.isfile(args.dict):
+        ap.error(f"--dict {args.dict}: no such file")
+    if args.text:
+        with open(args.text, encoding="utf-8") as f:
+            lines = [x.strip() for x in f if x.strip()]
+        if not lines:
+            ap.error(f"--text {args.text}: no sentence in it")
+        binarize(lines, args.out, args.dict)
+        info = {"sentences": len(lines)}
+    else:
+        prem, hyp, lab, skipped = read_pairs(args.pairs)
+        if not ((lab == 1).any() and (lab == 0).any()):
+            ap.error(f"--pairs {args.pairs}: {int((lab == 1).sum())} entailment and {int((lab == 0).sum())} "
+                     f"contradiction pairs; the probe needs both")
+        uniq, inverse = np.unique(np.array(prem + hyp, dtype=object), return_inverse=True)
+        binarize(list(uniq), args.out, args.dict)
+        n = len(lab)
+        np.savez(os.path.join(args.out, "pairs.npz"), premise=inverse[:n], hypothesis=inverse[n:], label=lab)
+        info = {"pairs": n, "sentences": len(uniq), "skipped": skipped}
+    print(f"{args.out}: " + ", ".join(f"{v} {k}" for k, v in info.items()), file=sys.stderr)
+    return info
+
+
+if __name__ == "__main__":
+    main()

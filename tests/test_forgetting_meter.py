@@ -1,0 +1,264 @@
+"""The forgetting meter (--forgetting-probe, --forgetting-meter mlm|pairs) through the real fairseq-train.
+
+Launches, two at a time: the mlm meter (plain Adam through --optimizer recadam -w 0, fairseq's own criterion,
+validation and a checkpoint at updates 4 and 8, TensorBoard), the same run without the meter, the pairs
+meter (sentence_prediction_recadam with fairseq's adam), and three bad inputs. The expected values are
+computed here by hand: one sentence at a time, the full LM head, float64, sklearn's AUC.
+"""
+
+import glob
+import math
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import assert_one_line_error, json_records, load_ckpt, run_jobs
+from recadam_fairseq.core import probes
+from recadam_fairseq.tools import binarize_probe
+
+VALIDATE = ["--validate-interval-updates", "4", "--save-interval-updates", "4", "--keep-interval-updates", "-1",
+            "--log-format", "json", "--dropout", "0.1", "--attention-dropout", "0.1"]
+
+
+def read_lines(path):
+    with open(path) as f:
+        return [x.strip() for x in f]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, tmp_path_factory):
+    root = tmp_path_factory.mktemp("meter")
+    raw, dict_txt = os.path.join(tiny.root, "raw"), os.path.join(tiny.lm_bin, "dict.txt")
+    mlm, pairs = str(root / "probe-mlm"), str(root / "probe-pairs")
+    binarize_probe.main(["--text", os.path.join(raw, "lm.valid"), "--dict", dict_txt, "--out", mlm])
+    with open(root / "pairs.tsv", "w") as f:  # RTE's valid pairs: not_entailment read as contradiction
+        for a, b, y in zip(*(read_lines(os.path.join(raw, f"RTE.valid.{c}")) for c in ("input0", "input1", "label"))):
+            f.write(f"{a}\t{b}\t{'entailment' if y == 'entailment' else 'contradiction'}\n")
+    binarize_probe.main(["--pairs", str(root / "pairs.tsv"), "--dict", dict_txt, "--out", pairs])
+    # bad inputs: a dictionary without its last symbol; a probe of empty lines; a checkpoint without an LM head
+    other_dict, other = str(root / "other.dict.txt"), str(root / "probe-other")
+    with open(dict_txt) as f, open(other_dict, "w") as g:
+        g.writelines(f.readlines()[:-1])
+    binarize_probe.main(["--text", os.path.join(raw, "lm.valid"), "--dict", other_dict, "--out", other])
+    empty = str(root / "probe-empty")
+    binarize_probe.binarize(["", ""], empty, dict_txt)
+    state = load_ckpt(tiny.pretrained)
+    for k in ("encoder.lm_head.bias", "encoder.lm_head.layer_norm.bias"):
+        state["model"][k] = torch.zeros_like(state["model"][k])
+    ln = "encoder.lm_head.layer_norm.weight"
+    state["model"][ln] = torch.ones_like(state["model"][ln])
+    headless = str(root / "headless.pt")
+    torch.save(state, headless)
+
+    adam_w0 = ["--recadam-anneal-w", "0"]
+    jobs = {
+        "mlm": lambda: tiny.train(root / "mlm", *adam_w0, *VALIDATE, "--forgetting-probe", mlm,
+                                  "--tensorboard-logdir", str(root / "tb"), updates=8, validate=True),
+        "plain": lambda: tiny.train(root / "plain", *adam_w0, *VALIDATE, updates=8, validate=True),
+        "pairs": lambda: tiny.train(root / "pairs", "--criterion", "sentence_prediction_recadam", *VALIDATE,
+                                    "--forgetting-probe", pairs, "--forgetting-meter", "pairs", optimizer="adam",
+                                    updates=4, validate=True),
+        "dict": lambda: tiny.train(root / "dict", "--forgetting-probe", other, check=False),
+        "empty": lambda: tiny.train(root / "empty", "--forgetting-probe", empty, check=False),
+        "headless": lambda: tiny.train(root / "headless", "--forgetting-probe", mlm, "--restore-file", headless,
+                                       check=False),
+    }
+    out = run_jobs([lambda k=k, job=job: {k: job()} for k, job in jobs.items()])
+    return dict(root=root, mlm=mlm, pairs=pairs, other=other, empty=empty, **{f"log_{k}": v for k, v in out.items()})
+
+
+def load_model(path, data):
+    from fairseq import checkpoint_utils
+
+    import recadam_fairseq.safe_globals  # noqa: F401
+
+    models, _, task = checkpoint_utils.load_model_ensemble_and_task([path], arg_overrides={"data": data})
+    return models[0].eval(), task.source_dictionary
+
+
+def sentences(probe):
+    from fairseq.data.indexed_dataset import MMapIndexedDataset
+
+    ds = MMapIndexedDataset(os.path.join(probe, "sentences"))
+    return [ds[i].long() for i in range(len(ds))]
+
+
+@torch.no_grad()
+def mlm_by_hand(path, data, probe):
+    """Bits per masked token and accuracy (%), one sentence at a time through the whole LM head, float64.
+    The masking as documented: sentence i, randperm of its tokens but </s> from a generator seeded i, the
+    first max(1, round(0.15 n)) masked."""
+    model, d = load_model(path, data)
+    nll, hit, n = 0.0, 0, 0
+    for i, sent in enumerate(sentences(probe)):
+        k = max(1, int(round(0.15 * (len(sent) - 1))))
+        pos = 1 + torch.randperm(len(sent) - 1, generator=torch.Generator().manual_seed(i))[:k]
+        tokens = torch.cat([torch.tensor([d.bos()]), sent])
+        inp = tokens.clone()
+        inp[pos] = d.index("<mask>")
+        logp = torch.log_softmax(model(inp[None])[0][0].double(), -1)
+        nll -= float(logp[pos, tokens[pos]].sum())
+        hit += int((logp[pos].argmax(-1) == tokens[pos]).sum())
+        n += k
+    return nll / n / math.log(2), 100.0 * hit / n
+
+
+def valid_records(log):
+    return {int(r["valid_num_updates"]): r for r in json_records(log, "valid")}
+
+
+def test_mlm_meter_at_theta_star_is_the_masked_lm_loss_by_hand(tiny, runs):
+    import json
+
+    with open(runs["root"] / "mlm" / "forgetting_meter.json") as f:
+        start = json.load(f)["start"]
+    loss, acc = mlm_by_hand(tiny.pretrained, tiny.lm_bin, runs["mlm"])
+    assert start["mlm_loss"] == pytest.approx(loss, rel=1e-5)
+    assert start["mlm_acc"] == pytest.approx(acc, abs=1e-6)
+
+
+def test_mlm_meter_at_each_validation_is_that_checkpoint_s(tiny, runs):
+    import json
+
+    recs = valid_records(runs["log_mlm"][1])
+    assert sorted(recs) == [4, 8]
+    with open(runs["root"] / "mlm" / "forgetting_meter.json") as f:
+        start = json.load(f)["start"]
+    for upd in (8,):  # (update 4's costs another pass by hand; TensorBoard's test reads both)
+        loss, acc = mlm_by_hand(str(runs["root"] / "mlm" / f"checkpoint_1_{upd}.pt"), tiny.cls_bin, runs["mlm"])
+        r = recs[upd]
+        assert float(r["valid_fgt_mlm_loss"]) == pytest.approx(loss, abs=2e-5)
+        assert float(r["valid_fgt_mlm_acc"]) == pytest.approx(acc, abs=2e-5)
+        assert float(r["valid_fgt_mlm_loss_delta"]) == pytest.approx(loss - start["mlm_loss"], abs=2e-5)
+        assert float(r["valid_fgt_mlm_acc_delta"]) == pytest.approx(acc - start["mlm_acc"], abs=2e-5)
+    assert abs(float(recs[8]["valid_fgt_mlm_loss_delta"])) > 5e-5  # the encoder moved: a change the log shows
+
+
+def test_meter_does_not_change_training(runs):
+    a = load_ckpt(runs["root"] / "mlm" / "checkpoint_last.pt")["model"]
+    b = load_ckpt(runs["root"] / "plain" / "checkpoint_last.pt")["model"]
+    p0 = load_ckpt(runs["root"] / "mlm" / "checkpoint_1_4.pt")["model"]
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    assert any(not torch.equal(a[k], p0[k]) for k in a)  # it trained after the first measurement
+    for upd, r in valid_records(runs["log_plain"][1]).items():  # the same task metrics at each validation
+        assert r["valid_loss"] == valid_records(runs["log_mlm"][1])[upd]["valid_loss"]
+        assert not [k for k in r if "fgt_" in k]
+
+
+def test_mlm_meter_reaches_tensorboard(runs):
+    event_acc = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    logdir = runs["root"] / "tb" / "valid"
+    assert glob.glob(str(logdir / "events.out.tfevents.*"))
+    acc = event_acc.EventAccumulator(str(logdir), size_guidance={"scalars": 0})
+    acc.Reload()
+    recs = valid_records(runs["log_mlm"][1])
+    for tag in ("fgt_mlm_loss", "fgt_mlm_acc", "fgt_mlm_loss_delta", "fgt_mlm_acc_delta"):
+        got = {e.step: e.value for e in acc.Scalars(tag)}
+        assert sorted(got) == [4, 8], tag
+        for step, value in got.items():
+            assert value == pytest.approx(float(recs[step][f"valid_{tag}"]), rel=1e-6, abs=1e-9), (tag, step)
+
+
+def test_pairs_meter_is_the_zero_shot_auc_by_hand(tiny, runs):
+    from sklearn.metrics import roc_auc_score
+
+    import json
+
+    pairs = np.load(os.path.join(runs["pairs"], "pairs.npz"))
+    model, d = load_model(tiny.pretrained, tiny.lm_bin)
+    with torch.no_grad():
+        emb = []
+        for sent in sentences(runs["pairs"]):
+            h = model(torch.cat([torch.tensor([d.bos()]), sent])[None], features_only=True)[0][0]
+            emb.append(h.double().mean(0))
+    emb = torch.stack(emb)
+    cos = torch.nn.functional.cosine_similarity(emb[pairs["premise"]], emb[pairs["hypothesis"]], dim=-1).numpy()
+    want = roc_auc_score(pairs["label"], cos)
+    with open(runs["root"] / "pairs" / "forgetting_meter.json") as f:
+        start = json.load(f)["start"]
+    assert start["pairs_auc"] == pytest.approx(want, abs=1e-6)
+    rec = valid_records(runs["log_pairs"][1])[4]
+    assert 0 <= float(rec["valid_fgt_pairs_auc"]) <= 1
+    assert float(rec["valid_fgt_pairs_auc_delta"]) == pytest.approx(float(rec["valid_fgt_pairs_auc"]) - want, abs=2e-5)
+    # the probe binarized from the pair file: rows back to its sentences
+    lines = [ln.split("\t") for ln in read_lines(runs["root"] / "pairs.tsv")]
+    d_lines = [" ".join(d[int(t)] for t in s[:-1]) for s in sentences(runs["pairs"])]
+    assert [d_lines[i] for i in pairs["premise"]] == [x[0] for x in lines]
+    assert [d_lines[i] for i in pairs["hypothesis"]] == [x[1] for x in lines]
+    assert list(pairs["label"]) == [int(x[2] == "entailment") for x in lines]
+
+
+def test_bad_probes_are_one_line_errors(tiny, runs):
+    root = runs["root"]
+    assert_one_line_error(runs["log_dict"], root / "dict", f"--forgetting-probe {runs['other']}: its dict.txt "
+                          f"(103 symbols) is not the model's dictionary (105 symbols in the embeddings of "
+                          f"{tiny.pretrained}): binarize the probe with the model's dict.txt (scripts/binarize_probe.py --dict)")
+    # with the task (the GLUE criteria's install): symbol by symbol, so a reordered dictionary is caught too
+    from fairseq.data import Dictionary
+
+    from recadam_fairseq import forgetting_meter
+    from recadam_fairseq.core.errors import ConfigError
+
+    meter = forgetting_meter.ForgettingMeter(None, forgetting_meter.load_probe(runs["mlm"], "mlm"))
+    symbols = Dictionary.load(os.path.join(runs["mlm"], "dict.txt")).symbols
+    meter.check_dictionary(symbols + ["<mask>"])
+    with pytest.raises(ConfigError, match=r"dict.txt \(104 symbols\) is not the model's dictionary \(105 symbols\)"):
+        meter.check_dictionary(symbols[:4] + symbols[5:] + symbols[4:5] + ["<mask>"])
+    assert_one_line_error(runs["log_empty"], root / "empty",
+                          f"--forgetting-probe {runs['empty']}: the probe is empty (no sentence in "
+                          f"{runs['empty']}/sentences.bin)")
+    assert_one_line_error(runs["log_headless"], root / "headless",
+                          f"--forgetting-meter mlm: the checkpoint {root / 'headless.pt'} has an LM head at its "
+                          f"initial values (it was made without one); use --forgetting-meter pairs with a sentence-pair "
+                          f"probe")
+
+
+def test_probe_math_against_references():
+    from sklearn.metrics import roc_auc_score
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 50)
+    s = np.round(rng.normal(size=50), 1)  # ties
+    assert probes.roc_auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert torch.equal(probes.mask_positions(21, 3), probes.mask_positions(21, 3))
+    assert len(probes.mask_positions(21, 3)) == 3 and int(probes.mask_positions(21, 3).max()) < 20
+
+
+def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, runs, tmp_path):
+    import csv
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FORGETTING_", "CRITERION", "DRY_RUN"))}
+    env.update(ROBERTA_PATH=tiny.pretrained, DATA_DIR=tiny.glue_bin, SAVE_DIR=str(tmp_path / "dry"), DRY_RUN="1",
+               FP16="0", PYTHON=sys.executable, FORGETTING_PROBE=runs["pairs"], FORGETTING_METER="pairs")
+    finetune = os.path.join(ROOT, "scripts", "glue", "finetune.sh")
+    p = subprocess.run([finetune, "SST-2", "adam"], env=env, capture_output=True, text=True)
+    assert p.returncode == 0, p.stderr
+    assert f"--forgetting-probe {runs['pairs']} --forgetting-meter pairs" in " ".join(p.stdout.split(" \\\n  "))
+    p = subprocess.run([finetune, "SST-2", "adam"], env=dict(env, CRITERION="sentence_prediction"),
+                       capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip().endswith("CRITERION=sentence_prediction with METHOD adam has "
+                                                           "neither (leave CRITERION unset)"), p.stderr
+
+    # two validations: the better score forgot more; a budget between them picks the other one
+    run = tmp_path / "runs" / "SST-2" / "adam" / "seed1"
+    run.mkdir(parents=True)
+    (run / "done").write_text("")
+    (run / "train.log").write_text(
+        '{"valid_accuracy": "80", "valid_fgt_mlm_loss_delta": "0.5", "valid_num_updates": "4"}\n'
+        '{"valid_accuracy": "70", "valid_fgt_mlm_loss_delta": "0.1", "valid_num_updates": "8"}\n')
+    summarize = os.path.join(ROOT, "scripts", "glue", "summarize.py")
+    out = tmp_path / "out"
+    subprocess.run([sys.executable, summarize, str(tmp_path / "runs"), "--out", str(out), "--forgetting-budget", "0.2"],
+                   check=True, capture_output=True)
+    with open(out / "runs.csv") as f:
+        (row,) = csv.DictReader(f)
+    assert (float(row["best"]), int(row["best_update"]), float(row["forgetting"])) == (70, 8, 0.1)  # not 80 at 4
+    assert "## Forgetting at the chosen validation" in (out / "summary.md").read_text()
