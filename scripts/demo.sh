@@ -3,7 +3,8 @@
 #   1. a tiny RoBERTa is "pretrained" with masked LM on generated text (scripts/make_tiny_roberta.py)
 #   2. it is fine-tuned on a generated sentence classification task with --optimizer recadam,
 #      and, for comparison, with Adam (recadam with a constant λ: fairseq's adam bit for bit)
-#   3. scripts/plot_run.py draws λ(t), the distance to the pretrained weights, the losses and accuracy
+#   3. scripts/plot_run.py draws λ(t), the distance to the pretrained weights, the losses and accuracy, and the
+#      forgetting meter's masked-LM loss and accuracy on held-out text against the pretrained model's
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-demo-out}
@@ -14,6 +15,11 @@ if [ ! -f "$OUT/tiny/pretrained.pt" ]; then
   echo "== making a tiny pretrained RoBERTa and tiny data in $OUT/tiny"
   mkdir -p "$OUT"
   python scripts/make_tiny_roberta.py "$OUT/tiny" > "$OUT/make_tiny.log" 2>&1 || { tail -20 "$OUT/make_tiny.log"; exit 1; }
+fi
+
+if [ ! -f "$OUT/probe/dict.txt" ]; then  # the forgetting meter's held-out text, in the model's dictionary
+  python scripts/binarize_probe.py --text "$OUT/tiny/raw/lm.valid" --dict "$OUT/tiny/lm-bin/dict.txt" \
+    --out "$OUT/probe" > "$OUT/probe.log" 2>&1 || { tail -20 "$OUT/probe.log"; exit 1; }
 fi
 
 finetune() {  # NAME, then optimizer flags
@@ -29,6 +35,7 @@ finetune() {  # NAME, then optimizer flags
     --lr 1e-4 --lr-scheduler fixed --max-update 300 \
     --batch-size 16 --cpu --num-workers 0 --seed 1 \
     --best-checkpoint-metric accuracy --maximize-best-checkpoint-metric --no-epoch-checkpoints \
+    --forgetting-probe "$OUT/probe" \
     --save-dir "$OUT/$name" --log-format json --log-interval 10 --tensorboard-logdir "$OUT/$name/tb" \
     > "$OUT/$name/train.log" 2>&1 \
     || { tail -30 "$OUT/$name/train.log"; exit 1; }

@@ -3,6 +3,7 @@
 import glob
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -143,8 +144,14 @@ def test_coupled_objective_will_not_resume_toward_finetuned_weights(tiny, tmp_pa
 
 def test_plot_run_renders_real_logs(tiny, tmp_path):
     from conftest import plot_run
+    from recadam_fairseq.tools import binarize_probe
+
+    probe = str(tmp_path / "probe")  # the forgetting meter's panel: the recadam run has it
+    binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
+                         os.path.join(tiny.root, "lm-bin", "dict.txt"), "--out", probe])
     logs = []
-    for name, flags, opt in (("recadam", ["--recadam-pretrain-cof", "500", "--recadam-anneal-t0", "6"], "recadam"),
+    for name, flags, opt in (("recadam", ["--recadam-pretrain-cof", "500", "--recadam-anneal-t0", "6",
+                                          "--forgetting-probe", probe], "recadam"),
                              ("adam", [], "adam")):
         rc, log = tiny.train(tmp_path / name, *CRIT, *flags, "--log-format", "json", "--log-interval", "2",
                              "--validate-interval-updates", "4", optimizer=opt, validate=True)
@@ -158,6 +165,8 @@ def test_plot_run_renders_real_logs(tiny, tmp_path):
     assert panels["Σ(θ−θ*)²  (distance to the pretrained weights)"] == ["recadam"]
     assert panels["train target loss (bits)"] == ["recadam", "adam"]
     assert panels["dev accuracy"] == ["recadam", "adam"]
+    (fgt,) = [ax for ax in fig.axes if ax.get_title().startswith("forgetting: masked-LM loss")]
+    assert [ln.get_label() for ln in fgt.get_lines()] == ["recadam"] and list(fgt.get_lines()[0].get_xdata()) == [4, 8, 12]
     lam = [ax for ax in fig.axes if ax.get_title() == "λ(t)"][0].get_lines()[0]
     assert list(lam.get_xdata()) == [2, 4, 6, 8, 10, 12]
 

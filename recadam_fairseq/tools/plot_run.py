@@ -1,4 +1,5 @@
-"""Plot fairseq json logs of recadam (and plain adam) runs: λ(t), Σ(θ−θ*)², target loss, dev metric.
+"""Plot fairseq json logs of recadam (and plain adam) runs: λ(t), Σ(θ−θ*)², target loss, dev metric,
+and the forgetting meter's change since θ* where a run has it (--forgetting-probe).
 
     python scripts/plot_run.py RUN1/train.log RUN2/train.log --labels recadam adam --out runs.png
 
@@ -62,6 +63,12 @@ def pick_metric(logs):
     return "loss"
 
 
+FORGETTING = [  # (the meter's valid key, the panel's title), the first a run has is drawn
+    ("fgt_mlm_loss_delta", "forgetting: masked-LM loss − at θ*\n(bits on held-out text; up: forgot)"),
+    ("fgt_pairs_auc_delta", "forgetting: pair AUC − at θ*\n(zero-shot probe; down: forgot)"),
+]
+
+
 def plot(paths, labels=None, out="run.png", metric=None):
     """Write the PNG and return the matplotlib figure (four panels, one line per run)."""
     import matplotlib
@@ -74,13 +81,20 @@ def plot(paths, labels=None, out="run.png", metric=None):
     if len(labels) != len(paths):
         raise SystemExit(f"--labels: {len(labels)} labels for {len(paths)} logs")
     metric = metric or pick_metric(logs)
-    fig, axes = plt.subplots(2, 2, figsize=(11, 7.5), sharex=True)
+    # the forgetting meter's change since θ* (--forgetting-probe), when a run logged it: a third column
+    meter = next(((k, t) for k, t in FORGETTING if any(f"valid_{k}" in r for log in logs for r in log.get("valid", []))),
+                 None)
+    cols = 3 if meter else 2
+    fig, axes = plt.subplots(2, cols, figsize=(5.5 * cols, 7.5), sharex=True)
     panels = [
         (axes[0][0], "train_inner", "recadam_lambda", "λ(t)", "linear"),
         (axes[0][1], "train_inner", "recadam_dist", "Σ(θ−θ*)²  (distance to the pretrained weights)", "log"),
         (axes[1][0], "train_inner", "target_loss", "train target loss (bits)", "linear"),
         (axes[1][1], "valid", f"valid_{metric}", f"dev {metric}", "linear"),
     ]
+    if meter:
+        panels.append((axes[0][2], "valid", f"valid_{meter[0]}", meter[1], "linear"))
+        axes[1][2].set_visible(False)
     for ax, kind, key, title, scale in panels:
         for log, label in zip(logs, labels):
             x_key = "valid_num_updates" if kind == "valid" else "num_updates"
@@ -97,6 +111,8 @@ def plot(paths, labels=None, out="run.png", metric=None):
             ax.legend(fontsize=8)
     for ax in axes[1]:
         ax.set_xlabel("updates")
+    if meter:
+        axes[0][2].tick_params(labelbottom=True)  # its partner below may be hidden
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     return fig
