@@ -1,7 +1,8 @@
 """RecAdam under fairseq's ZeRO stage 1 (--zero-sharding os, fairscale's OSS) on 2 CPU ranks (gloo, fp32).
 
 Each rank's RecAdam holds θ* and Adam's moments of its shard only; the weights must end bit for bit
-equal to the unsharded 2-rank run (legacy_ddp), straight and resumed after a save.
+equal to the unsharded 2-rank run (legacy_ddp), straight and resumed after a save, in either mode from a
+checkpoint of either.
 """
 
 import pytest
@@ -34,7 +35,17 @@ def runs(tiny, tmp_path_factory):
         (log, _) = launch(tiny, sharded, 2, *OS, restore=False)
         return {"six": six, "sharded": load_ckpt(sharded / "checkpoint_last.pt"), "log": log}
 
-    return run_jobs([unsharded, stopped_and_resumed])
+    out = run_jobs([unsharded, stopped_and_resumed])
+
+    def crossed(name, ckpt, *flags):  # another run's update-6 checkpoint, resumed in the other mode
+        (root / name).mkdir()
+        torch.save(ckpt, root / name / "checkpoint_last.pt")
+        launch(tiny, root / name, 2, *flags, restore=False)
+        return {name: load_ckpt(root / name / "checkpoint_last.pt")}
+
+    out.update(run_jobs([lambda: crossed("os_from_plain", out["plain6"], *OS),
+                         lambda: crossed("plain_from_os", out["six"])]))
+    return out
 
 
 def weights_equal(a, b):
@@ -54,6 +65,13 @@ def test_resumed_sharded_run_equals_the_straight_unsharded_one(runs):
     """Saved (consolidated) after 6 updates, relaunched: θ* and the moments re-sharded on load."""
     assert "θ* restored from the checkpoint's optimizer state" in runs["log"]
     weights_equal(runs["sharded"], runs["plain"])
+
+
+def test_a_checkpoint_loads_across_the_modes_bit_for_bit(runs):
+    """Saved unsharded, resumed sharded (OSS shards the state on load), and the other way round (fairseq saves
+    OSS's consolidated state, in the unsharded layout): both end where the straight unsharded run did."""
+    weights_equal(runs["os_from_plain"], runs["plain"])
+    weights_equal(runs["plain_from_os"], runs["plain"])
 
 
 def test_consolidated_state_holds_every_anchor_and_moment_once(runs):
