@@ -43,8 +43,13 @@ def runs(tiny, tmp_path_factory):
         launch(tiny, root / name, 2, *flags, restore=False)
         return {name: load_ckpt(root / name / "checkpoint_last.pt")}
 
+    def memory_efficient(name, *flags):  # fp16 tensors in the optimizer, fp32 math: the other layout ZeRO allows
+        launch(tiny, root / name, 2, "--memory-efficient-fp16", *flags, "--max-update", "6")
+        return {name: load_ckpt(root / name / "checkpoint_last.pt")}
+
     out.update(run_jobs([lambda: crossed("os_from_plain", out["plain6"], *OS),
-                         lambda: crossed("plain_from_os", out["six"])]))
+                         lambda: crossed("plain_from_os", out["six"]),
+                         lambda: memory_efficient("me_plain"), lambda: memory_efficient("me_os", *OS)]))
     return out
 
 
@@ -72,6 +77,14 @@ def test_a_checkpoint_loads_across_the_modes_bit_for_bit(runs):
     OSS's consolidated state, in the unsharded layout): both end where the straight unsharded run did."""
     weights_equal(runs["os_from_plain"], runs["plain"])
     weights_equal(runs["plain_from_os"], runs["plain"])
+
+
+def test_memory_efficient_fp16_sharded_equals_unsharded(tiny, runs):
+    weights_equal(runs["me_os"], runs["me_plain"])
+    pre = load_ckpt(tiny.pretrained)["model"]
+    w = runs["me_os"]["model"]["encoder.sentence_encoder.layers.0.fc1.weight"]  # saved as fp32 by fairseq
+    assert torch.equal(w.half().float(), w)  # fp16 values: the model trained in fp16
+    assert not torch.equal(w, pre["encoder.sentence_encoder.layers.0.fc1.weight"].half().float())
 
 
 def test_consolidated_state_holds_every_anchor_and_moment_once(runs):
