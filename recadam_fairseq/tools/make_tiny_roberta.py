@@ -118,26 +118,34 @@ def write_glue(out, raw, rng, vocab, pos, neg, cls_raw, sizes):
             f.write("\n")
 
 
-def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+def start(argv, doc, arch, pretrain_updates, train_size, valid_size):
+    """The tiny generators' command line: None after printing ``--arch-flags``, else (args, rng, out, raw)
+    with OUT/raw made."""
+    ap = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out", nargs="?", help="output directory")
     ap.add_argument("--arch-flags", action="store_true",
                     help="print the tiny model's architecture flags (what a fairseq-train command on it repeats)")
     ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--pretrain-updates", type=int, default=40)
-    ap.add_argument("--train-size", type=int, default=256)
-    ap.add_argument("--valid-size", type=int, default=64)
+    ap.add_argument("--pretrain-updates", type=int, default=pretrain_updates)
+    ap.add_argument("--train-size", type=int, default=train_size)
+    ap.add_argument("--valid-size", type=int, default=valid_size)
     args = ap.parse_args(argv)
     if args.arch_flags:
-        print(" ".join(TINY_ARCH))
-        return
+        print(" ".join(arch))
+        return None
     if not args.out:
         ap.error("the output directory is required")
-
-    rng = random.Random(args.seed)
     out = os.path.abspath(args.out)
     raw = os.path.join(out, "raw")
     os.makedirs(raw, exist_ok=True)
+    return args, random.Random(args.seed), out, raw
+
+
+def main(argv=None):
+    started = start(argv, __doc__, TINY_ARCH, pretrain_updates=40, train_size=256, valid_size=64)
+    if started is None:
+        return
+    args, rng, out, raw = started
     pos = [f"good{i}" for i in range(8)]
     neg = [f"bad{i}" for i in range(8)]
     vocab = [f"w{i}" for i in range(80)] + pos + neg
@@ -161,17 +169,21 @@ def main(argv=None):
                       "--destdir", f"{cls_bin}/label"])
     write_glue(out, raw, random.Random(args.seed + 1), vocab, pos, neg, cls_raw, sizes)
 
+    pretrain(out, args, [lm_bin, "--task", "masked_lm", "--criterion", "masked_lm", *TINY_ARCH,
+                         "--tokens-per-sample", "64", "--batch-size", "16", "--lr", "5e-4", "--log-interval", "10"])
+
+
+def pretrain(out, args, flags):
+    """fairseq-train with ``flags`` (data, task, model, lr) and the tiny generators' common ones, on CPU;
+    its last checkpoint becomes OUT/pretrained.pt."""
     save = os.path.join(out, "pretrain")
-    run([sys.executable, "-m", "fairseq_cli.train", lm_bin, "--task", "masked_lm", "--criterion", "masked_lm",
-         *TINY_ARCH, "--tokens-per-sample", "64", "--batch-size", "16",
-         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "5e-4",
+    run([sys.executable, "-m", "fairseq_cli.train", *flags, "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)",
          "--lr-scheduler", "fixed", "--max-update", str(args.pretrain_updates), "--seed", str(args.seed),
          "--cpu", "--num-workers", "0", "--save-dir", save, "--no-epoch-checkpoints",
-         "--disable-validation", "--log-format", "simple", "--log-interval", "10"],
+         "--disable-validation", "--log-format", "simple"],
         os.path.join(out, "pretrain.log"))
     os.replace(os.path.join(save, "checkpoint_last.pt"), os.path.join(out, "pretrained.pt"))
     print(os.path.join(out, "pretrained.pt"))
-
 
 if __name__ == "__main__":
     main()

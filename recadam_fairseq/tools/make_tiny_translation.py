@@ -13,12 +13,9 @@ One joined dictionary for both domains and both sides, so every command reads th
 Used by the tests and by docs/seq2seq.md's tiny walk-through; not a translation benchmark.
 """
 
-import argparse
 import os
-import random
-import sys
 
-from recadam_fairseq.tools.make_tiny_roberta import preprocess, run, write_lines
+from recadam_fairseq.tools.make_tiny_roberta import preprocess, pretrain, start, write_lines
 
 # The tiny model's flags; fine-tuning commands repeat them.
 TINY_ARCH = [
@@ -42,25 +39,10 @@ def sentence_pairs(rng, words, n, lo=3, hi=10):
 
 
 def main(argv=None):
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("out", nargs="?", help="output directory")
-    ap.add_argument("--arch-flags", action="store_true",
-                    help="print the tiny model's architecture flags (what a fairseq-train command on it repeats)")
-    ap.add_argument("--seed", type=int, default=1)
-    ap.add_argument("--pretrain-updates", type=int, default=150)
-    ap.add_argument("--train-size", type=int, default=512)
-    ap.add_argument("--valid-size", type=int, default=48)
-    args = ap.parse_args(argv)
-    if args.arch_flags:
-        print(" ".join(TINY_ARCH))
+    started = start(argv, __doc__, TINY_ARCH, pretrain_updates=150, train_size=512, valid_size=48)
+    if started is None:
         return
-    if not args.out:
-        ap.error("the output directory is required")
-
-    rng = random.Random(args.seed)
-    out = os.path.abspath(args.out)
-    raw = os.path.join(out, "raw")
-    os.makedirs(raw, exist_ok=True)
+    args, rng, out, raw = started
     # the joined dictionary, written once: every word of both sides, in a fixed order
     dict_txt = os.path.join(raw, "dict.txt")
     write_lines(dict_txt, [f"{p}{k} 1" for p in "wv" for k in range(VOCAB)])
@@ -75,17 +57,9 @@ def main(argv=None):
     preprocess(pre + ["--trainpref", f"{raw}/b.train", "--validpref", f"{raw}/b.valid", "--testpref",
                       f"{raw}/a.valid", "--destdir", os.path.join(out, "b-bin")])
 
-    save = os.path.join(out, "pretrain")
-    run([sys.executable, "-m", "fairseq_cli.train", os.path.join(out, "a-bin"), "--task", "translation", *LANGS,
-         *TINY_ARCH, "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-         "--optimizer", "adam", "--adam-betas", "(0.9, 0.98)", "--lr", "1e-2", "--lr-scheduler", "fixed",
-         "--dropout", "0.1", "--max-tokens", "1024", "--max-update", str(args.pretrain_updates),
-         "--seed", str(args.seed), "--cpu", "--num-workers", "0", "--save-dir", save, "--no-epoch-checkpoints",
-         "--disable-validation", "--log-format", "simple", "--log-interval", "50"],
-        os.path.join(out, "pretrain.log"))
-    os.replace(os.path.join(save, "checkpoint_last.pt"), os.path.join(out, "pretrained.pt"))
-    print(os.path.join(out, "pretrained.pt"))
-
+    pretrain(out, args, [os.path.join(out, "a-bin"), "--task", "translation", *LANGS, *TINY_ARCH,
+                         "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--lr", "1e-2",
+                         "--dropout", "0.1", "--max-tokens", "1024", "--log-interval", "50"])
 
 if __name__ == "__main__":
     main()
