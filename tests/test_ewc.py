@@ -258,7 +258,7 @@ def runs(tiny, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ewc")
     task_file = str(root / "fisher.pt")
-    assert tool.main(["--out", task_file, "--examples", "32", "--", tiny.cls_bin, *TRAIN_ARGS,
+    assert tool.main(["--out", task_file, "--examples", "16", "--", tiny.cls_bin, *TRAIN_ARGS,
                       "--restore-file", tiny.pretrained]) == 0
     raw = torch.load(task_file)
     ones = str(root / "ones.pt")
@@ -268,10 +268,10 @@ def runs(tiny, tmp_path_factory):
     ewc.save(bad, {**raw["fisher"], name: torch.ones(3)}, 1, "bad")
     fp16 = ["--fp16", "--fp16-init-scale", "1", "--fp16-scale-window", "1000"]
     plan = {
-        "plain": (RECADAM, {"updates": 6}),
-        "ones": (RECADAM + ["--ewc-fisher", ones], {"updates": 6}),
-        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--save-interval-updates", "4"],
-                 {"updates": 8}),
+        "plain": (RECADAM, {"updates": 4}),
+        "ones": (RECADAM + ["--ewc-fisher", ones], {"updates": 4}),
+        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "24", "--save-interval-updates", "3"],
+                 {"updates": 6}),
         "fp16": (RECADAM + fp16 + ["--ewc-fisher", task_file], {"updates": 3}),
         "bad": (RECADAM + ["--ewc-fisher", bad], {"check": False}),
     }
@@ -281,12 +281,12 @@ def runs(tiny, tmp_path_factory):
         return lambda: {key: tiny.train(root / key, *extra, **kw)}
 
     out = run_jobs([job(k) for k in plan])
-    # resume the task run from its update-4 checkpoint to 8: F comes from the optimizer state
+    # resume the task run from its update-3 checkpoint to 6: F comes from the optimizer state
     resumed = root / "resumed"
     os.makedirs(resumed)
-    shutil.copy(root / "task" / "checkpoint_1_4.pt", resumed / "checkpoint_last.pt")
+    shutil.copy(root / "task" / "checkpoint_1_3.pt", resumed / "checkpoint_last.pt")
     out["resumed"] = tiny.train(resumed, *plan["task"][0], "--restore-file", str(resumed / "checkpoint_last.pt"),
-                                restore=False, updates=8)
+                                restore=False, updates=6)
     out["root"], out["task_file"], out["ones_file"], out["bad_name"] = root, task_file, ones, name
     return out
 
@@ -303,7 +303,7 @@ def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
     resumed = load_ckpt(runs["root"] / "resumed" / "checkpoint_last.pt")
     log = runs["resumed"][1]
     assert "F restored from the checkpoint's optimizer state" in log and "empirical Fisher of" not in log
-    assert "empirical Fisher of 32 training examples at θ*" in runs["task"][1]
+    assert "empirical Fisher of 24 training examples at θ*" in runs["task"][1]
     for k, v in straight["model"].items():
         assert torch.equal(v, resumed["model"][k]), k
     sa, sb = straight["last_optimizer_state"]["state"], resumed["last_optimizer_state"]["state"]
