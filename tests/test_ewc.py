@@ -16,6 +16,7 @@ from recadam_fairseq.core import ewc
 from recadam_fairseq.core.errors import ConfigError
 
 from conftest import assert_one_line_error, load_ckpt, run_jobs
+from test_distributed import dumps, launch
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid", anneal_k=0.5,
@@ -270,7 +271,7 @@ def runs(tiny, tmp_path_factory):
     plan = {
         "plain": (RECADAM, {"updates": 4}),
         "ones": (RECADAM + ["--ewc-fisher", ones], {"updates": 4}),
-        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "24", "--save-interval-updates", "3"],
+        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--save-interval-updates", "3"],
                  {"updates": 6}),
         "fp16": (RECADAM + fp16 + ["--ewc-fisher", task_file], {"updates": 3}),
         "bad": (RECADAM + ["--ewc-fisher", bad], {"check": False}),
@@ -280,7 +281,11 @@ def runs(tiny, tmp_path_factory):
         extra, kw = plan[key]
         return lambda: {key: tiny.train(root / key, *extra, **kw)}
 
-    out = run_jobs([job(k) for k in plan])
+    def two_ranks():  # each rank's 16 examples: the 1-rank task run's first 32 (fairseq shards the shuffled batches)
+        return {"two": launch(tiny, root / "two", 2, "--ewc-fisher", "task", "--ewc-fisher-examples", "16",
+                              "--batch-size", "16", updates=1)}
+
+    out = run_jobs([job(k) for k in plan] + [two_ranks])
     # resume the task run from its update-3 checkpoint to 6: F comes from the optimizer state
     resumed = root / "resumed"
     os.makedirs(resumed)
@@ -303,7 +308,7 @@ def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
     resumed = load_ckpt(runs["root"] / "resumed" / "checkpoint_last.pt")
     log = runs["resumed"][1]
     assert "F restored from the checkpoint's optimizer state" in log and "empirical Fisher of" not in log
-    assert "empirical Fisher of 24 training examples at θ*" in runs["task"][1]
+    assert "empirical Fisher of 32 training examples at θ*" in runs["task"][1]
     for k, v in straight["model"].items():
         assert torch.equal(v, resumed["model"][k]), k
     sa, sb = straight["last_optimizer_state"]["state"], resumed["last_optimizer_state"]["state"]
@@ -316,6 +321,19 @@ def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
             assert torch.equal(v, sb[i][n]) if torch.is_tensor(v) else v == sb[i][n]
     plain = load_ckpt(runs["root"] / "plain" / "checkpoint_last.pt")["model"]
     assert any(not torch.equal(v, straight["model"][k]) for k, v in plain.items())  # F changed the run
+
+
+def test_two_ranks_sum_their_examples_fisher(runs):
+    """2 CPU ranks, 16 examples each: F on both ranks is the 1-rank run's F of the same 32 examples (the ranks'
+    sums added), up to the order of the fp32 sums."""
+    assert "empirical Fisher of 32 training examples at θ*" in runs["two"][0]  # rank 0 logs
+    r0, r1 = (d["optimizer"]["state"] for d in dumps(runs["root"] / "two", 2))
+    one = load_ckpt(runs["root"] / "task" / "checkpoint_last.pt")["last_optimizer_state"]["state"]
+    assert [k for k in r0 if "fisher" in r0[k]] == [k for k in one if "fisher" in one[k]] != []
+    for k in one:
+        if "fisher" in one[k]:
+            assert torch.equal(r0[k]["fisher"], r1[k]["fisher"])
+            torch.testing.assert_close(r0[k]["fisher"], one[k]["fisher"], rtol=1e-5, atol=1e-6)
 
 
 def test_fp16_flat_layout_holds_f_at_the_anchor_runs(runs):
@@ -365,3 +383,38 @@ def test_fisher_file_of_another_shape_is_one_line(runs):
     assert_one_line_error(runs["bad"], runs["root"] / "bad",
                           f"--ewc-fisher {runs['root'] / 'bad.pt'}: F of {runs['bad_name']} has shape (3,), the "
                           f"model's parameter (128, 64)")
+
+
+def test_flags_and_files_refused_before_training(tmp_path):
+    """The one-line ConfigErrors that need no launch: the flag's combinations, unreadable files, a resume whose
+    checkpoint's F disagrees with the flag."""
+    from types import SimpleNamespace
+
+    from recadam_fairseq.optim.fairseq_recadam import Anchoring, add_fisher
+
+    cfg = SimpleNamespace(ewc_fisher="task", recadam_anneal_w=1.0, zero_sharding="none", ewc_fisher_examples=8)
+    cases = [({"recadam_anneal_w": 0.0}, "--ewc-fisher task with --recadam-anneal-w 0: plain Adam has no pull"),
+             ({"zero_sharding": "os"}, "--ewc-fisher does not support --zero-sharding os yet"),
+             ({"ewc_fisher_examples": -1}, "--ewc-fisher-examples -1: must be >= 0"),
+             ({"ewc_fisher": str(tmp_path / "none.pt")}, f"--ewc-fisher {tmp_path / 'none.pt'}: no such file")]
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    torch.save({"model": {}}, tmp_path / "ckpt.pt")
+    cases += [({"ewc_fisher": str(junk)}, f"--ewc-fisher {junk}: not a Fisher file"),
+              ({"ewc_fisher": str(tmp_path / "ckpt.pt")}, f"--ewc-fisher {tmp_path / 'ckpt.pt'}: not a Fisher file")]
+    for change, msg in cases:
+        with pytest.raises(ConfigError) as e:
+            add_fisher(SimpleNamespace(**{**vars(cfg), **change}))
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
+    assert add_fisher(SimpleNamespace(**{**vars(cfg), "ewc_fisher": ""})) is None  # off
+
+    p = torch.zeros(3)
+    opt = RecAdam([p], **HP, fused=False, defer_anchors=True)
+    opt.set_anchor(p, torch.ones(3))
+    owner = SimpleNamespace(_optimizer=opt)
+    with pytest.raises(ConfigError, match="the checkpoint's optimizer state has no F"):
+        Anchoring(owner, SimpleNamespace(ewc_fisher="task", recadam_pretrained_path=None), fisher=object())\
+            ._check_restored_fisher([p])
+    opt.set_fisher(p, torch.ones(3))
+    with pytest.raises(ConfigError, match="holds EWC's F"):
+        Anchoring(owner, SimpleNamespace(ewc_fisher="", recadam_pretrained_path=None))._check_restored_fisher([p])
