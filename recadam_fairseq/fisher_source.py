@@ -96,6 +96,30 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
     return {name: s / max(n, 1) for (name, _), s in zip(named, sums.sums)}, n
 
 
+def pieces(anchors):
+    """(θ elements, θ* of them) per anchored piece of build_anchors' [(tensor, anchor or None, runs or None)]."""
+    for t, a, runs in anchors:
+        if a is None:
+            continue
+        flat, off = t.detach().reshape(-1), 0
+        for s, n in runs or [(0, t.numel())]:
+            yield flat[s:s + n], a.reshape(-1)[off:off + n]
+            off += n
+
+
+def check_at_theta_star(pairs, where: str) -> None:
+    """``task``'s F is of the weights the passes saw: they must be θ* (not so when θ* comes from
+    --recadam-pretrained-path over other weights, e.g. a random init or a resumed coupled run). A half-precision
+    θ* matches to its rounding."""
+    for x, a in pairs:
+        same = (torch.equal(x, a) if x.dtype == a.dtype
+                else torch.allclose(x.float(), a.float(), rtol=2.0 ** -7, atol=0.0))
+        if not same:
+            raise ConfigError(f"{where}: the Fisher passes saw weights other than θ* (θ* from --recadam-pretrained-path "
+                              f"over another model, or a resumed run): write F at θ* once with scripts/fisher.py and "
+                              f"pass the file")
+
+
 class FisherSource:
     """F for a run: the file read at construction (a bad file fails before training), or the task's passes
     at the criterion's first training call (``compute``); ``normalised`` checks and normalises it."""
@@ -106,6 +130,7 @@ class FisherSource:
         self.raw: Optional[Dict[str, torch.Tensor]] = None
         self.line = ""
         self.skip = False  # a resumed run: F comes from the checkpoint's optimizer state
+        self.computed = False  # F of the weights the passes saw (``task``)
         if cfg.ewc_fisher != ewc.TASK:
             self.raw, self.line = ewc.load(cfg.ewc_fisher)
             self.where = f"{ewc.FLAG} {cfg.ewc_fisher}"
@@ -119,6 +144,7 @@ class FisherSource:
             if n == 0:
                 raise ConfigError(f"{self.where}: the training set gave no example")
             self.line = f"{self.where} (empirical Fisher of {n} training examples at θ*)"
+            self.computed = True
 
     def normalised(self, model, anchored) -> Dict[str, torch.Tensor]:
         """F of the anchored parameters, checked against ``model`` and normalised to mean 1 over them."""

@@ -418,3 +418,18 @@ def test_flags_and_files_refused_before_training(tmp_path):
     opt.set_fisher(p, torch.ones(3))
     with pytest.raises(ConfigError, match="holds EWC's F"):
         Anchoring(owner, SimpleNamespace(ewc_fisher="", recadam_pretrained_path=None))._check_restored_fisher([p])
+
+
+def test_task_fisher_must_be_taken_at_theta_star():
+    """--ewc-fisher task over weights other than θ* (--recadam-pretrained-path over a random init) is refused;
+    a bf16 θ* of the same weights is θ* to its rounding."""
+    from recadam_fairseq.fisher_source import check_at_theta_star, pieces
+
+    t = torch.randn(10)
+    check_at_theta_star(pieces([(t, t.clone(), None), (t, None, None)]), "w")
+    check_at_theta_star(pieces([(t, torch.cat([t[2:5], t[6:10]]).to(torch.bfloat16), [(2, 3), (6, 4)])]), "w")
+    moved = t.clone()
+    moved[7] += 1e-3
+    with pytest.raises(ConfigError, match="^w: the Fisher passes saw weights other than θ"):
+        check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:10]]), [(2, 3), (6, 4)])]), "w")
+    check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:7]]), [(2, 3), (6, 1)])]), "w")  # 7: no θ*

@@ -36,6 +36,8 @@ class CoupledObjective:
             logger.info(f"recadam (coupled objective): {line}")
             if self.fisher is not None:  # F of θ*: before this call's penalty, with θ = θ* still
                 self.fisher.compute(self.criterion, model)
+                if self.fisher.computed:
+                    fisher_source.check_at_theta_star(fisher_source.pieces(anchors), self.fisher.where)
                 f = self.fisher.normalised(model, plan.anchored)
                 built = (x for _, x, _ in plan.build(f, dtype=fisher_source.fisher_dtype(cfg)) if x is not None)
                 self.anchors = [(p, a, fp) for (p, a, _), fp in zip(self.anchors, built)]

@@ -250,6 +250,8 @@ class Anchoring:
         for t, anchor, runs in anchors:
             opt.set_anchor(t, anchor, runs)
         if self.fisher is not None:  # F in the anchor's layout: per tensor, or the flat tensor's runs
+            if self.fisher.computed:  # no update yet: the weights are those the passes saw
+                fisher_source.check_at_theta_star(fisher_source.pieces(anchors), self.fisher.where)
             f = self.fisher.normalised(model, plan.anchored)
             for t, fisher, _ in plan.build(f, dtype=fisher_source.fisher_dtype(self.cfg)):
                 if fisher is not None:
