@@ -43,17 +43,39 @@ def check_flags(cfg) -> None:
         raise ConfigError(f"--ewc-fisher-examples {cfg.ewc_fisher_examples}: must be >= 0 (0: the whole training set)")
 
 
+def masked_lm_per_example(criterion):
+    """``f(model, sample)``: fairseq's ``masked_lm`` loss, one value per example (the sum over its masked
+    tokens; their sum is the criterion's), or None for another criterion. F of the pretraining objective on
+    held-out text (``scripts/fisher.py --task masked_lm --criterion masked_lm``)."""
+    from fairseq.criterions.masked_lm import MaskedLmLoss
+
+    if not isinstance(criterion, MaskedLmLoss):
+        return None
+
+    def per_example(model, sample):
+        masked = sample["target"].ne(criterion.padding_idx)
+        if not bool(masked.any()):
+            return None
+        logits = model(**sample["net_input"], masked_tokens=masked)[0]
+        nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), sample["target"][masked],
+                                                reduction="none")
+        rows = masked.nonzero()[:, 0]  # the example of each masked token
+        return torch.zeros(masked.size(0), dtype=nll.dtype, device=nll.device).index_add(0, rows, nll)
+
+    return per_example
+
+
 def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[Dict[str, torch.Tensor], int]:
     """{name: (1/N)·Σ_i g_i²} over the model's trainable parameters, N = the examples taken (``examples`` per
     rank, 0: all), summed over ranks; and N."""
     from .optim.child_tuning import prepare, train_batches  # the batches ChildTuning-D's passes take
 
     inner = unwrap_model(model)
-    per_example = per_example_loss_of(criterion)
+    per_example = per_example_loss_of(criterion) or masked_lm_per_example(criterion)
     if per_example is None:
         raise ConfigError(f"--ewc-fisher task: criterion {type(criterion).__name__} gives no per-example loss; use "
-                          f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask) or a "
-                          f"Fisher file of scripts/fisher.py")
+                          f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask), "
+                          f"masked_lm, or a Fisher file of scripts/fisher.py")
     named = trainable_named_parameters(inner)
     params = [p for _, p in named]
     world, rank, group = 1, 0, None
@@ -75,6 +97,8 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
                     continue
                 sample = prepare(sample, device, dtype)
                 losses = per_example(inner, sample)
+                if losses is None:  # masked_lm: a batch without a masked token
+                    continue
                 for i in range(min(losses.numel(), examples - sums.examples if examples else losses.numel())):
                     while True:  # each example's gradient alone: g_i, not the batch's mean
                         grads = torch.autograd.grad(losses[i] * scale, params, retain_graph=True, allow_unused=True)

@@ -433,3 +433,33 @@ def test_task_fisher_must_be_taken_at_theta_star():
     with pytest.raises(ConfigError, match="^w: the Fisher passes saw weights other than θ"):
         check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:10]]), [(2, 3), (6, 4)])]), "w")
     check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:7]]), [(2, 3), (6, 1)])]), "w")  # 7: no θ*
+
+
+def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path):
+    """scripts/fisher.py with fairseq's masked_lm on the valid split: the per-example losses are the criterion's
+    loss split by example (each equal to that example alone, in float64), and the file fits the classifier."""
+    from recadam_fairseq.fisher_source import masked_lm_per_example
+    from recadam_fairseq.tools import fisher as tool
+
+    mlm = [tiny.lm_bin, "--task", "masked_lm", "--criterion", "masked_lm", *tiny_roberta.TINY_ARCH,
+           "--tokens-per-sample", "64", "--batch-size", "8", "--seed", "7", "--cpu", "--num-workers", "0",
+           "--train-subset", "valid", "--restore-file", tiny.pretrained]
+    cfg, task, model, criterion = tool.setup(mlm)
+    model = model.double().eval()
+    data = task.dataset("valid")
+    sample = data.collater([data[i] for i in range(4)])
+    per = masked_lm_per_example(criterion)(model, sample)
+    loss, _, _ = criterion(model, sample)
+    assert per.shape == (4,) and float(per.sum()) == pytest.approx(float(loss), rel=1e-9)
+    for i in range(4):
+        alone = masked_lm_per_example(criterion)(model, data.collater([data[i]]))
+        assert float(alone[0]) == pytest.approx(float(per[i]), rel=1e-9)
+    out = str(tmp_path / "mlm.pt")
+    assert tool.main(["--out", out, "--examples", "8", "--", *mlm]) == 0
+    fisher, line = ewc.load(out)
+    assert "8 examples" in line and "valid" in line
+    classifier = torch.load(tiny.pretrained, weights_only=False)["model"]  # the names fine-tuning anchors
+    shapes = {n: tuple(v.shape) for n, v in classifier.items()}
+    ewc.check(fisher, shapes, [n for n in shapes if n in fisher], f"--ewc-fisher {out}")
+    assert set(fisher) == {n for n, p in model.named_parameters() if p.requires_grad}  # lm_head.weight: tied
+    assert sum(float(f.sum()) for f in fisher.values()) > 0
