@@ -1,14 +1,15 @@
-"""Where EWC's Fisher F comes from in a fairseq run (``--ewc-fisher``), and F laid onto the optimizer's tensors.
+"""Where EWC's Fisher F comes from in a fairseq run (``--ewc-fisher``).
 
 - ``--ewc-fisher task``: the empirical Fisher (1/N)·Σ_i g_i² of the training set at θ*, from per-example
   gradients of N examples (``--ewc-fisher-examples`` per rank, fairseq's batches in epoch-1 order, as
   ChildTuning-D's passes take them: ``optim/child_tuning.train_batches``), computed at the criterion's
   first training call, before update 1. The model is in eval mode (no dropout: F of θ*'s function, not of
   a dropout draw); the RNG and the gradients are left as they were. Ranks' sums are added.
-- ``--ewc-fisher PATH``: a file of ``scripts/fisher.py`` (the same passes, once, reused across runs).
+- ``--ewc-fisher PATH``: a file of ``scripts/fisher.py`` (the same passes, once, reused across runs; with
+  fairseq's ``masked_lm`` on held-out text, F of the pretraining objective).
 
-The math (sums, checks, normalisation) is ``core/ewc.py``. Used by ``--optimizer recadam``
-(``optim/fairseq_recadam.py``) and the coupled objective (``criterions/coupled_term.py``).
+F is laid out as θ* by its users: ``--optimizer recadam`` (``optim/fairseq_recadam.py``'s ``Anchoring``) and
+the coupled objective (``criterions/coupled_term.py``). The math (sums, checks, normalisation) is ``core/ewc.py``.
 """
 
 import logging

@@ -8,8 +8,10 @@ and reused by every run (``--ewc-fisher FILE``).
 After ``--`` come fairseq-train's own flags (data, task, model, criterion, --restore-file: the weights θ*,
 --batch-size, --seed): F is (1/N)·Σ_i g_i² over the first N examples (``--examples``, 0: all) of the
 training set in fairseq-train's epoch-1 order, in eval mode, in fp32, exactly as ``--ewc-fisher task``
-computes it before update 1 (``fisher_source.task_fisher``). The file holds F un-normalised; a run
-normalises it to mean 1 over its anchored parameters. Bad input: one line on stderr, exit 1.
+computes it before update 1 (``fisher_source.task_fisher``). With ``--task masked_lm --criterion
+masked_lm`` on held-out text (``--train-subset valid``) it is F of the pretraining objective (docs/ewc.md).
+The file holds F un-normalised; a run normalises it to mean 1 over its anchored parameters. Bad input:
+one line on stderr, exit 1.
 """
 
 import argparse
