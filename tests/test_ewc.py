@@ -17,6 +17,7 @@ from recadam_fairseq.core.errors import ConfigError
 
 from conftest import assert_one_line_error, load_ckpt, run_jobs
 from test_distributed import dumps, launch
+from test_fp16_wrappers import cpu_flat_fp16, flat_params, run_wrapper  # noqa: F401 - a fixture
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid", anneal_k=0.5,
@@ -272,13 +273,11 @@ def runs(tiny, tmp_path_factory):
     bad = str(root / "bad.pt")
     name = "encoder.sentence_encoder.layers.0.fc1.weight"
     ewc.save(bad, {**raw["fisher"], name: torch.ones(3)}, 1, "bad")
-    fp16 = ["--fp16", "--fp16-init-scale", "1", "--fp16-scale-window", "1000"]
     plan = {
         "plain": (RECADAM, {"updates": 4}),
         "ones": (RECADAM + ["--ewc-fisher", ones], {"updates": 4}),
         "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--save-interval-updates", "3"],
                  {"updates": 6}),
-        "fp16": (RECADAM + fp16 + ["--ewc-fisher", task_file], {"updates": 3}),
         "bad": (RECADAM + ["--ewc-fisher", bad], {"check": False}),
     }
 
@@ -339,19 +338,6 @@ def test_two_ranks_sum_their_examples_fisher(runs):
         if "fisher" in one[k]:
             assert torch.equal(r0[k]["fisher"], r1[k]["fisher"])
             torch.testing.assert_close(r0[k]["fisher"], one[k]["fisher"], rtol=1e-5, atol=1e-6)
-
-
-def test_fp16_flat_layout_holds_f_at_the_anchor_runs(runs):
-    """--fp16 on CPU: one flat fp32 tensor; F is laid out as θ*, the normalised file at each parameter's run."""
-    st = load_ckpt(runs["root"] / "fp16" / "checkpoint_last.pt")["last_optimizer_state"]["state"]
-    (flat,) = [s for s in st.values() if "fisher" in s]
-    raw = torch.load(runs["task_file"])["fisher"]
-    runs_ = flat["anchor_runs"]
-    assert flat["fisher"].numel() == flat["anchor"].numel() == sum(n for _, n in runs_)
-    anchored = [k for k in raw if not k.startswith("classification_heads.")]
-    mean = sum(float(raw[k].double().sum()) for k in anchored) / sum(raw[k].numel() for k in anchored)
-    want = torch.cat([(raw[k].double() / mean).float().reshape(-1) for k in anchored])
-    assert torch.equal(flat["fisher"], want)
 
 
 def test_coupled_objective_with_f_of_ones_is_the_coupled_objective_bit_for_bit(tiny, runs):
@@ -468,3 +454,24 @@ def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path):
     ewc.check(fisher, shapes, [n for n in shapes if n in fisher], f"--ewc-fisher {out}")
     assert set(fisher) == {n for n, p in model.named_parameters() if p.requires_grad}  # lm_head.weight: tied
     assert sum(float(f.sum()) for f in fisher.values()) > 0
+
+
+@pytest.mark.parametrize("mode", ["fp16-flat", "fp16-per-param", "memory-efficient-fp16"])
+def test_fp16_wrappers_hold_f_beside_theta_star(mode, tmp_path, cpu_flat_fp16):
+    """In-process, fairseq's FP16Optimizer (flat, per parameter) and MemoryEfficientFP16Optimizer: F ≡ 1 is the
+    run without F bit for bit; another F changes it and sits in the state as θ* does, normalised to mean 1."""
+    ones, rand = tmp_path / "ones.pt", tmp_path / "rand.pt"
+    ewc.save(str(ones), {"encoder.weight": torch.ones(4, 3), "encoder.bias": torch.ones(4)}, 1, "ones")
+    f = {"encoder.weight": torch.rand(4, 3, generator=torch.Generator().manual_seed(3)) * 3,
+         "encoder.bias": torch.tensor([0.1, 5.0, 1.0, 2.0])}
+    ewc.save(str(rand), f, 1, "rand")
+    base, _ = run_wrapper(mode, tmp_path)
+    same, _ = run_wrapper(mode, tmp_path, extra=("--ewc-fisher", str(ones)))
+    assert torch.equal(flat_params(base), flat_params(same))
+    other, opt = run_wrapper(mode, tmp_path, extra=("--ewc-fisher", str(rand), "--ewc-fisher-dtype", "bf16"))
+    assert not torch.equal(flat_params(base), flat_params(other))
+    rec = (getattr(opt, "fp32_optimizer", None) or opt.wrapped_optimizer)._optimizer  # the RecAdam inside
+    held = [rec.fisher_of(p) for g in rec.param_groups for p in g["params"]]
+    held = torch.cat([x.reshape(-1).float() for x in held if x is not None])
+    raw = torch.cat([f["encoder.weight"].reshape(-1), f["encoder.bias"]]).double()
+    assert torch.equal(held, (raw / raw.mean()).float().to(torch.bfloat16).float())
