@@ -92,8 +92,8 @@ def readme_table() -> str:
     rows = ["| method | what it does | METHOD | turn it on (scripts' defaults) | page |", "|---|---|---|---|---|"]
     combined = []
     for m in METHODS.values():
-        if m.base == "recadam" and m.name.startswith("recadam-") and m.name[8:] in METHODS:
-            combined.append(m.name[8:])
+        if m.composed_of:
+            combined.append(m.composed_of)
             continue
         if m.name == "adam":
             continue

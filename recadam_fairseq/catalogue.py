@@ -13,6 +13,8 @@ flag, a default and the variable the task scripts read it from). Its consumers:
 
 RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with
 RecAdam's optimizer and knobs. ``recadam+X`` (the comparison's first spelling) names the same method.
+One record is named so without being one: ``recadam-ewc`` (EWC's Fisher inside RecAdam's pull; ``ewc`` is
+the coupled EWC loss over adam, and both at once would pull twice); see :attr:`Method.composed_of`.
 
 Adding a method: one :class:`Method` record in ``_SINGLE`` (and its knobs in ``KNOBS``), its code,
 its tests and its page in docs/ (ARCHITECTURE.md's worked example).
@@ -135,6 +137,12 @@ class Method:
         return self.model == "roberta_ft"
 
     @property
+    def composed_of(self) -> Optional[str]:
+        """X when this is RecAdam + X (built by :func:`with_recadam`), else None: ``recadam-ewc`` is a method of
+        its own (EWC's Fisher in RecAdam's pull), not RecAdam + ``ewc`` (the coupled EWC loss)."""
+        return self.aliases[0][len("recadam+"):] if self.aliases and self.aliases[0].startswith("recadam+") else None
+
+    @property
     def uses_recadam(self) -> bool:
         """RecAdam's λ(t) and pull, with its knobs (k, t0, γ)."""
         return "k" in self.knobs
@@ -181,7 +189,8 @@ class Method:
         """run.json's settings of the method: each knob under its json key, and the fixed choices."""
         out = {}
         fixed = list(self.optimizer_fixed) + list(self.criterion_head) + list(self.criterion_fixed)
-        for flag, key in (("--noise-type", "noise_type"), ("--child-tuning", "child_tuning"), ("--sam-type", "sam_type")):
+        for flag, key in (("--noise-type", "noise_type"), ("--child-tuning", "child_tuning"), ("--sam-type", "sam_type"),
+                          ("--ewc-fisher", "ewc_fisher")):
             if flag in fixed:
                 out[key] = fixed[fixed.index(flag) + 1]
         for key in self.knobs:
@@ -207,6 +216,13 @@ _SINGLE: Tuple[Method, ...] = (
     Method("recadam-random-init", "RecAdam from random weights (no --restore-file): the pull recalls θ* (the "
            "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
            page="recadam.md"),
+    Method("ewc", "EWC: the coupled objective with the penalty weighted by the task's diagonal Fisher at θ*, "
+           "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS,
+           criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
+           criterion_fixed=("--ewc-fisher", "task"), base="recadam-coupled", page="ewc.md"),
+    Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "
+           "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS, optimizer_fixed=("--ewc-fisher", "task"),
+           base="recadam", page="ewc.md"),
     Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
            knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
            refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md"),
@@ -254,7 +270,7 @@ def with_recadam(m: Method) -> Method:
 
 # RecAdam's combinations that the scripts and the comparison run
 _COMBINED = ("r3f", "fsam", "ca-mtl", "llrd", "reinit", "mixout", "childtune-d", "rdrop")
-_ORDER = ("adam", "recadam", "recadam-coupled", "recadam-random-init", "r3f", "r4f", "recadam-r3f", "sam", "fsam",
+_ORDER = ("adam", "recadam", "recadam-coupled", "recadam-random-init", "ewc", "recadam-ewc", "r3f", "r4f", "recadam-r3f", "sam", "fsam",
           "recadam-fsam", "freeze", "ca-mtl", "recadam-ca-mtl", "llrd", "recadam-llrd", "reinit", "recadam-reinit",
           "lora", "mixout", "recadam-mixout", "childtune-d", "childtune-f", "recadam-childtune-d", "rdrop",
           "recadam-rdrop")

@@ -119,7 +119,19 @@ class LayerLRHyperparams(FairseqDataclass):
 
 
 @dataclass
-class ChildTuningHyperparams(FairseqDataclass):
+class TrainBatches(FairseqDataclass):
+    """Where the Fisher passes before update 1 (ChildTuning-D's, EWC's) take their batches: fairseq's settings."""
+
+    train_subset: str = II("dataset.train_subset")
+    max_tokens: Optional[int] = II("dataset.max_tokens")
+    batch_size: Optional[int] = II("dataset.batch_size")
+    required_batch_size_multiple: int = II("dataset.required_batch_size_multiple")
+    num_workers: int = II("dataset.num_workers")
+    seed: int = II("common.seed")
+
+
+@dataclass
+class ChildTuningHyperparams(TrainBatches):
     """ChildTuning (Xu et al. 2021): read by ``--optimizer recadam`` and ``samsgd`` (optim/child_tuning.py)."""
 
     child_tuning: ChoiceEnum(list(CHILD_TUNING_MODES)) = field(
@@ -137,13 +149,31 @@ class ChildTuningHyperparams(FairseqDataclass):
         metadata={"help": "ChildTuning-D: the Fisher information sums this many training batches per rank (the "
                           "first ones of the epoch-1 order); 0: one pass over the whole training set"},
     )
-    # where ChildTuning-D's Fisher passes take their batches and clip norm from: fairseq's own settings
-    train_subset: str = II("dataset.train_subset")
-    max_tokens: Optional[int] = II("dataset.max_tokens")
-    batch_size: Optional[int] = II("dataset.batch_size")
-    required_batch_size_multiple: int = II("dataset.required_batch_size_multiple")
-    num_workers: int = II("dataset.num_workers")
-    clip_norm: float = II("optimization.clip_norm")
+    clip_norm: float = II("optimization.clip_norm")  # D's per-tensor clip of the batch gradients
+
+
+FISHER_DTYPES = {"fp32": "float32", "bf16": "bfloat16"}
+
+
+@dataclass
+class EWCHyperparams(TrainBatches):
+    """EWC's Fisher F (core/ewc.py): read by ``--optimizer recadam`` (decoupled) and the GLUE criteria's
+    ``--recadam-objective coupled``; the pull γ·(θ−θ*) becomes γ·F·(θ−θ*), F normalised to mean 1."""
+
+    ewc_fisher: str = field(
+        default="",
+        metadata={"help": "EWC: weigh the pull toward θ* per element by a diagonal Fisher F: 'task' (the training "
+                          "set's empirical Fisher at θ*, computed before update 1) or a file of scripts/fisher.py; "
+                          "'' (default): off, F ≡ 1 (RecAdam)"},
+    )
+    ewc_fisher_examples: int = field(
+        default=1024,
+        metadata={"help": "EWC --ewc-fisher task: per-example gradients of this many training examples per rank "
+                          "(the first of the epoch-1 order); 0: the whole training set"},
+    )
+    ewc_fisher_dtype: ChoiceEnum(list(FISHER_DTYPES)) = field(
+        default="fp32", metadata={"help": "EWC: precision of the stored F (bf16 halves its memory)"}
+    )
 
 
 @dataclass

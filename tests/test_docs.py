@@ -191,6 +191,7 @@ FLAG_TABLES = {
     "docs/sam.md": [["--optimizer", "samsgd"]],
     "docs/llrd.md": [["--optimizer", "recadam"]],
     "docs/child-tuning.md": [["--optimizer", "recadam"]],
+    "docs/ewc.md": [["--optimizer", "recadam"]],
     "docs/rdrop.md": [["--criterion", "sentence_prediction_rdrop"],
                       ["--criterion", "label_smoothed_cross_entropy_rdrop", "--task", "translation", "--arch",
                        "transformer"]],

@@ -40,7 +40,7 @@ def grads(gen, net):
     return [torch.randn(p.shape, generator=gen) for p in net.parameters()]
 
 
-def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu"):
+def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu", extra=()):
     torch.manual_seed(0)
     pre = Net(head=False)
     restore = tmp_path / "pre.pt"
@@ -49,7 +49,7 @@ def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu"):
     net = Net()
     net.load_state_dict(pre.state_dict(), strict=False)
     net = net.to(device, HALF[mode])
-    cfg = parse(*FLAGS, *MODES[mode], "--recadam-anchor-dtype", anchor_dtype, restore=restore)
+    cfg = parse(*FLAGS, *MODES[mode], "--recadam-anchor-dtype", anchor_dtype, *extra, restore=restore)
     params = list(net.parameters())
     if mode.startswith("memory-efficient"):
         opt = optim.MemoryEfficientFP16Optimizer.build_optimizer(cfg, params)

@@ -110,7 +110,7 @@ def available(device: torch.device) -> bool:
 
 def update_segments(segments: Sequence[tuple], s: Tensor) -> None:
     """Apply the update to each (p, g, m, v, anchor or None) segment with the compiled kernel."""
-    for p, g, m, v, a in segments:
+    for p, g, m, v, a, *_ in segments:  # (a Segment's F is None here: segments with F stay eager)
         _kernel((p.dtype, g.dtype, None if a is None else a.dtype, p.device))(p, g, m, v, a, s)
 
 
@@ -134,7 +134,7 @@ MULTI_MAX_PROGRAMS = 8
 
 def many_key(segments: Sequence[tuple]) -> tuple:
     """What a multi-tensor program is specialised to: dtypes, device and every segment's size."""
-    p0, g0, _, _, a0 = segments[0]
+    p0, g0, _, _, a0 = segments[0][:5]
     return p0.dtype, g0.dtype, None if a0 is None else a0.dtype, p0.device, tuple(x[0].numel() for x in segments)
 
 
@@ -151,4 +151,4 @@ def update_many(segments: Sequence[tuple], s: Tensor) -> None:
         code = _update_many.__code__.replace(co_name=f"_recadam_update_many_{len(_many)}")
         kernel = _many[key] = torch.compile(types.FunctionType(code, _update_many.__globals__, code.co_name),
                                             dynamic=False, fullgraph=True)
-    kernel(*(list(x) for x in zip(*segments)), s)
+    kernel(*(list(x) for x in zip(*(seg[:5] for seg in segments))), s)

@@ -7,6 +7,7 @@ it had a gradient), exactly in this order:
     s ← lr·√(1−β2^t)/(1−β1^t)            (s ← lr when correct_bias is False)
     anchored and anneal_w > 0:  λ ← anneal_lambda(fun, t, k, t0, w)
                                 p ← p − s·λ·m/(√v+ε) ;  p ← p − lr·(w−λ)·γ·(p − p*)
+                                (EWC, a Fisher F set: p ← p − min(lr·(w−λ)·γ·F, 1)·(p − p*))
     otherwise:                  p ← p − s·m/(√v+ε)
     weight_decay > 0:           p ← p − lr·weight_decay·p
 
@@ -18,6 +19,11 @@ A tensor is "anchored" when it has a pretrained value p* (``pretrain_params`` or
 :meth:`RecAdam.set_anchor`). An anchor may cover the whole tensor, or only some element runs of
 a flat tensor (fairseq's ``--fp16`` hands the optimizer one flat tensor holding every parameter):
 elements outside the runs get plain Adam.
+
+EWC (:meth:`RecAdam.set_fisher`): a per-element weight F ≥ 0 of the anchored elements, laid out as
+the anchor. Each element's pull weight is capped at 1 (it lands on p*, the minimiser of its penalty,
+and never overshoots it, whatever F's largest entries); with F ≡ 1 and lr·(w−λ)·γ ≤ 1 the update is
+RecAdam's bit for bit. Segments with F take the eager path (the compiled kernel has no F).
 """
 
 import math
@@ -40,7 +46,7 @@ __all__ = ["RecAdam"]
 # half-precision tensors) to a few buffers of this size instead of the model's size.
 CHUNK = 1 << 21
 # State tensors whose dtype we keep on load (torch would cast them to the parameter dtype).
-_STATE_TENSORS = ("exp_avg", "exp_avg_sq", "anchor")
+_STATE_TENSORS = ("exp_avg", "exp_avg_sq", "anchor", "fisher")
 
 
 def validate_hparams(h: dict, where: str = "", names: Optional[dict] = None) -> None:
@@ -97,13 +103,14 @@ class Segment(NamedTuple):
     exp_avg: Tensor
     exp_avg_sq: Tensor
     anchor: Optional[Tensor]  # p* of these elements; None: plain Adam
+    fisher: Optional[Tensor] = None  # EWC's F of these elements (laid out as the anchor); None: F ≡ 1
 
 
 class Kind(NamedTuple):
     """What segments share to be updated by one call, apart from their lr scale."""
     step: int  # t, of the tensor the segment belongs to
     anchored: bool  # pulled toward p* (an anchor, and anneal_w > 0)
-    dtypes: Tuple[torch.dtype, torch.dtype, Optional[torch.dtype]]  # of p, grad, anchor (None: none)
+    dtypes: Tuple[torch.dtype, ...]  # of p, grad, anchor and F (None: none)
     device: torch.device
 
 
@@ -222,6 +229,7 @@ class RecAdam(Optimizer):
         state.pop("anchor", None)
         state.pop("anchor_runs", None)
         if anchor is None:
+            state.pop("fisher", None)  # F weighs the anchor's elements: nothing left to weigh
             return
         anchor = anchor.detach()
         if anchor.numel() and anchor.device == p.device and anchor.untyped_storage().data_ptr() == p.untyped_storage().data_ptr():
@@ -253,6 +261,36 @@ class RecAdam(Optimizer):
         if not anchor.is_floating_point():
             raise ValueError(f"RecAdam: anchor must be floating point, got {anchor.dtype}")
         state["anchor"] = anchor.to(device=p.device).contiguous()
+        f = state.get("fisher")
+        if f is not None and f.numel() != state["anchor"].numel():
+            state.pop("fisher")  # another anchor layout: the old F does not fit it
+
+    def set_fisher(self, p: Tensor, fisher: Optional[Tensor]) -> None:
+        """Attach (or with None remove) EWC's per-element F of ``p``'s anchored elements.
+
+        F has the anchor's layout (p's shape, or the anchor runs back to back), is finite and >= 0;
+        it may have a lower precision (the update reads it in fp32). Needs an anchor (:meth:`set_anchor`).
+        """
+        state = self.state[p]
+        if fisher is None:
+            state.pop("fisher", None)
+            return
+        anchor = state.get("anchor")
+        if anchor is None:
+            raise ValueError("RecAdam: set_fisher needs an anchor: F weighs the pull toward p*")
+        fisher = fisher.detach()
+        if fisher.numel() != anchor.numel() or (anchor.dim() > 1 and tuple(fisher.shape) != tuple(anchor.shape)):
+            raise ValueError(f"RecAdam: F of shape {tuple(fisher.shape)} does not fit the anchor's "
+                             f"{tuple(anchor.shape)}")
+        if not fisher.is_floating_point():
+            raise ValueError(f"RecAdam: F must be floating point, got {fisher.dtype}")
+        fisher = fisher.to(device=p.device).reshape(anchor.shape).contiguous()
+        if not bool(torch.isfinite(fisher).all()) or bool((fisher < 0).any()):
+            raise ValueError("RecAdam: F must be finite and >= 0")
+        state["fisher"] = fisher
+
+    def fisher_of(self, p: Tensor) -> Optional[Tensor]:
+        return self.state[p].get("fisher") if p in self.state else None
 
     def set_lr_scale(self, p: Tensor, scale: Union[None, float, Sequence[Tuple[int, int, float]]]) -> None:
         """Scale the learning rate of ``p`` (its Adam step, pull and decay) by ``scale``.
@@ -318,7 +356,7 @@ class RecAdam(Optimizer):
         for k, tensors in kept.items():
             p = params[int(k)]
             for n, v in tensors.items():
-                if n != "anchor" and tuple(v.shape) != tuple(p.shape):
+                if n not in ("anchor", "fisher") and tuple(v.shape) != tuple(p.shape):
                     raise ValueError(
                         f"RecAdam: saved {n} of parameter {k} has shape {tuple(v.shape)} but the "
                         f"parameter has shape {tuple(p.shape)}: the state comes from another model"
@@ -327,8 +365,10 @@ class RecAdam(Optimizer):
             for n, v in tensors.items():
                 st[n] = v.to(device=p.device)
             if "anchor" in st:
-                runs = st.get("anchor_runs")
+                runs, f = st.get("anchor_runs"), st.get("fisher")
                 self.set_anchor(p, st["anchor"], runs)
+                if f is not None:
+                    self.set_fisher(p, f)
 
     # ----------------------------------------------------------------- what a run reports
     def anchored_step(self) -> int:
@@ -363,7 +403,7 @@ class RecAdam(Optimizer):
                 if not state or "anchor" not in state:
                     continue
                 contiguous = p.is_contiguous()
-                for lo, hi, a in _anchor_pieces(p, state):
+                for lo, hi, a, _ in _anchor_pieces(p, state):
                     if a is None:
                         continue
                     if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:
@@ -435,16 +475,18 @@ class RecAdam(Optimizer):
             state = self._advance(p)
             m, v = state["exp_avg"], state["exp_avg_sq"]
             contiguous = all(x.is_contiguous() for x in (p, m, v))
-            for lo, hi, a, scale in _pieces(p, state, self._lr_scales.get(p)):
-                kind = Kind(state["step"], a is not None and group["anneal_w"] > 0,
-                            (p.dtype, g.dtype, None if a is None else a.dtype), p.device)
-                if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
+            for lo, hi, a, f, scale in _pieces(p, state, self._lr_scales.get(p)):
+                anchored = a is not None and group["anneal_w"] > 0
+                f = f if anchored else None
+                kind = Kind(state["step"], anchored, (p.dtype, g.dtype, None if a is None else a.dtype,
+                                                      None if f is None else f.dtype), p.device)
+                if fused and contiguous and f is None and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
                     # detached: dynamo refuses no-grad views of a leaf that requires grad
                     compiled[kind].append(Scaled(_segment(p.detach(), g, m, v, a, lo, hi), scale))
                 elif not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
-                    eager[kind, scale].append(Segment(p, g, m, v, a))
+                    eager[kind, scale].append(Segment(p, g, m, v, a, f))
                 else:
-                    eager[kind, scale] += _chunked(_segment(p, g, m, v, a, lo, hi))
+                    eager[kind, scale] += _chunked(_segment(p, g, m, v, a, lo, hi, f))
         return compiled, eager
 
     def _advance(self, p: Tensor) -> dict:
@@ -548,47 +590,50 @@ class RecAdam(Optimizer):
 
 
 def _anchor_pieces(p: Tensor, state: dict):
-    """(start, end, anchor or None) over p's flattened elements: anchored runs and the gaps."""
-    anchor = state.get("anchor")
+    """(start, end, anchor or None, F or None) over p's flattened elements: anchored runs and the gaps."""
+    anchor, f = state.get("anchor"), state.get("fisher")
     if anchor is None:
-        yield 0, p.numel(), None
+        yield 0, p.numel(), None, None
     elif "anchor_runs" not in state:  # p's shape
-        yield 0, p.numel(), anchor
+        yield 0, p.numel(), anchor, f
     else:
         pos = off = 0
         for s, n in state["anchor_runs"]:
             if s > pos:
-                yield pos, s, None
-            yield s, s + n, anchor[off:off + n]
+                yield pos, s, None, None
+            yield s, s + n, anchor[off:off + n], None if f is None else f[off:off + n]
             pos, off = s + n, off + n
         if pos < p.numel():
-            yield pos, p.numel(), None
+            yield pos, p.numel(), None, None
 
 
 def _pieces(p: Tensor, state: dict, scale):
-    """(start, end, anchor or None, lr scale) over p's flattened elements: the anchor's pieces, split
-    where the lr scale changes (``scale``: None, a number, or runs [(start, end, scale)] covering p)."""
+    """(start, end, anchor or None, F or None, lr scale) over p's flattened elements: the anchor's pieces,
+    split where the lr scale changes (``scale``: None, a number, or runs [(start, end, scale)] covering p)."""
     if not isinstance(scale, list):
         scale = 1.0 if scale is None else scale
-        for lo, hi, a in _anchor_pieces(p, state):
-            yield lo, hi, a, scale
+        for lo, hi, a, f in _anchor_pieces(p, state):
+            yield lo, hi, a, f, scale
         return
     runs, i = scale, 0
-    for lo, hi, a in _anchor_pieces(p, state):
+    for lo, hi, a, f in _anchor_pieces(p, state):
         flat = None if a is None else a.view(-1)
+        fflat = None if f is None else f.view(-1)
         pos = lo
         while pos < hi:
             while runs[i][1] <= pos:
                 i += 1
             end = min(hi, runs[i][1])
-            yield pos, end, None if a is None else flat[pos - lo:end - lo], runs[i][2]
+            yield (pos, end, None if a is None else flat[pos - lo:end - lo],
+                   None if f is None else fflat[pos - lo:end - lo], runs[i][2])
             pos = end
 
 
-def _segment(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], lo: int, hi: int) -> Segment:
-    """Elements [lo, hi) of a contiguous tensor as flat views (``a``: already those elements' anchor)."""
+def _segment(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], lo: int, hi: int,
+             f: Optional[Tensor] = None) -> Segment:
+    """Elements [lo, hi) of a contiguous tensor as flat views (``a``, ``f``: already those elements' anchor, F)."""
     return Segment(_views(p, lo, hi), _views(g, lo, hi), _views(m, lo, hi), _views(v, lo, hi),
-                   None if a is None else a.view(-1))
+                   None if a is None else a.view(-1), None if f is None else f.reshape(-1))
 
 
 def _chunked(seg: Segment) -> List[Segment]:
@@ -613,7 +658,13 @@ def _fp32(xs):
     return [x.float() if x.dtype in _fused.HALF else x for x in xs]
 
 
-def _foreach_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, pull, decay):
+def _pull_weights(fs, pull: float, dtype: torch.dtype):
+    """EWC's per-element lerp weights min(pull·F, 1): capped at 1, an element lands on p* (the minimiser
+    of its penalty) instead of overshooting it (oscillating for 1 < pull·F < 2, diverging beyond)."""
+    return [torch.clamp(f.to(dtype) * pull, max=1.0) for f in fs]
+
+
+def _foreach_update(ps, gs, ms, vs, anchors, fishers, *, beta1, beta2, eps, adam_scale, pull, decay):
     """One batch of segments with identical scalars, with multi-tensor kernels."""
     half_p = ps[0].dtype in _fused.HALF
     ps32, gs = (_fp32(ps) if half_p else list(ps)), _fp32(gs)
@@ -630,23 +681,23 @@ def _foreach_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, p
         anchors = list(anchors)
         if anchors[0].dtype != ps32[0].dtype:
             anchors = [a.to(ps32[0].dtype) for a in anchors]
-        torch._foreach_lerp_(ps32, anchors, pull)
+        torch._foreach_lerp_(ps32, anchors, pull if fishers[0] is None else _pull_weights(fishers, pull, ps32[0].dtype))
     if decay != 0.0:
         torch._foreach_add_(ps32, ps32, alpha=-decay)
     if half_p:
         torch._foreach_copy_(list(ps), ps32)
 
 
-def _single_tensor_update(ps, gs, ms, vs, anchors, *, beta1, beta2, eps, adam_scale, pull, decay):
+def _single_tensor_update(ps, gs, ms, vs, anchors, fishers, *, beta1, beta2, eps, adam_scale, pull, decay):
     """The same batch, one tensor at a time (reference for the multi-tensor path)."""
-    for p, g, m, v, a in zip(ps, gs, ms, vs, anchors):
+    for p, g, m, v, a, f in zip(ps, gs, ms, vs, anchors, fishers):
         p32 = p.float() if p.dtype in _fused.HALF else p
         g = g.float() if g.dtype in _fused.HALF else g
         m.mul_(beta1).add_(g, alpha=1.0 - beta1)
         v.mul_(beta2).addcmul_(g, g, value=1.0 - beta2)
         p32.addcdiv_(m, v.sqrt().add_(eps), value=-adam_scale)
         if pull != 0.0:
-            p32.lerp_(a.to(p32.dtype), pull)
+            p32.lerp_(a.to(p32.dtype), pull if f is None else _pull_weights([f], pull, p32.dtype)[0])
         if decay != 0.0:
             p32.add_(p32, alpha=-decay)
         if p32 is not p:

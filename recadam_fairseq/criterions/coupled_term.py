@@ -3,12 +3,16 @@
 Loss = λ(t)·Loss_T + (w − λ(t))·γ/2·Σ(θ − θ*)², for any optimizer: the baseline the paper improves on
 by decoupling the pull (``--optimizer recadam``). θ* and λ(t) come from the same code as the
 optimizer's (``anchor_source.py``, ``core/anneal.py``); t is fairseq's update number (``events.py``).
+
+EWC (``--ewc-fisher``): Σ(θ − θ*)² becomes Σ F·(θ − θ*)², F normalised to mean 1 over the anchored
+elements (``fisher_source.py``, ``core/ewc.py``); without it the term is computed as before, bit for bit.
 """
 
 import logging
 
-from .. import events
+from .. import events, fisher_source
 from ..anchor_source import build_anchors
+from ..core import ewc
 from ..core.anneal import anneal_lambda
 from ..report import RECADAM_METRICS, log_recadam_metrics
 
@@ -18,18 +22,26 @@ logger = logging.getLogger(__name__)
 class CoupledObjective:
     """``cfg``: the criterion's config (the ``--recadam-*`` flags and the checkpoint paths)."""
 
-    def __init__(self, cfg):
-        self.cfg = cfg
+    def __init__(self, cfg, criterion=None):
+        self.cfg, self.criterion = cfg, criterion
         self.anchors = None
+        self.fisher = fisher_source.FisherSource(cfg) if fisher_source.enabled(cfg) else None  # a bad file: now
 
     def __call__(self, model, target_loss, sample_size: int, logging_output: dict):
         cfg = self.cfg
         if self.anchors is None:  # first training forward: fairseq has loaded --restore-file
             params = [p for _, p in model.named_parameters() if p.requires_grad]
-            line, anchors, _ = build_anchors(params, model, cfg, resuming_is_error=True)
-            self.anchors = [(p, a) for p, a, _ in anchors if a is not None]
+            line, anchors, plan = build_anchors(params, model, cfg, resuming_is_error=True)
+            self.anchors = [(p, a, None) for p, a, _ in anchors if a is not None]
             logger.info(f"recadam (coupled objective): {line}")
-        dist = sum(((p.float() - a.float()) ** 2).sum() for p, a in self.anchors)
+            if self.fisher is not None:  # F of θ*: before this call's penalty, with θ = θ* still
+                self.fisher.compute(self.criterion, model)
+                if self.fisher.computed:
+                    fisher_source.check_at_theta_star(fisher_source.pieces(anchors), self.fisher.where)
+                f = self.fisher.normalised(model, plan.anchored)
+                built = (x for _, x, _ in plan.build(f, dtype=fisher_source.fisher_dtype(cfg)) if x is not None)
+                self.anchors = [(p, a, fp) for (p, a, _), fp in zip(self.anchors, built)]
+        dist = ewc.penalty(self.anchors)
         penalty = 0.5 * cfg.recadam_pretrain_cof * dist
         w = cfg.recadam_anneal_w
         lam = anneal_lambda(str(cfg.recadam_anneal_fun), events.update_number() + 1, cfg.recadam_anneal_k,

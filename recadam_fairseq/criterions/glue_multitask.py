@@ -55,7 +55,7 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
-            self.coupled = coupled_term.CoupledObjective(cfg)
+            self.coupled = coupled_term.CoupledObjective(cfg, self)
         self.heads = task.head_names
         self.label_orders = [None if task.regression[t] else glue_core.label_values(task.label_dictionary_of(t), k)
                              for t, k in enumerate(task.num_classes)]

@@ -20,8 +20,8 @@ from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.logging import metrics
 
-from ..config import (ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams, RecAdamObjective,
-                      check_anneal, check_consistency_terms, redefault)
+from ..config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams,
+                      RecAdamObjective, check_anneal, check_consistency_terms, redefault)
 from ..core import r3f
 from ..core.errors import ConfigError
 from . import coupled_term, glue_core, r3f_term
@@ -30,7 +30,7 @@ from .label_check import check_labels
 
 @dataclass
 class SentencePredictionRecAdamConfig(RecAdamHyperparams, RecAdamObjective, R3FHyperparams, RDropHyperparams,
-                                      ForgettingMeterConfig):
+                                      EWCHyperparams, ForgettingMeterConfig):
     # fairseq's sentence_prediction flags, as its SentencePredictionConfig declares them
     classification_head_name: str = redefault(SentencePredictionConfig, "classification_head_name")
     regression_target: bool = redefault(SentencePredictionConfig, "regression_target")
@@ -53,7 +53,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
-            self.coupled = coupled_term.CoupledObjective(cfg)
+            self.coupled = coupled_term.CoupledObjective(cfg, self)
         check_labels(task)
         self._model_checked = False
         self._label_orders = {}  # number of classes -> label id to label value

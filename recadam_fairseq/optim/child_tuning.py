@@ -191,15 +191,7 @@ class ChildTuning:
         return {n: k for (n, _), k in zip(named, keep)}
 
     def batches(self, task, model, world: int, rank: int):
-        """This rank's shard of the training set, in fairseq's batches and epoch-1 order."""
-        cfg = self.cfg
-        return task.get_batch_iterator(
-            dataset=task.dataset(cfg.train_subset), max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size,
-            max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), cfg.max_tokens),
-            ignore_invalid_inputs=True, required_batch_size_multiple=cfg.required_batch_size_multiple,
-            seed=cfg.seed, num_shards=world, shard_id=rank, num_workers=cfg.num_workers, epoch=1,
-            disable_iterator_cache=True,  # not the trainer's cached iterator
-        ).next_epoch_itr(shuffle=True)
+        return train_batches(self.cfg, task, model, world, rank)
 
     # ------------------------------------------------------------------ the checkpoint
     def state_dict(self) -> dict:
@@ -223,6 +215,18 @@ class ChildTuning:
                                   f"new optimizer state with --reset-optimizer")
             self.packed, self.keep = dict(st["keep"]), None
             self.plan, self.drop, self.by_name = None, [], {}  # bound again at the next reduction
+
+
+def train_batches(cfg, task, model, world: int, rank: int):
+    """This rank's shard of the training set, in fairseq's batches and epoch-1 order (ChildTuning-D's and
+    EWC's Fisher passes; ``cfg``: a config with ``config.TrainBatches``' fields and ``seed``)."""
+    return task.get_batch_iterator(
+        dataset=task.dataset(cfg.train_subset), max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size,
+        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), cfg.max_tokens),
+        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.required_batch_size_multiple,
+        seed=cfg.seed, num_shards=world, shard_id=rank, num_workers=cfg.num_workers, epoch=1,
+        disable_iterator_cache=True,  # not the trainer's cached iterator
+    ).next_epoch_itr(shuffle=True)
 
 
 def prepare(sample, device: torch.device, dtype: torch.dtype):

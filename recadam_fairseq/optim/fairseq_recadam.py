@@ -15,10 +15,11 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from fairseq.optim.adam import FairseqAdamConfig
 from omegaconf import II, OmegaConf
 
-from .. import forgetting_meter
+from .. import events, fisher_source, forgetting_meter
 from ..anchor_source import build_anchors, pretrained_model_state
-from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, ForgettingMeterConfig, LayerLRHyperparams,
-                      RecAdamHyperparams, SAMHyperparams, check_anneal, check_checkpoint_paths, lr_values, redefault)
+from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, EWCHyperparams, ForgettingMeterConfig,
+                      LayerLRHyperparams, RecAdamHyperparams, SAMHyperparams, check_anneal, check_checkpoint_paths,
+                      lr_values, redefault)
 from ..core import mixout
 from ..core.anchor import share_existing
 from ..core.anneal import anneal_lambda
@@ -39,7 +40,7 @@ FUSED = {"auto": None, "on": True, "off": False}
 
 @dataclass
 class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparams, ChildTuningHyperparams,
-                           ForgettingMeterConfig):
+                           EWCHyperparams, ForgettingMeterConfig):
     # fairseq's adam flags, as its FairseqAdamConfig declares them (weight decay: decoupled, applied last)
     adam_betas: Any = redefault(FairseqAdamConfig, "adam_betas", (0.9, 0.999))
     adam_eps: float = redefault(FairseqAdamConfig, "adam_eps")
@@ -53,7 +54,6 @@ class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparam
     log_interval: int = II("common.log_interval")
     zero_sharding: str = II("distributed_training.zero_sharding")
     ddp_backend: str = II("distributed_training.ddp_backend")
-    seed: int = II("common.seed")
 
 
 def check_pull_stability(cfg, hp) -> None:
@@ -120,8 +120,9 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         forgetting_meter.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning
+        fisher = add_fisher(cfg)  # --ewc-fisher: its passes see θ*, before SAM's first pass 1 moves it
         add_sam(self, cfg, seed=cfg.seed)  # --sam-type
-        self.anchoring = Anchoring(self, cfg)
+        self.anchoring = Anchoring(self, cfg, fisher)
         self.listen("anchoring", self.anchoring)
         add_layer_lr(self, cfg)  # --layer-lr-decay: per-tensor (per-run) lr scales
 
@@ -146,6 +147,8 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         # every rank sees the whole state here (OSS keeps its shard's): θ* is restored, not rebuilt, on
         # every rank, also one whose shard holds no anchored tensor
         self.anchoring.restored = any("anchor" in st for st in state_dict.get("state", {}).values())
+        if self.anchoring.fisher is not None:  # F is in the state: no Fisher passes on resume
+            self.anchoring.fisher.skip = self.anchoring.restored
         try:
             super().load_state_dict(state_dict, optimizer_overrides)
         except ValueError as e:  # another model size, or another layout (e.g. --fp16 vs fp32)
@@ -167,14 +170,36 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         super().step(closure, scale, groups)
 
 
+def add_fisher(cfg):
+    """EWC's F source for ``--ewc-fisher`` (None when off): a file is read now; ``task`` computes F at the
+    criterion's first training call (before update 1; not on resume, where F is in the optimizer state)."""
+    if not fisher_source.enabled(cfg):
+        return None
+    if cfg.recadam_anneal_w == 0:
+        raise ConfigError(f"--ewc-fisher {cfg.ewc_fisher} with --recadam-anneal-w 0: plain Adam has no pull for F "
+                          f"to weigh; drop one of them")
+    if str(cfg.zero_sharding) == "os":  # F would have to follow the shards like θ*: not done yet
+        raise ConfigError(f"--ewc-fisher does not support --zero-sharding os yet: drop one of them")
+    source = fisher_source.FisherSource(cfg)
+    if cfg.ewc_fisher == "task":
+        def first_call(criterion, args):
+            if not source.skip:
+                source.compute(criterion, args[0])
+            return None
+
+        events.on_first_training_call(first_call)
+    return source
+
+
 class Anchoring:
     """θ*, attached to the optimizer's tensors at the first gradient reduction: fairseq builds the
     optimizer from unnamed tensors (possibly one flat fp32 copy of all of them), and
     ``all_reduce_grads(model)`` is the first call that shows the parameters' names. Then, on log
     steps, λ(t) and the distance to θ* in fairseq's logs."""
 
-    def __init__(self, owner: FairseqOptimizer, cfg):
+    def __init__(self, owner: FairseqOptimizer, cfg, fisher=None):
         self.owner, self.cfg = owner, cfg
+        self.fisher = fisher  # --ewc-fisher: fisher_source.FisherSource
         self.bound = False
         self.restored = False  # load_state_dict: the checkpoint's optimizer state holds θ*
         self.pretrained = None
@@ -211,6 +236,7 @@ class Anchoring:
         dtype = getattr(torch, ANCHOR_DTYPES[str(self.cfg.recadam_anchor_dtype)])
         if self.restored or any(opt.anchor_of(t) is not None for t in tensors):
             logger.info("recadam: pretrained weights θ* restored from the checkpoint's optimizer state")
+            self._check_restored_fisher(tensors)
             if targets:
                 restored = [(opt.anchor_of(t), opt.state[t].get("anchor_runs")) for t in tensors]
                 unshared = mixout.held_bytes([a for a, _ in restored]) + mixout.held_bytes(targets.values())
@@ -225,6 +251,13 @@ class Anchoring:
         line, anchors, plan = build_anchors(tensors, model, self.cfg, self.pretrained, dtype, shared=targets)
         for t, anchor, runs in anchors:
             opt.set_anchor(t, anchor, runs)
+        if self.fisher is not None:  # F in the anchor's layout: per tensor, or the flat tensor's runs
+            if self.fisher.computed:  # no update yet: the weights are those the passes saw
+                fisher_source.check_at_theta_star(fisher_source.pieces(anchors), self.fisher.where)
+            f = self.fisher.normalised(model, plan.anchored)
+            for t, fisher, _ in plan.build(f, dtype=fisher_source.fisher_dtype(self.cfg)):
+                if fisher is not None:
+                    opt.set_fisher(t, fisher)
         self.pretrained = None  # the anchor holds what is needed; free the mapping
         logger.info(f"recadam: {line}")
         if targets:
@@ -233,6 +266,19 @@ class Anchoring:
             self._share(model, targets, plan.shared, plan.views, unshared)
         self._log_shards()
         self.bound = True
+
+    def _check_restored_fisher(self, tensors) -> None:
+        """A resumed run keeps the checkpoint's F (bit for bit); the flag must say EWC as the run did."""
+        has = any(self.opt.fisher_of(t) is not None for t in tensors)
+        if self.fisher is not None and not has:
+            raise ConfigError(f"--ewc-fisher {self.cfg.ewc_fisher}: the checkpoint's optimizer state has no F (it was "
+                              f"trained without --ewc-fisher): resume without it, or start a new optimizer state with "
+                              f"--reset-optimizer")
+        if self.fisher is None and has:
+            raise ConfigError("the checkpoint's optimizer state holds EWC's F (trained with --ewc-fisher): resume with "
+                              "the same --ewc-fisher, or start a new optimizer state with --reset-optimizer")
+        if has:
+            logger.info("ewc: F restored from the checkpoint's optimizer state")
 
     def _log_shards(self) -> None:
         """--zero-sharding os: the elements of θ* each rank holds (rank 0 logs them all)."""

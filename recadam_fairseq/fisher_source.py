@@ -1,0 +1,186 @@
+"""Where EWC's Fisher F comes from in a fairseq run (``--ewc-fisher``).
+
+- ``--ewc-fisher task``: the empirical Fisher (1/N)·Σ_i g_i² of the training set at θ*, from per-example
+  gradients of N examples (``--ewc-fisher-examples`` per rank, fairseq's batches in epoch-1 order, as
+  ChildTuning-D's passes take them: ``optim/child_tuning.train_batches``), computed at the criterion's
+  first training call, before update 1. The model is in eval mode (no dropout: F of θ*'s function, not of
+  a dropout draw); the RNG and the gradients are left as they were. Ranks' sums are added.
+- ``--ewc-fisher PATH``: a file of ``scripts/fisher.py`` (the same passes, once, reused across runs; with
+  fairseq's ``masked_lm`` on held-out text, F of the pretraining objective).
+
+F is laid out as θ* by its users: ``--optimizer recadam`` (``optim/fairseq_recadam.py``'s ``Anchoring``) and
+the coupled objective (``criterions/coupled_term.py``). The math (sums, checks, normalisation) is ``core/ewc.py``.
+"""
+
+import logging
+from typing import Dict, Optional, Tuple
+
+import torch
+import torch.distributed as dist
+from fairseq.distributed import utils as distributed_utils
+
+from .config import FISHER_DTYPES
+from .core import ewc
+from .core.anchor import trainable_named_parameters
+from .core.errors import ConfigError
+from .core.wrappers import unwrap_model
+from .criterions.glue_core import per_example_loss_of
+
+logger = logging.getLogger(__name__)
+
+FP16_SCALE = 2.0 ** 16  # first loss scale of fp16 per-example gradients; halved on overflow
+
+
+def enabled(cfg) -> bool:
+    return bool(getattr(cfg, "ewc_fisher", ""))
+
+
+def fisher_dtype(cfg) -> torch.dtype:
+    return getattr(torch, FISHER_DTYPES[str(cfg.ewc_fisher_dtype)])
+
+
+def check_flags(cfg) -> None:
+    if int(cfg.ewc_fisher_examples) < 0:
+        raise ConfigError(f"--ewc-fisher-examples {cfg.ewc_fisher_examples}: must be >= 0 (0: the whole training set)")
+
+
+def masked_lm_per_example(criterion):
+    """``f(model, sample)``: fairseq's ``masked_lm`` loss, one value per example (the sum over its masked
+    tokens; their sum is the criterion's), or None for another criterion. F of the pretraining objective on
+    held-out text (``scripts/fisher.py --task masked_lm --criterion masked_lm``)."""
+    from fairseq.criterions.masked_lm import MaskedLmLoss
+
+    if not isinstance(criterion, MaskedLmLoss):
+        return None
+
+    def per_example(model, sample):
+        masked = sample["target"].ne(criterion.padding_idx)
+        if not bool(masked.any()):
+            return None
+        logits = model(**sample["net_input"], masked_tokens=masked)[0]
+        nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), sample["target"][masked],
+                                                reduction="none")
+        rows = masked.nonzero()[:, 0]  # the example of each masked token
+        return torch.zeros(masked.size(0), dtype=nll.dtype, device=nll.device).index_add(0, rows, nll)
+
+    return per_example
+
+
+def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[Dict[str, torch.Tensor], int]:
+    """{name: (1/N)·Σ_i g_i²} over the model's trainable parameters, N = the examples taken (``examples`` per
+    rank, 0: all), summed over ranks; and N."""
+    from .optim.child_tuning import prepare, train_batches  # the batches ChildTuning-D's passes take
+
+    inner = unwrap_model(model)
+    per_example = per_example_loss_of(criterion) or masked_lm_per_example(criterion)
+    if per_example is None:
+        raise ConfigError(f"--ewc-fisher task: criterion {type(criterion).__name__} gives no per-example loss; use "
+                          f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask), "
+                          f"masked_lm, or a Fisher file of scripts/fisher.py")
+    named = trainable_named_parameters(inner)
+    params = [p for _, p in named]
+    world, rank, group = 1, 0, None
+    if dist.is_available() and dist.is_initialized():
+        group = distributed_utils.get_data_parallel_group()
+        world, rank = distributed_utils.get_world_size(group), distributed_utils.get_rank(group)
+    device, dtype = params[0].device, params[0].dtype
+    half = dtype == torch.float16
+    scale = FP16_SCALE if half else 1.0
+    sums = ewc.FisherSum(params)
+    was_training = inner.training
+    inner.eval()
+    try:
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+            for sample in train_batches(cfg, criterion.task, inner, world, rank):
+                if examples and sums.examples >= examples:
+                    break
+                if not sample:
+                    continue
+                sample = prepare(sample, device, dtype)
+                losses = per_example(inner, sample)
+                if losses is None:  # masked_lm: a batch without a masked token
+                    continue
+                for i in range(min(losses.numel(), examples - sums.examples if examples else losses.numel())):
+                    while True:  # each example's gradient alone: g_i, not the batch's mean
+                        grads = torch.autograd.grad(losses[i] * scale, params, retain_graph=True, allow_unused=True)
+                        if sums.add(grads, scale):
+                            break
+                        if scale <= 1.0:
+                            raise FloatingPointError("--ewc-fisher task: an fp16 per-example gradient overflows "
+                                                     "even without a loss scale")
+                        scale /= 2
+                del losses
+    finally:
+        inner.train(was_training)
+    count = torch.tensor([float(sums.examples)], dtype=torch.float64, device=device)
+    if world > 1:
+        for s in sums.sums:
+            distributed_utils.all_reduce(s, group=group)
+        distributed_utils.all_reduce(count, group=group)
+    n = int(count.item())
+    return {name: s / max(n, 1) for (name, _), s in zip(named, sums.sums)}, n
+
+
+def pieces(anchors):
+    """(θ elements, θ* of them) per anchored piece of build_anchors' [(tensor, anchor or None, runs or None)]."""
+    for t, a, runs in anchors:
+        if a is None:
+            continue
+        flat, off = t.detach().reshape(-1), 0
+        for s, n in runs or [(0, t.numel())]:
+            yield flat[s:s + n], a.reshape(-1)[off:off + n]
+            off += n
+
+
+def check_at_theta_star(pairs, where: str) -> None:
+    """``task``'s F is of the weights the passes saw: they must be θ* (not so when θ* comes from
+    --recadam-pretrained-path over other weights, e.g. a random init or a resumed coupled run). A half-precision
+    θ* matches to its rounding."""
+    for x, a in pairs:
+        same = (torch.equal(x, a) if x.dtype == a.dtype
+                else torch.allclose(x.float(), a.float(), rtol=2.0 ** -7, atol=0.0))
+        if not same:
+            raise ConfigError(f"{where}: the Fisher passes saw weights other than θ* (θ* from --recadam-pretrained-path "
+                              f"over another model, or a resumed run): write F at θ* once with scripts/fisher.py and "
+                              f"pass the file")
+
+
+class FisherSource:
+    """F for a run: the file read at construction (a bad file fails before training), or the task's passes
+    at the criterion's first training call (``compute``); ``normalised`` checks and normalises it."""
+
+    def __init__(self, cfg):
+        self.cfg = cfg
+        check_flags(cfg)
+        self.raw: Optional[Dict[str, torch.Tensor]] = None
+        self.line = ""
+        self.skip = False  # a resumed run: F comes from the checkpoint's optimizer state
+        self.computed = False  # F of the weights the passes saw (``task``)
+        if cfg.ewc_fisher != ewc.TASK:
+            self.raw, self.line = ewc.load(cfg.ewc_fisher)
+            self.where = f"{ewc.FLAG} {cfg.ewc_fisher}"
+        else:
+            self.where = f"{ewc.FLAG} {ewc.TASK}"
+
+    def compute(self, criterion, model) -> None:
+        """The task's Fisher, once (``--ewc-fisher task``); nothing for a file."""
+        if self.raw is None:
+            self.raw, n = task_fisher(criterion, model, self.cfg, int(self.cfg.ewc_fisher_examples))
+            if n == 0:
+                raise ConfigError(f"{self.where}: the training set gave no example")
+            self.line = f"{self.where} (empirical Fisher of {n} training examples at θ*)"
+            self.computed = True
+
+    def normalised(self, model, anchored) -> Dict[str, torch.Tensor]:
+        """F of the anchored parameters, checked against ``model`` and normalised to mean 1 over them."""
+        if self.raw is None:
+            raise RuntimeError(f"{self.where}: F is computed at the criterion's first training call, before the "
+                               f"first gradient reduction")
+        shapes = {n: tuple(p.shape) for n, p in trainable_named_parameters(unwrap_model(model))}
+        ewc.check(self.raw, shapes, anchored, self.where)
+        f, mean = ewc.normalise(self.raw, list(anchored), self.where)
+        flat = torch.cat([x.reshape(-1) for x in f.values()])
+        logger.info(f"ewc: F from {self.line}: {len(f)} tensors, normalised by its mean {mean:.4g}; max/mean "
+                    f"{float(flat.max()):.4g}, zero on {int((flat == 0).sum()):,} of {flat.numel():,} elements")
+        self.raw = None  # the normalised copy is what is used
+        return f

@@ -1,0 +1,477 @@
+"""EWC: the Fisher-weighted pull (decoupled in RecAdam's step, coupled in the loss), its guard, its sources.
+
+Core checks are in-process float64 references; the end-to-end runs share one batch of fairseq-train launches
+(the ``runs`` fixture, 2 at a time)."""
+
+import math
+import os
+import shutil
+
+import pytest
+import torch
+
+import recadam_fairseq.core.recadam as core
+from recadam_fairseq import RecAdam
+from recadam_fairseq.core import ewc
+from recadam_fairseq.core.errors import ConfigError
+
+from conftest import assert_one_line_error, load_ckpt, run_jobs
+from test_distributed import dumps, launch
+from test_fp16_wrappers import cpu_flat_fp16, flat_params, run_wrapper  # noqa: F401 - a fixture
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+
+HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid", anneal_k=0.5,
+          anneal_t0=3.0, anneal_w=1.0, pretrain_cof=40.0)
+
+
+# --------------------------------------------------------------------------- the decoupled step, float64
+def ref_ewc_steps(p, a, f, grads, hp, anchored=None):
+    """The EWC update written out per element in Python floats (independent of the implementation):
+    Adam step scaled by λ, then p ← p − min(lr·(w−λ)·γ·F, 1)·(p − p*), then decoupled weight decay;
+    elements not ``anchored``: plain Adam and the decay."""
+    p, m, v = list(p), [0.0] * len(p), [0.0] * len(p)
+    b1, b2 = hp["betas"]
+    lr, w = hp["lr"], hp["anneal_w"]
+    for t, g in enumerate(grads, start=1):
+        lam = w / (1 + math.exp(-hp["anneal_k"] * (t - hp["anneal_t0"])))
+        s = lr * math.sqrt(1 - b2 ** t) / (1 - b1 ** t)
+        for i in range(len(p)):
+            m[i] = b1 * m[i] + (1 - b1) * g[i]
+            v[i] = b2 * v[i] + (1 - b2) * g[i] * g[i]
+            if anchored is None or anchored[i]:
+                x = p[i] - s * lam * m[i] / (math.sqrt(v[i]) + hp["eps"])
+                c = min(lr * (w - lam) * hp["pretrain_cof"] * f[i], 1.0)
+                x = x - c * (x - a[i])
+            else:
+                x = p[i] - s * m[i] / (math.sqrt(v[i]) + hp["eps"])
+            p[i] = x - lr * hp["weight_decay"] * x
+    return p
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+@pytest.mark.parametrize("flat", [False, True])
+def test_decoupled_step_against_a_float64_reference(foreach, flat):
+    """Per tensor, and as --fp16's flat tensor with anchor runs (elements outside them: plain Adam)."""
+    g = torch.Generator().manual_seed(0)
+    n = 12
+    p0 = torch.randn(n, generator=g, dtype=torch.float64)
+    a = p0 + 0.1 * torch.randn(n, generator=g, dtype=torch.float64)
+    f = torch.rand(n, generator=g, dtype=torch.float64) * 3
+    f[3] = 1e4  # a heavy tail: capped at a weight of 1
+    grads = [torch.randn(n, generator=g, dtype=torch.float64) for _ in range(6)]
+    p = p0.clone()
+    opt = RecAdam([p], **HP, foreach=foreach, fused=False, defer_anchors=True)
+    if flat:
+        runs = [(0, 5), (8, 4)]  # elements 5..7: a head without θ*
+        idx = [0, 1, 2, 3, 4, 8, 9, 10, 11]
+        opt.set_anchor(p, a[idx].clone(), runs)
+        opt.set_fisher(p, f[idx].clone())
+        anchored = [i in idx for i in range(n)]
+    else:
+        opt.set_anchor(p, a.clone())
+        opt.set_fisher(p, f.clone())
+        anchored = None
+    for gr in grads:
+        p.grad = gr.clone()
+        opt.step()
+    want = ref_ewc_steps(p0.tolist(), a.tolist(), f.tolist(), [x.tolist() for x in grads], HP, anchored)
+    torch.testing.assert_close(p, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
+    assert p[3].item() != pytest.approx(p0[3].item())  # the capped element moved (toward θ*)
+
+
+@pytest.mark.parametrize("foreach", [True, False])
+def test_fisher_of_ones_is_recadam_bit_for_bit(foreach):
+    """fp32, two tensors and a flat one with runs and layer-wise lr scales, bf16-stored F included."""
+    shapes = [(7, 5), (300,), (64,)]
+
+    def run(with_f, f_dtype=torch.float32, value=1.0):
+        ps = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
+        opt = RecAdam(ps, **{**HP, "pretrain_cof": 20.0}, foreach=foreach, fused=False, defer_anchors=True)
+        for i, q in enumerate(ps[:2]):
+            opt.set_anchor(q, q.detach() + 0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(9 + i)))
+            if with_f:
+                opt.set_fisher(q, torch.full(q.shape, value, dtype=f_dtype))
+        runs = [(0, 20), (30, 30)]
+        opt.set_anchor(ps[2], ps[2].detach()[:50].clone() * 0.9, runs)
+        opt.set_lr_scale(ps[2], [(10, 30, 0.5)])
+        if with_f:
+            opt.set_fisher(ps[2], torch.ones(50, dtype=f_dtype))
+        for step in range(5):
+            for q in ps:
+                q.grad = torch.randn(q.shape, generator=torch.Generator().manual_seed(100 * step + q.numel()))
+            opt.step()
+        return ps
+
+    base = run(False)
+    for f_dtype in (torch.float32, torch.bfloat16):
+        for x, y in zip(base, run(True, f_dtype)):
+            assert torch.equal(x, y)
+    other = run(True, value=2.0)  # ... and F is read: 2 instead of 1 changes the anchored tensors only
+    assert not torch.equal(base[0], other[0]) and torch.equal(base[2], other[2])
+
+
+def test_guard_lands_huge_fisher_entries_on_theta_star_without_overshoot():
+    """lr·(w−λ)·γ·F of 1.5 and 1e6: the element lands on θ* each step (lerp weight 1 is exact); RecAdam's
+    uncapped pull at 1.5 overshoots (the sign flips)."""
+    p = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float64)
+    a = torch.zeros(3, dtype=torch.float64)
+    # λ ≈ 0 under a 1e9-update linear ramp: the pull is lr·γ·F, the Adam step negligible
+    opt = RecAdam([p], **{**HP, "anneal_fun": "linear", "anneal_t0": 1e9, "weight_decay": 0.0, "pretrain_cof": 100.0},
+                  foreach=True, fused=False, defer_anchors=True)
+    opt.set_anchor(p, a.clone())
+    c = 1e-2 * 100.0  # lr·γ, λ ≈ 0 under the 1e9-update linear ramp
+    opt.set_fisher(p, torch.tensor([0.5, 1.5 / c, 1e6], dtype=torch.float64))
+    for t in range(5):
+        p.grad = torch.full((3,), 1e-3, dtype=torch.float64)
+        opt.step()
+        assert p[1].item() == 0.0 and p[2].item() == 0.0  # on θ*, exactly
+        assert 0 < p[0].item() < 1  # F·lr·γ = 0.5: halfway each step, from the same side
+    # RecAdam's own pull at c = 1.5 (no F, no cap) overshoots: the sign of p − p* flips every step
+    q = torch.ones(1, dtype=torch.float64)
+    rec = RecAdam([q], **{**HP, "anneal_fun": "linear", "anneal_t0": 1e9, "weight_decay": 0.0, "pretrain_cof": 150.0},
+                  foreach=True, fused=False, defer_anchors=True)
+    rec.set_anchor(q, torch.zeros(1, dtype=torch.float64))
+    signs = []
+    for _ in range(4):
+        q.grad = torch.full((1,), 1e-3, dtype=torch.float64)
+        rec.step()
+        signs.append(q.item() > 0)
+    assert signs == [False, True, False, True]
+
+
+def test_fisher_segments_stay_on_the_eager_path():
+    """fused=True: large segments without F go to the compiled kernels; with F, to the eager update."""
+    big = core._fused.MIN_SEGMENT
+    p, q = torch.zeros(big), torch.zeros(big)
+    opt = RecAdam([p, q], **HP, fused=False, defer_anchors=True)
+    opt.set_anchor(p, torch.ones(big))
+    opt.set_anchor(q, torch.ones(big))
+    opt.set_fisher(q, torch.ones(big))
+    p.grad, q.grad = torch.ones(big), torch.ones(big)
+    compiled, eager = opt._gather(opt.param_groups[0], True)
+    assert [e.seg.p.numel() for segs in compiled.values() for e in segs] == [big]
+    assert all(e.seg.fisher is None for segs in compiled.values() for e in segs)
+    assert [s.fisher is not None for segs in eager.values() for s in segs] == [True]
+
+
+def test_fisher_state_round_trip_and_bad_values():
+    p = torch.zeros(4)
+    opt = RecAdam([p], **HP, fused=False, defer_anchors=True)
+    with pytest.raises(ValueError, match="needs an anchor"):
+        opt.set_fisher(p, torch.ones(4))
+    opt.set_anchor(p, torch.ones(4))
+    for bad, msg in ((torch.ones(3), "does not fit"), (torch.tensor([1.0, -1, 0, 0]), ">= 0"),
+                     (torch.tensor([1.0, math.nan, 0, 0]), "finite")):
+        with pytest.raises(ValueError, match=msg):
+            opt.set_fisher(p, bad)
+    opt.set_fisher(p, torch.tensor([1.0, 2, 3, 4], dtype=torch.bfloat16))
+    p.grad = torch.ones(4)
+    opt.step()
+    opt2 = RecAdam([torch.zeros(4)], **HP, fused=False, defer_anchors=True)
+    opt2.load_state_dict(opt.state_dict())
+    f = opt2.fisher_of(opt2.param_groups[0]["params"][0])
+    assert f.dtype == torch.bfloat16 and torch.equal(f, opt.fisher_of(p))  # kept in its dtype
+    opt.set_anchor(p, None)
+    assert opt.fisher_of(p) is None
+
+
+# --------------------------------------------------------------------------- the coupled term, normalisation
+def test_coupled_penalty_reference_and_ones_bit_for_bit():
+    g = torch.Generator().manual_seed(2)
+    ps = [torch.randn(5, 3, generator=g, requires_grad=True), torch.randn(11, generator=g, requires_grad=True)]
+    anchors = [x.detach() + 0.1 for x in ps]
+    old = sum(((p.float() - a.float()) ** 2).sum() for p, a in zip(ps, anchors))  # the coupled term before EWC
+    for fs in ([None, None], [torch.ones(5, 3), torch.ones(11)]):
+        new = ewc.penalty(list(zip(ps, anchors, fs)))
+        assert torch.equal(new, old)
+        ga = torch.autograd.grad(new, ps)
+        gb = torch.autograd.grad(sum(((p.float() - a.float()) ** 2).sum() for p, a in zip(ps, anchors)), ps)
+        assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+    fs = [torch.rand(5, 3, generator=g) * 4, torch.rand(11, generator=g)]
+    p64 = [p.detach().double().requires_grad_() for p in ps]
+    pen = ewc.penalty(list(zip(p64, anchors, fs)))
+    want = sum(float(fv) * (float(pv) - float(av)) ** 2 for p, a, f in zip(ps, anchors, fs)
+               for pv, av, fv in zip(p.detach().reshape(-1), a.reshape(-1), f.reshape(-1)))
+    assert pen.item() == pytest.approx(want, rel=1e-6)
+    grads = torch.autograd.grad(pen, p64)
+    for gr, p, a, f in zip(grads, ps, anchors, fs):
+        torch.testing.assert_close(gr.float(), 2 * f * (p.detach() - a), rtol=1e-5, atol=1e-7)
+
+
+def test_normalise_and_check_name_the_file():
+    fisher = {"a": torch.tensor([1.0, 3.0]), "b": torch.tensor([[0.0, 4.0]]), "head": torch.tensor([100.0])}
+    f, mean = ewc.normalise(fisher, ["a", "b"], "x")
+    assert mean == 2.0 and set(f) == {"a", "b"}  # the head (not anchored) is not in the mean
+    assert torch.equal(torch.cat([f["a"], f["b"].reshape(-1)]), torch.tensor([0.5, 1.5, 0.0, 2.0]))
+    shapes = {"a": (2,), "b": (1, 2), "head": (1,)}
+    w = "--ewc-fisher F.pt"
+    cases = [({**fisher, "zzz": torch.ones(1)}, "parameter zzz is not in the model"),
+             ({**fisher, "a": torch.ones(3)}, "F of a has shape (3,), the model's parameter (2,)"),
+             ({**fisher, "a": torch.tensor([1.0, math.inf])}, "F of a holds 1 NaN or Inf value(s)"),
+             ({**fisher, "a": torch.tensor([1.0, -2.0])}, "F of a holds 1 negative value(s)"),
+             ({"a": fisher["a"]}, "no F for the pretrained parameter(s) b")]
+    for bad, msg in cases:
+        with pytest.raises(ConfigError) as e:
+            ewc.check(bad, shapes, ["a", "b"], w)
+        assert str(e.value).startswith(f"{w}: {msg}") and "\n" not in str(e.value), str(e.value)
+    with pytest.raises(ConfigError, match="zero on every pretrained element"):
+        ewc.normalise({"a": torch.zeros(2)}, ["a"], w)
+
+
+# --------------------------------------------------------------------------- the Fisher, by hand
+TRAIN_ARGS = ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
+              "--init-token", "0", "--separator-token", "2", *tiny_roberta.TINY_ARCH, "--batch-size", "16",
+              "--seed", "7", "--cpu", "--num-workers", "0"]
+
+
+def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
+    """fisher_source.task_fisher (batched forward, one gradient per example, eval mode) on the first 24 examples
+    of the epoch-1 order (the second batch cut short) against a loop over those examples, one per forward,
+    in float64."""
+    from recadam_fairseq.fisher_source import task_fisher
+    from recadam_fairseq.optim.child_tuning import train_batches
+    from recadam_fairseq.tools import fisher as tool
+
+    cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
+    model = model.double()
+    got, n = task_fisher(criterion, model, tool.batches_cfg(cfg), 24)
+    ids = [int(i) for b in train_batches(tool.batches_cfg(cfg), task, model, 1, 0) for i in b["id"]][:24]
+    assert n == 24 and len(set(ids)) == 24
+    data = task.dataset("train")
+    model.eval()
+    names = [k for k, p in model.named_parameters() if p.requires_grad]
+    params = [p for _, p in model.named_parameters() if p.requires_grad]
+    want = [torch.zeros_like(p) for p in params]
+    for i in ids:
+        sample = data.collater([data[i]])
+        logits, _ = model(**sample["net_input"], features_only=True,
+                          classification_head_name="sentence_classification_head")
+        loss = torch.nn.functional.cross_entropy(logits, sample["target"].view(-1), reduction="sum")
+        for w, gr in zip(want, torch.autograd.grad(loss, params, allow_unused=True)):
+            if gr is not None:
+                w += gr * gr
+    for name, w in zip(names, want):
+        torch.testing.assert_close(got[name], w / n, rtol=1e-9, atol=1e-18, msg=name)
+    assert sum(float(w.sum()) for w in want) > 0
+
+
+# --------------------------------------------------------------------------- end to end, one batch of launches
+RECADAM = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500"]
+
+
+@pytest.fixture(scope="module")
+def runs(tiny, tmp_path_factory):
+    from recadam_fairseq.tools import fisher as tool
+
+    root = tmp_path_factory.mktemp("ewc")
+    task_file = str(root / "fisher.pt")
+    assert tool.main(["--out", task_file, "--examples", "16", "--", tiny.cls_bin, *TRAIN_ARGS,
+                      "--restore-file", tiny.pretrained]) == 0
+    raw = torch.load(task_file)
+    ones = str(root / "ones.pt")
+    ewc.save(ones, {k: torch.ones_like(v) for k, v in raw["fisher"].items()}, 1, "ones")
+    bad = str(root / "bad.pt")
+    name = "encoder.sentence_encoder.layers.0.fc1.weight"
+    ewc.save(bad, {**raw["fisher"], name: torch.ones(3)}, 1, "bad")
+    plan = {
+        "plain": (RECADAM, {"updates": 4}),
+        "ones": (RECADAM + ["--ewc-fisher", ones], {"updates": 4}),
+        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--save-interval-updates", "3"],
+                 {"updates": 6}),
+        "bad": (RECADAM + ["--ewc-fisher", bad], {"check": False}),
+    }
+
+    def job(key):
+        extra, kw = plan[key]
+        return lambda: {key: tiny.train(root / key, *extra, **kw)}
+
+    def two_ranks():  # each rank's 16 examples: the 1-rank task run's first 32 (fairseq shards the shuffled batches)
+        return {"two": launch(tiny, root / "two", 2, "--ewc-fisher", "task", "--ewc-fisher-examples", "16",
+                              "--batch-size", "16", updates=1)}
+
+    out = run_jobs([job(k) for k in plan] + [two_ranks])
+    # resume the task run from its update-3 checkpoint to 6: F comes from the optimizer state
+    resumed = root / "resumed"
+    os.makedirs(resumed)
+    shutil.copy(root / "task" / "checkpoint_1_3.pt", resumed / "checkpoint_last.pt")
+    out["resumed"] = tiny.train(resumed, *plan["task"][0], "--restore-file", str(resumed / "checkpoint_last.pt"),
+                                restore=False, updates=6)
+    out["root"], out["task_file"], out["ones_file"], out["bad_name"] = root, task_file, ones, name
+    return out
+
+
+def test_file_of_ones_trains_as_recadam_bit_for_bit(runs):
+    a = load_ckpt(runs["root"] / "plain" / "checkpoint_last.pt")
+    b = load_ckpt(runs["root"] / "ones" / "checkpoint_last.pt")
+    assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    assert "ewc: F from --ewc-fisher" in runs["ones"][1] and "max/mean 1," in runs["ones"][1]
+
+
+def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
+    straight = load_ckpt(runs["root"] / "task" / "checkpoint_last.pt")
+    resumed = load_ckpt(runs["root"] / "resumed" / "checkpoint_last.pt")
+    log = runs["resumed"][1]
+    assert "F restored from the checkpoint's optimizer state" in log and "empirical Fisher of" not in log
+    assert "empirical Fisher of 32 training examples at θ*" in runs["task"][1]
+    for k, v in straight["model"].items():
+        assert torch.equal(v, resumed["model"][k]), k
+    sa, sb = straight["last_optimizer_state"]["state"], resumed["last_optimizer_state"]["state"]
+    fs = [st["fisher"] for st in sa.values() if "fisher" in st]
+    assert len(fs) == 41  # every anchored tensor (the head has no θ*)
+    flat = torch.cat([f.reshape(-1) for f in fs]).double()
+    assert flat.mean().item() == pytest.approx(1.0, rel=1e-6) and flat.max() > 10  # normalised, heavy-tailed
+    for i in sa:
+        for n, v in sa[i].items():
+            assert torch.equal(v, sb[i][n]) if torch.is_tensor(v) else v == sb[i][n]
+    plain = load_ckpt(runs["root"] / "plain" / "checkpoint_last.pt")["model"]
+    assert any(not torch.equal(v, straight["model"][k]) for k, v in plain.items())  # F changed the run
+
+
+def test_two_ranks_sum_their_examples_fisher(runs):
+    """2 CPU ranks, 16 examples each: F on both ranks is the 1-rank run's F of the same 32 examples (the ranks'
+    sums added), up to the order of the fp32 sums."""
+    assert "empirical Fisher of 32 training examples at θ*" in runs["two"][0]  # rank 0 logs
+    r0, r1 = (d["optimizer"]["state"] for d in dumps(runs["root"] / "two", 2))
+    one = load_ckpt(runs["root"] / "task" / "checkpoint_last.pt")["last_optimizer_state"]["state"]
+    assert [k for k in r0 if "fisher" in r0[k]] == [k for k in one if "fisher" in one[k]] != []
+    for k in one:
+        if "fisher" in one[k]:
+            assert torch.equal(r0[k]["fisher"], r1[k]["fisher"])
+            torch.testing.assert_close(r0[k]["fisher"], one[k]["fisher"], rtol=1e-5, atol=1e-6)
+
+
+def test_coupled_objective_with_f_of_ones_is_the_coupled_objective_bit_for_bit(tiny, runs):
+    """In-process: the GLUE criterion's coupled term (θ moved off θ*, --recadam-pretrained-path) with no F,
+    F ≡ 1 and the task's F: loss and gradients equal for F ≡ 1; the task's F changes them."""
+    from recadam_fairseq.tools import fisher as tool
+
+    def loss_and_grads(*extra):
+        args = [tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained, "--criterion",
+                "sentence_prediction_recadam", "--recadam-objective", "coupled", "--recadam-anneal-t0", "1000",
+                "--recadam-pretrained-path", tiny.pretrained,
+                *extra]
+        cfg, task, model, criterion = tool.setup(args)
+        torch.manual_seed(0)
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 0.01)
+        sample = task.dataset("train").collater([task.dataset("train")[i] for i in range(4)])
+        with torch.enable_grad():
+            model.train()  # a training call (the term is added in training only); dropout seeded alike
+            torch.manual_seed(1)
+            loss, _, log = criterion(model, sample)
+            grads = torch.autograd.grad(loss, [p for p in model.parameters() if p.requires_grad], allow_unused=True)
+        return loss, grads, log
+
+    base, ones, task = loss_and_grads(), loss_and_grads("--ewc-fisher", runs["ones_file"]), \
+        loss_and_grads("--ewc-fisher", runs["task_file"])
+    assert torch.equal(base[0], ones[0]) and base[2]["recadam_penalty"] > 0
+    assert all((x is None and y is None) or torch.equal(x, y) for x, y in zip(base[1], ones[1]))
+    assert not torch.equal(base[0], task[0])
+
+
+def test_fisher_file_of_another_shape_is_one_line(runs):
+    assert_one_line_error(runs["bad"], runs["root"] / "bad",
+                          f"--ewc-fisher {runs['root'] / 'bad.pt'}: F of {runs['bad_name']} has shape (3,), the "
+                          f"model's parameter (128, 64)")
+
+
+def test_flags_and_files_refused_before_training(tmp_path):
+    """The one-line ConfigErrors that need no launch: the flag's combinations, unreadable files, a resume whose
+    checkpoint's F disagrees with the flag."""
+    from types import SimpleNamespace
+
+    from recadam_fairseq.optim.fairseq_recadam import Anchoring, add_fisher
+
+    cfg = SimpleNamespace(ewc_fisher="task", recadam_anneal_w=1.0, zero_sharding="none", ewc_fisher_examples=8)
+    cases = [({"recadam_anneal_w": 0.0}, "--ewc-fisher task with --recadam-anneal-w 0: plain Adam has no pull"),
+             ({"zero_sharding": "os"}, "--ewc-fisher does not support --zero-sharding os yet"),
+             ({"ewc_fisher_examples": -1}, "--ewc-fisher-examples -1: must be >= 0"),
+             ({"ewc_fisher": str(tmp_path / "none.pt")}, f"--ewc-fisher {tmp_path / 'none.pt'}: no such file")]
+    junk = tmp_path / "junk.pt"
+    junk.write_text("not a checkpoint")
+    torch.save({"model": {}}, tmp_path / "ckpt.pt")
+    cases += [({"ewc_fisher": str(junk)}, f"--ewc-fisher {junk}: not a Fisher file"),
+              ({"ewc_fisher": str(tmp_path / "ckpt.pt")}, f"--ewc-fisher {tmp_path / 'ckpt.pt'}: not a Fisher file")]
+    for change, msg in cases:
+        with pytest.raises(ConfigError) as e:
+            add_fisher(SimpleNamespace(**{**vars(cfg), **change}))
+        assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
+    assert add_fisher(SimpleNamespace(**{**vars(cfg), "ewc_fisher": ""})) is None  # off
+
+    p = torch.zeros(3)
+    opt = RecAdam([p], **HP, fused=False, defer_anchors=True)
+    opt.set_anchor(p, torch.ones(3))
+    owner = SimpleNamespace(_optimizer=opt)
+    with pytest.raises(ConfigError, match="the checkpoint's optimizer state has no F"):
+        Anchoring(owner, SimpleNamespace(ewc_fisher="task", recadam_pretrained_path=None), fisher=object())\
+            ._check_restored_fisher([p])
+    opt.set_fisher(p, torch.ones(3))
+    with pytest.raises(ConfigError, match="holds EWC's F"):
+        Anchoring(owner, SimpleNamespace(ewc_fisher="", recadam_pretrained_path=None))._check_restored_fisher([p])
+
+
+def test_task_fisher_must_be_taken_at_theta_star():
+    """--ewc-fisher task over weights other than θ* (--recadam-pretrained-path over a random init) is refused;
+    a bf16 θ* of the same weights is θ* to its rounding."""
+    from recadam_fairseq.fisher_source import check_at_theta_star, pieces
+
+    t = torch.randn(10)
+    check_at_theta_star(pieces([(t, t.clone(), None), (t, None, None)]), "w")
+    check_at_theta_star(pieces([(t, torch.cat([t[2:5], t[6:10]]).to(torch.bfloat16), [(2, 3), (6, 4)])]), "w")
+    moved = t.clone()
+    moved[7] += 1e-3
+    with pytest.raises(ConfigError, match="^w: the Fisher passes saw weights other than θ"):
+        check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:10]]), [(2, 3), (6, 4)])]), "w")
+    check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:7]]), [(2, 3), (6, 1)])]), "w")  # 7: no θ*
+
+
+def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path):
+    """scripts/fisher.py with fairseq's masked_lm on the valid split: the per-example losses are the criterion's
+    loss split by example (each equal to that example alone, in float64), and the file fits the classifier."""
+    from recadam_fairseq.fisher_source import masked_lm_per_example
+    from recadam_fairseq.tools import fisher as tool
+
+    mlm = [tiny.lm_bin, "--task", "masked_lm", "--criterion", "masked_lm", *tiny_roberta.TINY_ARCH,
+           "--tokens-per-sample", "64", "--batch-size", "8", "--seed", "7", "--cpu", "--num-workers", "0",
+           "--train-subset", "valid", "--restore-file", tiny.pretrained]
+    cfg, task, model, criterion = tool.setup(mlm)
+    model = model.double().eval()
+    data = task.dataset("valid")
+    sample = data.collater([data[i] for i in range(4)])
+    per = masked_lm_per_example(criterion)(model, sample)
+    loss, _, _ = criterion(model, sample)
+    assert per.shape == (4,) and float(per.sum()) == pytest.approx(float(loss), rel=1e-9)
+    for i in range(4):
+        alone = masked_lm_per_example(criterion)(model, data.collater([data[i]]))
+        assert float(alone[0]) == pytest.approx(float(per[i]), rel=1e-9)
+    out = str(tmp_path / "mlm.pt")
+    assert tool.main(["--out", out, "--examples", "8", "--", *mlm]) == 0
+    fisher, line = ewc.load(out)
+    assert "8 examples" in line and "valid" in line
+    classifier = torch.load(tiny.pretrained, weights_only=False)["model"]  # the names fine-tuning anchors
+    shapes = {n: tuple(v.shape) for n, v in classifier.items()}
+    ewc.check(fisher, shapes, [n for n in shapes if n in fisher], f"--ewc-fisher {out}")
+    assert set(fisher) == {n for n, p in model.named_parameters() if p.requires_grad}  # lm_head.weight: tied
+    assert sum(float(f.sum()) for f in fisher.values()) > 0
+
+
+@pytest.mark.parametrize("mode", ["fp16-flat", "fp16-per-param", "memory-efficient-fp16"])
+def test_fp16_wrappers_hold_f_beside_theta_star(mode, tmp_path, cpu_flat_fp16):
+    """In-process, fairseq's FP16Optimizer (flat, per parameter) and MemoryEfficientFP16Optimizer: F ≡ 1 is the
+    run without F bit for bit; another F changes it and sits in the state as θ* does, normalised to mean 1."""
+    ones, rand = tmp_path / "ones.pt", tmp_path / "rand.pt"
+    ewc.save(str(ones), {"encoder.weight": torch.ones(4, 3), "encoder.bias": torch.ones(4)}, 1, "ones")
+    f = {"encoder.weight": torch.rand(4, 3, generator=torch.Generator().manual_seed(3)) * 3,
+         "encoder.bias": torch.tensor([0.1, 5.0, 1.0, 2.0])}
+    ewc.save(str(rand), f, 1, "rand")
+    base, _ = run_wrapper(mode, tmp_path)
+    same, _ = run_wrapper(mode, tmp_path, extra=("--ewc-fisher", str(ones)))
+    assert torch.equal(flat_params(base), flat_params(same))
+    other, opt = run_wrapper(mode, tmp_path, extra=("--ewc-fisher", str(rand), "--ewc-fisher-dtype", "bf16"))
+    assert not torch.equal(flat_params(base), flat_params(other))
+    rec = (getattr(opt, "fp32_optimizer", None) or opt.wrapped_optimizer)._optimizer  # the RecAdam inside
+    held = [rec.fisher_of(p) for g in rec.param_groups for p in g["params"]]
+    held = torch.cat([x.reshape(-1).float() for x in held if x is not None])
+    raw = torch.cat([f["encoder.weight"].reshape(-1), f["encoder.bias"]]).double()
+    assert torch.equal(held, (raw / raw.mean()).float().to(torch.bfloat16).float())
