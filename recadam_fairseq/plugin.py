@@ -12,5 +12,6 @@ from .criterions import glue_multitask as glue_multitask_criterion  # noqa: F401
 from .models import ca_mtl_roberta, roberta_ft  # noqa: F401  (--arch ca_mtl_roberta_*, roberta_ft_*)
 from .optim import samsgd  # noqa: F401
 from .criterions import label_smoothed_cross_entropy_r3f, label_smoothed_cross_entropy_rdrop  # noqa: F401
+from .criterions import label_smoothed_cross_entropy_recadam  # noqa: F401  (the coupled objective, seq2seq)
 
 errors_hook.install()

@@ -59,7 +59,8 @@ def mt(tmp_path_factory):
         "r3f_fp16": finetune_args(setup, root / "r3f_fp16", "--criterion", "label_smoothed_cross_entropy_r3f",
                                   "--label-smoothing", "0.1", "--eps", "1e-3", "--fp16", updates=4),
         # LLRD and ChildTuning-D over the encoder's and the decoder's layers, on Adam's first step
-        "llrd_cd": finetune_args(setup, root / "llrd_cd", "--criterion", "label_smoothed_cross_entropy",
+        # (through the plug-in's seq2seq criterion, decoupled: fairseq's label_smoothed_cross_entropy)
+        "llrd_cd": finetune_args(setup, root / "llrd_cd", "--criterion", "label_smoothed_cross_entropy_recadam",
                                  "--label-smoothing", "0.1", "--recadam-anneal-w", "0", "--layer-lr-decay", "0.9",
                                  "--child-tuning", "D", "--child-tuning-ratio", "0.3", updates=1),
     }
@@ -192,3 +193,44 @@ def test_a_checkpoint_of_another_architecture_stops_in_one_line(mt):
                    f"torch.Size([100, 32]) from checkpoint, the shape in current model is torch.Size([100, 64])); "
                    f"give the checkpoint's architecture flags")
     assert not os.listdir(mt.root / "wider")  # nothing saved
+
+
+def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
+    """label_smoothed_cross_entropy_recadam --recadam-objective coupled, in-process on a tiny transformer: θ* is
+    the model at the first training call (fairseq has loaded --restore-file there); moved off it, the loss is
+    λ(1)·L_T + (w−λ(1))·γ/2·Σ(θ−θ*)²·ntokens, with L_T fairseq's label_smoothed_cross_entropy."""
+    import math
+
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
+
+    from conftest import parse_config
+    from test_rdrop import transformer
+
+    model, sample, task, _ = transformer(dropout=0.0)
+    torch.save({"model": model.state_dict()}, tmp_path / "pre.pt")
+    pre = {n: p.detach().clone() for n, p in model.named_parameters()}
+    k, t0, gamma = 0.5, 3, 40.0
+    cfg = parse_config(str(tmp_path), "--task", "translation", "--arch", "transformer", "--user-dir", USER_DIR,
+                       "--optimizer", "adam", "--criterion", "label_smoothed_cross_entropy_recadam",
+                       "--label-smoothing", "0.1", "--recadam-objective", "coupled", "--recadam-anneal-k", str(k),
+                       "--recadam-anneal-t0", str(t0), "--recadam-pretrain-cof", str(gamma),
+                       "--restore-file", str(tmp_path / "pre.pt"), "--save-dir", str(tmp_path / "run"))
+    crit = CRITERION_REGISTRY["label_smoothed_cross_entropy_recadam"].build_criterion(cfg.criterion, task)
+    plain_cfg = CRITERION_DATACLASS_REGISTRY["label_smoothed_cross_entropy"](sentence_avg=False, label_smoothing=0.1)
+    plain = CRITERION_REGISTRY["label_smoothed_cross_entropy"].build_criterion(plain_cfg, task)
+    model.train()
+    lam = 1 / (1 + math.exp(-k * (1 - t0)))  # λ at update 1, w = 1
+    loss, _, log = crit(model, sample)  # θ = θ*: no penalty
+    assert log["recadam_dist"] == 0 and loss.item() == pytest.approx(lam * plain(model, sample)[0].item(), rel=1e-6)
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn(p.shape, generator=g))
+    loss, n, log = crit(model, sample)
+    target, n_plain, _ = plain(model, sample)
+    dist = sum(((p.detach().double() - pre[name].double()) ** 2).sum() for name, p in model.named_parameters())
+    want = lam * target.double() + (1 - lam) * 0.5 * gamma * dist * n
+    assert n == n_plain == sample["ntokens"] and dist > 0
+    assert loss.item() == pytest.approx(want.item(), rel=1e-6)
+    assert log["recadam_lambda"] == pytest.approx(lam) and log["recadam_dist"] == pytest.approx(dist.item(), rel=1e-6)
+    assert torch.equal(log["target_loss"], target.data) and torch.equal(log["loss"], loss.data)

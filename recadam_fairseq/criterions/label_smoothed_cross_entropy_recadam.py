@@ -1,0 +1,59 @@
+"""``--criterion label_smoothed_cross_entropy_recadam``: the RecAdam paper's coupled objective for
+sequence-to-sequence models (translation, BART), with any optimizer.
+
+fairseq's label-smoothed cross-entropy (R-Drop's term too where ``--rdrop-alpha`` > 0: this is
+``label_smoothed_cross_entropy_rdrop`` with α off by default) as Loss_T, and with
+``--recadam-objective coupled`` the loss λ(t)·Loss_T + (w−λ(t))·γ/2·Σ F·(θ−θ*)² of
+``coupled_term.py``, F ≡ 1 unless ``--ewc-fisher`` names a Fisher file (EWC; ``task`` needs one loss
+per example, which this criterion does not give). ``decoupled``, the default, leaves the pull to
+``--optimizer recadam``: then this is fairseq's criterion (with R-Drop's term where α > 0).
+"""
+
+import math
+from dataclasses import dataclass
+
+from fairseq.criterions import register_criterion
+from fairseq.logging import metrics
+
+from ..config import EWCHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal, redefault
+from ..core.errors import ConfigError
+from . import coupled_term
+from .label_smoothed_cross_entropy_rdrop import LabelSmoothedCrossEntropyRDropConfig, LabelSmoothedCrossEntropyRDropCriterion
+
+
+@dataclass
+class LabelSmoothedCrossEntropyRecAdamConfig(LabelSmoothedCrossEntropyRDropConfig, RecAdamHyperparams,
+                                             RecAdamObjective, EWCHyperparams):
+    rdrop_alpha: float = redefault(LabelSmoothedCrossEntropyRDropConfig, "rdrop_alpha", 0.0)
+
+
+@register_criterion("label_smoothed_cross_entropy_recadam", dataclass=LabelSmoothedCrossEntropyRecAdamConfig)
+class LabelSmoothedCrossEntropyRecAdamCriterion(LabelSmoothedCrossEntropyRDropCriterion):
+    def __init__(self, cfg: LabelSmoothedCrossEntropyRecAdamConfig, task):
+        super().__init__(task, cfg.sentence_avg, cfg.label_smoothing, cfg.rdrop_alpha, cfg.ignore_prefix_size,
+                         cfg.report_accuracy)
+        self.coupled = None
+        if str(cfg.recadam_objective) == "coupled":
+            check_anneal(cfg)
+            if str(cfg.ewc_fisher) == "task":
+                raise ConfigError("--ewc-fisher task: needs one loss per example, which "
+                                  "label_smoothed_cross_entropy_recadam does not give; write the Fisher once with "
+                                  "scripts/fisher.py and pass the file")
+            self.coupled = coupled_term.CoupledObjective(cfg, self)
+
+    def forward(self, model, sample, reduce=True):
+        loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)
+        if self.coupled is not None and model.training:
+            logging_output["target_loss"] = loss.data  # Loss_T (with R-Drop's term), beside the coupled loss
+            loss = self.coupled(model, loss, sample_size, logging_output)
+            logging_output["loss"] = loss.data
+        return loss, sample_size, logging_output
+
+    @classmethod
+    def reduce_metrics(cls, logging_outputs) -> None:
+        super().reduce_metrics(logging_outputs)
+        if any("target_loss" in log for log in logging_outputs):
+            sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+            target = sum(log.get("target_loss", 0) for log in logging_outputs)
+            metrics.log_scalar("target_loss", target / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        coupled_term.reduce(logging_outputs)
