@@ -204,7 +204,8 @@ def test_recadam_checkpoints_are_told_by_the_components_with_recadam_flags():
     from recadam_fairseq.anchor_source import recadam_components, recadam_updates
 
     assert recadam_components() == {"FairseqRecAdam", "SentencePredictionRecAdamCriterion", "GlueMultitaskCriterion",
-                                     "SentencePredictionR3FCriterion", "SentencePredictionRDropCriterion"}
+                                     "SentencePredictionR3FCriterion", "SentencePredictionRDropCriterion",
+                                     "LabelSmoothedCrossEntropyRecAdamCriterion"}
 
     def written_by(**names):
         last = {"optimizer_name": "FairseqAdam", "criterion_name": "SentencePredictionCriterion", **names}

@@ -100,6 +100,8 @@ def test_every_registered_component_parses_and_flags_agree():
                "--arch", "transformer"],
               ["--optimizer", "samsgd", "--criterion", "sentence_prediction_rdrop"],
               ["--optimizer", "adam", "--criterion", "label_smoothed_cross_entropy_rdrop", "--task", "translation",
+               "--arch", "transformer"],
+              ["--optimizer", "recadam", "--criterion", "label_smoothed_cross_entropy_recadam", "--task", "translation",
                "--arch", "transformer"]]
     helps = {}
     for extra in combos:
