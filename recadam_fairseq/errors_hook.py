@@ -62,12 +62,12 @@ def install() -> None:
 
     def hook(etype, value, tb):
         err = ours(value)
-        line = one_line(err) if err is not None else None
-        if line is None and fairseq_input_error(value):
-            line = one_line(ConfigError(fairseq_input_error(value)))
-        if line is None or os.environ.get("RECADAM_TRACEBACK"):
+        if err is None:
+            what = fairseq_input_error(value)
+            err = ConfigError(what) if what else None
+        if err is None or os.environ.get("RECADAM_TRACEBACK"):
             return previous(etype, value, tb)
-        sys.stderr.write(line + "\n")
+        sys.stderr.write(one_line(err) + "\n")
         sys.stderr.flush()
 
     hook.recadam_fairseq = True

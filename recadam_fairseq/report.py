@@ -1,5 +1,7 @@
 """The metrics every recadam run reports through fairseq's logging (train_inner, json, tensorboard, wandb)."""
 
+import math
+
 from fairseq.logging import metrics
 
 RECADAM_METRICS = ("recadam_lambda", "recadam_dist", "recadam_penalty")
@@ -12,6 +14,14 @@ def log_recadam_metrics(recadam_lambda: float, recadam_dist: float, recadam_pena
     """
     for priority, (key, value) in enumerate(zip(RECADAM_METRICS, (recadam_lambda, recadam_dist, recadam_penalty))):
         metrics.log_scalar(key, value, weight=0, priority=300 + priority)
+
+
+def log_target_loss(logging_outputs) -> None:
+    """``target_loss``: the task loss without the terms a criterion adds (R3F, R-Drop, the coupled pull), in bits
+    per sample-size unit as fairseq logs ``loss``."""
+    sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
+    target = sum(log.get("target_loss", 0) for log in logging_outputs)
+    metrics.log_scalar("target_loss", float(target) / max(sample_size, 1) / math.log(2), sample_size, round=3)
 
 
 SAM_METRICS = ("sam_rho", "sam_eps_norm", "sam_mask_frac", "sam_sharpness")

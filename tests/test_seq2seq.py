@@ -20,6 +20,7 @@ import pytest
 import torch
 
 from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
+from test_fairseq_train import load_model, trainable_names
 from test_one_line_errors import one_error_line
 from recadam_fairseq.tools import make_tiny_translation as tiny_mt
 
@@ -85,19 +86,9 @@ def pretrained(mt):
     return load_ckpt(os.path.join(mt.setup, "pretrained.pt"))["model"]
 
 
-def trained_names(ckpt):
-    """The model's parameters in the order fairseq hands them to the optimizer (tied ones once)."""
-    from fairseq import checkpoint_utils
-
-    import recadam_fairseq.safe_globals  # noqa: F401
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt)])
-    return models[0], task, [n for n, p in models[0].named_parameters() if p.requires_grad]
-
-
 def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
     ckpt = mt.root / "rdrop" / "checkpoint_last.pt"
-    _, _, names = trained_names(ckpt)
+    names = trainable_names(ckpt)
     pre = pretrained(mt)
     assert "decoder.embed_tokens.weight" not in names  # shared with the encoder's: one tensor, one anchor
     state = load_ckpt(ckpt)["last_optimizer_state"]["state"]
@@ -142,7 +133,7 @@ def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint
     assert float(json_records(log, "train_inner")[-1]["symm_kl"]) > 0  # R-Drop's term ran
 
     # the last validation saw checkpoint_last's weights: translate the original domain's dev set
-    model, task, _ = trained_names(mt.root / "rdrop" / "checkpoint_last.pt")
+    model, task = load_model(mt.root / "rdrop" / "checkpoint_last.pt")
     model.eval()
     task.load_dataset("test")
     gen = task.build_generator([model], Namespace(beam=1))
@@ -171,7 +162,7 @@ def test_llrd_and_childtuning_d_over_encoder_and_decoder_layers(mt):
     assert "--layer-lr-decay 0.9: embeddings ×0.81, encoder layers 0..0 ×0.9..×0.9, decoder layers 0..0" in log
     kept = int(re.search(r"mask from the Fisher information: ([\d,]+) of", log).group(1).replace(",", ""))
     ckpt = mt.root / "llrd_cd" / "checkpoint_last.pt"
-    _, _, names = trained_names(ckpt)
+    names = trainable_names(ckpt)
     now, pre = load_ckpt(ckpt)["model"], pretrained(mt)
     moved_in_layers = 0
     for n in names:

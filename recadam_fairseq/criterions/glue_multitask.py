@@ -27,6 +27,7 @@ from ..config import check_anneal
 from ..core import r3f
 from ..core.errors import ConfigError
 from ..core.glue_tasks import HEAD_TO_TASK, head_primary_metric
+from ..report import log_target_loss
 from . import coupled_term, glue_core
 from .sentence_prediction_recadam import SentencePredictionRecAdamConfig
 
@@ -110,8 +111,7 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
 
         sample_size = total("sample_size")
         metrics.log_scalar("loss", float(total("loss")) / max(sample_size, 1) / math.log(2), sample_size, round=3)
-        metrics.log_scalar("target_loss", float(total("target_loss")) / max(sample_size, 1) / math.log(2),
-                           sample_size, round=3)
+        log_target_loss(logging_outputs)
         coupled_term.reduce(logging_outputs)
         keys = set().union(*[log.keys() for log in logging_outputs]) if logging_outputs else set()
         if "mt_scored" in keys:

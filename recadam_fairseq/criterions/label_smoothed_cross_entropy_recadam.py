@@ -9,14 +9,13 @@ per example, which this criterion does not give). ``decoupled``, the default, le
 ``--optimizer recadam``: then this is fairseq's criterion (with R-Drop's term where α > 0).
 """
 
-import math
 from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
-from fairseq.logging import metrics
 
 from ..config import EWCHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal, redefault
 from ..core.errors import ConfigError
+from ..report import log_target_loss
 from . import coupled_term
 from .label_smoothed_cross_entropy_rdrop import LabelSmoothedCrossEntropyRDropConfig, LabelSmoothedCrossEntropyRDropCriterion
 
@@ -52,8 +51,6 @@ class LabelSmoothedCrossEntropyRecAdamCriterion(LabelSmoothedCrossEntropyRDropCr
     @classmethod
     def reduce_metrics(cls, logging_outputs) -> None:
         super().reduce_metrics(logging_outputs)
-        if any("target_loss" in log for log in logging_outputs):
-            sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
-            target = sum(log.get("target_loss", 0) for log in logging_outputs)
-            metrics.log_scalar("target_loss", target / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        if any("target_loss" in log for log in logging_outputs):  # training with the coupled objective
+            log_target_loss(logging_outputs)
         coupled_term.reduce(logging_outputs)

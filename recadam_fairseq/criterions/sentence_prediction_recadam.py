@@ -12,18 +12,17 @@
   ``decoupled``, leaves the penalty to ``--optimizer recadam``.
 """
 
-import math
 from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
-from fairseq.logging import metrics
 
 from ..config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams,
                       RecAdamObjective, check_anneal, check_consistency_terms, redefault)
 from ..core import r3f
 from ..core.errors import ConfigError
+from ..report import log_target_loss
 from . import coupled_term, glue_core, r3f_term
 from .label_check import check_labels
 
@@ -120,9 +119,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
     @staticmethod
     def reduce_metrics(logging_outputs) -> None:
         SentencePredictionCriterion.reduce_metrics(logging_outputs)  # loss, nll_loss, accuracy
-        sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
-        target = sum(log.get("target_loss", 0) for log in logging_outputs)
-        metrics.log_scalar("target_loss", target / max(sample_size, 1) / math.log(2), sample_size, round=3)
+        log_target_loss(logging_outputs)
         r3f_term.reduce_symm_kl(logging_outputs)
         coupled_term.reduce(logging_outputs)
         glue_core.reduce_dev(logging_outputs)
