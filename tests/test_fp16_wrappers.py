@@ -159,6 +159,56 @@ def test_overflowing_step_changes_nothing(tmp_path, cpu_flat_fp16):
     assert torch.equal(flat.detach(), master)
 
 
+def test_amp_steps_on_gradients_unscaled_once(tmp_path):
+    """fairseq's --amp (AMPOptimizer; torch's CPU GradScaler in place of its CUDA one): the step is recadam's
+    fp32 step on the true gradients, bit for bit, not on gradients / loss scale (fairseq unscales them in
+    clip_grad_norm, and GradScaler.step would again); an overflow skips it and leaves t, the moments and θ*."""
+    restore = tmp_path / "pre.pt"
+    torch.manual_seed(0)
+    torch.save({"model": Net(head=False).state_dict()}, restore)
+    nets, opts = [], []
+    for amp in (False, True):
+        torch.manual_seed(1)
+        net = Net()
+        net.load_state_dict(torch.load(restore)["model"], strict=False)
+        cfg = parse(*FLAGS, *(["--amp"] if amp else []), restore=restore)
+        if amp:
+            opt = optim.AMPOptimizer.build_optimizer(cfg, list(net.parameters()))
+            opt._grad_scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 7)
+            opt.scaler.scale(torch.zeros(()))  # what opt.backward(loss) does first: the scale exists from here
+        else:
+            opt = optim.build_optimizer(cfg.optimizer, list(net.parameters()))
+        nets.append(net)
+        opts.append(opt)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(STEPS):
+        g = grads(gen, nets[0])
+        for (net, opt), s in zip(zip(nets, opts), (1.0, 2.0 ** 7)):
+            for p, gp in zip(net.parameters(), g):
+                p.grad = gp * s  # as scaler.scale(loss).backward() leaves them (a power of 2: exact)
+            opt.all_reduce_grads(net)
+            opt.clip_grad_norm(0.0)
+            opt.step()
+    for a, b in zip(*(n.parameters() for n in nets)):
+        assert torch.equal(a, b)
+    amp, core = opts[1], opts[1].optimizer
+    before = {id(p): {k: (v.clone() if torch.is_tensor(v) else v) for k, v in core.state[p].items()}
+              for p in nets[1].parameters()}
+    weights = [p.detach().clone() for p in nets[1].parameters()]
+    for p in nets[1].parameters():
+        p.grad = torch.full_like(p, float("inf"))
+    amp.clip_grad_norm(0.0)
+    amp.step()
+    assert amp.scaler.get_scale() == 2.0 ** 6  # the scaler saw the overflow and backed off
+    for p, w in zip(nets[1].parameters(), weights):
+        assert torch.equal(p.detach(), w)
+        for k, v in before[id(p)].items():
+            assert torch.equal(torch.as_tensor(core.state[p][k]), torch.as_tensor(v)), k
+    assert core.state[next(nets[1].parameters())]["step"] == STEPS
+    with pytest.raises(RuntimeError, match="not unscaled"):  # GradScaler.step without the unscale before it
+        amp.step()
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("mode", ["fp16-flat", "fp16-per-param"])
 def test_fp16_wrappers_on_gpu_equal_the_core(mode, tmp_path):
