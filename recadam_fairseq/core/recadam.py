@@ -84,8 +84,16 @@ def validate_hparams(h: dict, where: str = "", names: Optional[dict] = None) -> 
            h["pretrain_cof"], "must be finite and >= 0", where)
 
 
-def _views(x: Tensor, lo: int, hi: int) -> Tensor:
-    return x.view(-1)[lo:hi]
+def _views(x: Optional[Tensor], lo: int, hi: int) -> Optional[Tensor]:
+    return None if x is None else x.view(-1)[lo:hi]
+
+
+_COMPILED, _WHOLE, _CHUNKS = "compiled", "whole", "chunks"  # the routes of _layout's segments
+_LAYOUT_STATE = ("exp_avg", "exp_avg_sq", "anchor", "fisher", "anchor_runs")  # what a layout is made of
+
+
+def _without_grad(seg: "Segment") -> tuple:
+    return seg.p, seg.exp_avg, seg.exp_avg_sq, seg.anchor, seg.fisher
 
 
 def _chunks(lo: int, hi: int, contiguous: bool):
@@ -171,6 +179,7 @@ class RecAdam(Optimizer):
         self._fused_failed = False
         self._many_keys = set()  # the multi-tensor programs this optimizer uses (fused.update_many)
         self._lr_scales = {}  # p -> its lr scale, a number or element runs (set_lr_scale); not saved state
+        self._layouts = {}  # id(p) -> (key, what it was made from, its segments): _layout's cache, not saved
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             correct_bias=correct_bias, anneal_fun=anneal_fun, anneal_k=anneal_k,
@@ -225,6 +234,7 @@ class RecAdam(Optimizer):
         runs back to back; elements outside the runs get plain Adam. The anchor is used as
         given (no copy) unless it lives on another device; it may have a lower precision.
         """
+        self._layouts.pop(id(p), None)  # its cached views would keep the old anchor alive until the next step
         state = self.state[p]
         state.pop("anchor", None)
         state.pop("anchor_runs", None)
@@ -271,6 +281,7 @@ class RecAdam(Optimizer):
         F has the anchor's layout (p's shape, or the anchor runs back to back), is finite and >= 0;
         it may have a lower precision (the update reads it in fp32). Needs an anchor (:meth:`set_anchor`).
         """
+        self._layouts.pop(id(p), None)
         state = self.state[p]
         if fisher is None:
             state.pop("fisher", None)
@@ -345,6 +356,7 @@ class RecAdam(Optimizer):
         half-precision anchor of fp32 parameters would change.) Moments whose shape does not
         match the parameter raise ValueError: the state comes from another model.
         """
+        self._layouts.clear()  # views of the old state's tensors
         state_dict = dict(state_dict)
         kept, rest = {}, {}
         for k, s in state_dict["state"].items():
@@ -392,32 +404,43 @@ class RecAdam(Optimizer):
     def anchor_distance(self) -> Tensor:
         """Σ(θ−θ*)² over the anchored elements, in float64, without a model-sized temporary.
 
-        Large segments take one compiled pass where the update is fused (float64 accumulation);
-        the rest goes chunk by chunk: an fp32 dot per chunk, summed in float64.
+        A few large segments (the flat layouts) take one compiled pass each (float64 accumulation);
+        many (a per-tensor layout: ~200 tensors, where a call each cost 14 ms of host time on an H100)
+        go in batches of at most DISTANCE_BATCH elements through ``_foreach_sub`` and ``_foreach_norm``
+        (fp32 norms, squared and summed in float64).
         """
-        total = torch.zeros((), dtype=torch.float64)
+        compiled, batched, loose = [], [], []
         for group in self.param_groups:
             fused = self._fused_here(group)
             for p in group["params"]:
                 state = self.state.get(p)
                 if not state or "anchor" not in state:
                     continue
-                contiguous = p.is_contiguous()
                 for lo, hi, a, _ in _anchor_pieces(p, state):
                     if a is None:
                         continue
-                    if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:
-                        part = self._fused_distance(_views(p.detach(), lo, hi), a.view(-1))
-                        if part is not None:
-                            total = total.to(part.device) + part
-                            continue
-                    for clo, chi in _chunks(lo, hi, contiguous):
-                        x = _views(p, clo, chi) if contiguous else p
-                        y = a.view(-1)[clo - lo:chi - lo] if contiguous else a
-                        d = (x.float() - y.float()).reshape(-1)
-                        # fp32 dot per chunk, summed in float64 (a float64 sum would convert the chunk first)
-                        total = total.to(d.device) + torch.dot(d, d).double()
-        return total
+                    if not p.is_contiguous():
+                        loose.append((p.detach(), a))
+                    elif fused and hi - lo >= _fused.MIN_SEGMENT:
+                        compiled.append((_views(p.detach(), lo, hi), a.view(-1)))
+                    else:
+                        batched.append((_views(p.detach(), lo, hi), a.view(-1)))
+        if len(compiled) >= _fused.MULTI_MIN_SEGMENTS:
+            compiled, batched = [], compiled + batched
+        parts = []
+        for x, a in compiled:
+            part = self._fused_distance(x, a)
+            if part is None:
+                batched.append((x, a))
+            else:
+                parts.append(part)
+        parts += _batched_distances(batched)
+        for x, a in loose:
+            d = (x.float() - a.float()).reshape(-1)
+            parts.append(torch.dot(d, d).double())
+        if not parts:
+            return torch.zeros((), dtype=torch.float64)
+        return torch.stack([t.to(parts[0].device) for t in parts]).sum()
 
     def _fused_distance(self, x: Tensor, a: Tensor) -> Optional[Tensor]:
         try:
@@ -461,33 +484,73 @@ class RecAdam(Optimizer):
 
         Returns (compiled: {Kind: [Scaled]}, the large contiguous segments, whole, for the compiled
         kernels, each with its lr scale; eager: {(Kind, lr scale): [Segment]}, the rest, in pieces of at
-        most CHUNK elements unless a tensor is taken whole).
+        most CHUNK elements unless a tensor is taken whole). Only the gradient's views are made anew
+        each step: the rest of each tensor's segments comes from ``_layout``'s cache.
         """
         compiled, eager = defaultdict(list), defaultdict(list)
+        pulled = group["anneal_w"] > 0
         for p in group["params"]:
-            if p.grad is None:
-                continue
             g = p.grad
+            if g is None:
+                continue
             if g.is_sparse:
                 raise RuntimeError("RecAdam does not support sparse gradients")
             if not g.is_contiguous():
                 g = g.contiguous()
-            state = self._advance(p)
-            m, v = state["exp_avg"], state["exp_avg_sq"]
-            contiguous = all(x.is_contiguous() for x in (p, m, v))
-            for lo, hi, a, f, scale in _pieces(p, state, self._lr_scales.get(p)):
-                anchored = a is not None and group["anneal_w"] > 0
-                f = f if anchored else None
-                kind = Kind(state["step"], anchored, (p.dtype, g.dtype, None if a is None else a.dtype,
-                                                      None if f is None else f.dtype), p.device)
-                if fused and contiguous and f is None and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
-                    # detached: dynamo refuses no-grad views of a leaf that requires grad
-                    compiled[kind].append(Scaled(_segment(p.detach(), g, m, v, a, lo, hi), scale))
-                elif not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
-                    eager[kind, scale].append(Segment(p, g, m, v, a, f))
-                else:
-                    eager[kind, scale] += _chunked(_segment(p, g, m, v, a, lo, hi, f))
-        return compiled, eager
+            step, layout = self._layout(p, g, fused, pulled)
+            flat = None
+            for route, lo, hi, kind, scale, (sp, sm, sv, sa, sf) in layout:
+                if route is _WHOLE:
+                    eager[step, kind, scale].append(Segment(sp, g, sm, sv, sa, sf))
+                    continue
+                flat = g.view(-1) if flat is None else flat
+                if route is _COMPILED:
+                    compiled[step, kind].append(Scaled(Segment(sp, flat[lo:hi], sm, sv, sa, sf), scale))
+                else:  # _CHUNKS: sp holds [(start, end, (p, m, v, anchor, F) of the chunk)]
+                    eager[step, kind, scale].extend(Segment(cp, flat[a:b], cm, cv, ca, cf)
+                                             for a, b, (cp, cm, cv, ca, cf) in sp)
+        # the dict keys above are cheap to hash; the Kinds are made once per key
+        return ({Kind(step, *kind): segs for (step, kind), segs in compiled.items()},
+                defaultdict(list, {(Kind(step, *kind), scale): segs for (step, kind, scale), segs in eager.items()}))
+
+    def _layout(self, p: Tensor, g: Tensor, fused: bool, pulled: bool):
+        """(t, p's segments without the gradient): (route, start, end, Kind's fields but t, lr scale, the
+        segment's (p, m, v, anchor, F)). Cached while p's storage, its state's tensors, its lr scale, the
+        gradient's dtype and the routing thresholds stay the same: a per-tensor layout has ~200 tensors,
+        and remaking their views each step cost more host time than a GPU spends on the update."""
+        state = self.state[p]
+        cached = self._layouts.get(id(p))
+        if cached is not None:
+            key, held, layout = cached
+            if (key == (p.data_ptr(), g.dtype, fused, pulled, _fused.MIN_SEGMENT, CHUNK)
+                    and held[0] == self._lr_scales.get(p) and state.get("exp_avg") is held[1]
+                    and state.get("exp_avg_sq") is held[2] and state.get("anchor") is held[3]
+                    and state.get("fisher") is held[4] and state.get("anchor_runs") is held[5]):
+                state["step"] += 1
+                return state["step"], layout
+        state = self._advance(p)
+        m, v, scale = state["exp_avg"], state["exp_avg_sq"], self._lr_scales.get(p)
+        contiguous = all(x.is_contiguous() for x in (p, m, v))
+        layout = []
+        for lo, hi, a, f, c in _pieces(p, state, scale):
+            anchored = a is not None and pulled
+            f = f if anchored else None
+            kind = (anchored, (p.dtype, g.dtype, None if a is None else a.dtype, None if f is None else f.dtype),
+                    p.device)
+            if fused and contiguous and f is None and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
+                # detached: dynamo refuses no-grad views of a leaf that requires grad
+                seg = _segment(p.detach(), None, m, v, a, lo, hi)
+                layout.append((_COMPILED, lo, hi, kind, c, _without_grad(seg)))
+            elif not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
+                layout.append((_WHOLE, lo, hi, kind, c, (p, m, v, a, f)))
+            else:
+                chunks = _chunked(_segment(p, None, m, v, a, lo, hi, f))
+                spans = [(b, b + ch.p.numel(), _without_grad(ch)) for b, ch in zip(range(lo, hi, CHUNK), chunks)]
+                layout.append((_CHUNKS, lo, hi, kind, c, (spans, None, None, None, None)))
+        # what it was made from: the lr scale, and the state's tensors (held: compared by identity)
+        held = (scale, *(state.get(n) for n in _LAYOUT_STATE))
+        self._layouts[id(p)] = ((p.data_ptr(), g.dtype, fused, pulled, _fused.MIN_SEGMENT, CHUNK), held, layout)
+        return state["step"], layout
 
     def _advance(self, p: Tensor) -> dict:
         """p's state for this step: made at its first, on p's device, its step counted."""
@@ -652,6 +715,30 @@ def _batched(segs):
         size += seg[0].numel()
     if batch:
         yield batch
+
+
+DISTANCE_BATCH = 8 * CHUNK  # elements of θ−θ* held at once by anchor_distance's batches (64 MB in fp32)
+
+
+def _batched_distances(pairs) -> List[Tensor]:
+    """Σ(x−a)² of (flat x, flat a) pairs in batches of at most DISTANCE_BATCH elements, one float64 sum each."""
+    pieces = [(x[o:o + DISTANCE_BATCH], a[o:o + DISTANCE_BATCH]) for x, a in pairs
+              for o in range(0, x.numel(), DISTANCE_BATCH)]
+    out, batch, size = [], [], 0
+    for x, a in pieces + [(None, None)]:
+        if batch and (x is None or size + x.numel() > DISTANCE_BATCH):
+            xs, as_ = zip(*batch)
+            d = torch._foreach_sub(_as_fp32(xs), _as_fp32(as_))
+            out.append(torch.stack(torch._foreach_norm(d)).double().square().sum())
+            batch, size = [], 0
+        if x is not None:
+            batch.append((x, a))
+            size += x.numel()
+    return out
+
+
+def _as_fp32(xs):
+    return [x if x.dtype == torch.float32 else x.float() for x in xs]
 
 
 def _fp32(xs):

@@ -4,9 +4,10 @@
 #   there:  bash scripts/gpu/run.sh STAGE...                 (device call with carry: [".whl"])
 # Stages (a device call is limited to 10 minutes: the stages of one call share RECADAM_GPU_BUDGET_S,
 # default 570 s; a session has 15 minutes of device time, the machine's start included). Seen on an
-# H200 (2026-11-26): tests 229 s, bench's flat base 23 s and large 30 s, bench-per-tensor's base 114 s
-# (inductor compiles a 74-tensor program, ~50 s, twice), one roberta-base fairseq-train run ~35 s.
-# So: "tests bench e2e-recadam" in one call, then "bench-per-tensor e2e" if time is left.
+# H100 (2026-11-26): tests 124 s, bench 48 s, bench-per-tensor 102 s (inductor compiles a 74-tensor
+# program, ~30-50 s, twice), e2e-recadam 310 s, one roberta-base fairseq-train run 25-35 s (e2e: 19
+# runs, ~10 min, a call of its own). So: "tests bench-per-tensor e2e-recadam" in one call, "e2e" in
+# the next while the machine is warm.
 #   check        versions, the GPU, fairseq and the plug-in import (every stage starts with it)
 #   tests        every test marked gpu                                              -> gpu-tests.log
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
