@@ -30,9 +30,10 @@ BLEU = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
-def finetune_args(setup, save, *extra, updates=UPDATES, validate=False):
-    return [os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_ARCH,
-            "--finetune-from-model", os.path.join(setup, "pretrained.pt"), "--user-dir", USER_DIR,
+def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tiny_mt.TINY_ARCH,
+                  pretrained=None):
+    return [os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *arch,
+            "--finetune-from-model", pretrained or os.path.join(setup, "pretrained.pt"), "--user-dir", USER_DIR,
             "--optimizer", "recadam", "--recadam-pretrain-cof", "500", "--recadam-anneal-k", "0.5",
             "--recadam-anneal-t0", "4", "--lr", "1e-3", "--lr-scheduler", "fixed",
             "--max-tokens", "512", "--max-update", str(updates), "--seed", "5", "--cpu", "--num-workers", "0",
@@ -68,17 +69,42 @@ def mt(tmp_path_factory):
     # the pretrained checkpoint under a wider --arch: one line before training
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
+    # BART (tied embeddings, layernorm_embedding, its own init): pretrained 3 updates on A, fine-tuned on B,
+    # BLEU on both domains at the end
+    bart_pre = [os.path.join(setup, "a-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_BART_ARCH,
+                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
+                "--lr", "1e-2", "--max-update", "3", "--max-tokens", "512", "--seed", "1", "--cpu",
+                "--num-workers", "0", "--save-dir", str(root / "bart_pre"), "--no-epoch-checkpoints",
+                "--disable-validation"]
+    jobs["bart"] = finetune_args(setup, root / "bart", "--criterion", "label_smoothed_cross_entropy_recadam",
+                                 "--label-smoothing", "0.1", *BLEU, updates=4, validate=True,
+                                 arch=tiny_mt.TINY_BART_ARCH, pretrained=str(root / "bart_pre" / "checkpoint_last.pt"))
+
+    def resumed():
+        # the R-Drop run resumed from its update-2 checkpoint (mid-epoch: 4 updates an epoch), in a directory of
+        # its own
+        (root / "resumed").mkdir()
+        shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
+        return train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
+                                         for a in jobs["rdrop"]])
+
+    # two at a time; a run that needs another's checkpoint follows it in the same worker
+    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16",), ("llrd_cd",), ("wider",)]
+    steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
+             "bart_pre": lambda: train(root / "bart_pre", bart_pre)}
+
+    def chain(names):
+        done = {}
+        for k in names:
+            done[k] = steps[k]()
+            if done[k][0] != 0:
+                break
+        return done
+
     with ThreadPoolExecutor(2) as pool:
-        futures = {k: pool.submit(train, root / k, args) for k, args in jobs.items()}
-        out = {k: f.result() for k, f in futures.items()}
-    for k in jobs.keys() - {"wider"}:
-        assert out[k][0] == 0, f"{k}:\n{out[k][1][-4000:]}"
-    # resume the R-Drop run from its update-2 checkpoint (mid-epoch: 4 updates an epoch), in a directory of its own
-    (root / "resumed").mkdir()
-    shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
-    out["resumed"] = train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
-                                              for a in jobs["rdrop"]])
-    assert out["resumed"][0] == 0, out["resumed"][1][-4000:]
+        out = {k: v for part in pool.map(chain, chains) for k, v in part.items()}
+    for k in steps.keys() - {"wider"}:
+        assert k in out and out[k][0] == 0, f"{k}:\n{out.get(k, (0, 'not run'))[1][-4000:]}"
     return Namespace(root=root, setup=setup, runs=out)
 
 
@@ -103,6 +129,28 @@ def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
     # R3F's term on a plain transformer (fairseq's rxf criterion fails there): positive at every update
     tr = json_records(mt.runs["r3f_fp16"][1], "train_inner")
     assert len(tr) == 4 and all(float(x["symm_kl"]) > 0 for x in tr)
+
+
+def test_bart_anchor_is_its_pretrained_checkpoint_and_it_learns(mt):
+    """fairseq's bart_base shape through fairseq-train: the encoder's, the decoder's and the output embeddings are
+    one tensor with one anchor; every other tensor (layernorm_embedding, learned positions) is anchored by name;
+    the fine-tuning moved every tensor, and BLEU is logged on both domains."""
+    ckpt = mt.root / "bart" / "checkpoint_last.pt"
+    names = trainable_names(ckpt)
+    pre = load_ckpt(mt.root / "bart_pre" / "checkpoint_last.pt")["model"]
+    now = load_ckpt(ckpt)
+    tied = {"decoder.embed_tokens.weight", "decoder.output_projection.weight"}
+    assert tied <= now["model"].keys() and not tied & set(names) and "encoder.embed_tokens.weight" in names
+    assert torch.equal(now["model"]["decoder.output_projection.weight"], now["model"]["encoder.embed_tokens.weight"])
+    assert {"encoder.layernorm_embedding.weight", "decoder.embed_positions.weight"} <= set(names)
+    state = now["last_optimizer_state"]["state"]
+    assert len(state) == len(names) and {s["step"] for s in state.values()} == {4}
+    for i, n in enumerate(names):
+        assert torch.equal(state[i]["anchor"], pre[n]), n
+        assert not torch.equal(now["model"][n], pre[n]), n  # trained
+    for tag in ("valid", "test"):
+        (rec,) = json_records(mt.runs["bart"][1], tag)
+        assert int(rec[f"{tag}_num_updates"]) == 4 and 0 <= float(rec[f"{tag}_bleu"]) <= 100
 
 
 def test_a_resumed_run_ends_bit_for_bit_where_the_whole_one_did(mt):
