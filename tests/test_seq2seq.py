@@ -384,3 +384,48 @@ def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
     assert subwords.marking(["\u2581the", "re", "\u2581it"]) == subwords.Marking("SentencePiece", 2, 3, ("sentencepiece",))
     assert subwords.marking(["th@@", "e", "it"]).undo == ("subword_nmt", "@@ ", "@@")
     assert subwords.marking(["w@@"] + ["w"] * 10) is None and subwords.marking([]) is None
+
+
+def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_path):
+    """scripts/seq2seq/finetune.sh recadam-rdrop on the tiny pair, the architecture read from the checkpoint:
+    killed after its first checkpoint (update 4), the same command continues from it and ends with the best
+    BLEU on valid and test's BLEU at that update; a third call trains nothing."""
+    from test_glue_scripts import base_env
+
+    script = os.path.join(os.path.dirname(USER_DIR), "scripts", "seq2seq", "finetune.sh")
+    mine = ("PRETRAINED", "DATA", "SRC", "TGT", "VALID_SUBSETS", "BEAM", "DETOK", "REMOVE_BPE", "MAX_TOKENS", "WARMUP",
+            "LABEL_SMOOTHING", "LOG_INTERVAL")  # the script's variables beside the GLUE scripts' (base_env drops those)
+    env = {k: v for k, v in base_env().items() if k not in mine}
+    env.update(base_env(PRETRAINED=os.path.join(pair.setup, "pretrained.pt"), DATA=os.path.join(pair.setup, "b-bin"),
+                   SAVE_DIR=str(tmp_path), MAX_UPDATE=8, SAVE_INTERVAL_UPDATES=4, LR="1e-3", K="0.5", T0="4",
+                   GAMMA="500", BEAM=1, MAX_TOKENS=512, FP16=0, FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}",
+                   OMP_NUM_THREADS=1))
+    cmd = [script, "recadam-rdrop", "--cpu", "--num-workers", "0"]
+
+    def go(**over):
+        return subprocess.run(cmd, env={**env, **over}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    killed = go(RECADAM_EXIT_AFTER_SAVES="1")
+    run_dir = tmp_path / "b-bin" / "recadam-rdrop-k0.5-t4-g500-a1.0" / "seed1"
+    assert killed.returncode == 137 and "fairseq-train failed (exit 137)" in killed.stdout, killed.stdout[-3000:]
+    resumed = go()
+    out = resumed.stdout.splitlines()
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"finetune.sh: resuming {run_dir} from checkpoint_last.pt (update 4)" in out
+    log = (run_dir / "train.log").read_text()
+    bleu = {tag: {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu"]) for r in json_records(log, tag)}
+            for tag in ("valid", "test")}
+    assert sorted(bleu["valid"]) == sorted(bleu["test"]) == [4, 8]  # one validation before the kill, one after
+    at = max(bleu["valid"], key=lambda u: (bleu["valid"][u], -u))  # fairseq keeps the first of equal bests
+    assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8, 2 validations; "
+                       f"there: test bleu {bleu['test'][at]:g})")
+    assert any(ln.startswith("  test at update 8: loss ") and ", bleu " in ln for ln in out)  # the follower's line
+    # the catalogue's seq2seq criterion and RecAdam's knobs, the checkpoint's architecture, in command.sh
+    command = (run_dir / "command.sh").read_text()
+    for flags in ("--criterion label_smoothed_cross_entropy_rdrop", "--rdrop-alpha 1.0", "--recadam-anneal-t0 4",
+                  "--encoder-embed-dim 32", "--share-all-embeddings", "--valid-subset valid,test",
+                  "--best-checkpoint-metric bleu"):
+        assert f"  {flags} \\" in command or command.rstrip().endswith(f"  {flags}"), flags
+    assert load_ckpt(run_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 8
+    again = go()
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == f"== already done: {run_dir} (RESTART=1 trains it again)"
