@@ -5,7 +5,9 @@ on the other, BLEU on both domains' dev sets at every validation.
 Evidence: θ* is the pretrained checkpoint tensor for tensor (shared embeddings once), in the per-tensor
 and the --fp16 flat layouts; a run resumed mid-epoch ends bit for bit where the whole one did; the BLEU
 fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recomputed here; LLRD's scales
-and ChildTuning-D's mask read off Adam's first step.
+and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
+anchored once); bad --eval-bleu settings and GLUE components stop in one line before training;
+scripts/seq2seq/finetune.sh resumes a killed run and ends with BLEU on both subsets.
 """
 
 import importlib.util
