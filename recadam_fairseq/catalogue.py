@@ -143,6 +143,20 @@ class Method:
         return self.aliases[0][len("recadam+"):] if self.aliases and self.aliases[0].startswith("recadam+") else None
 
     @property
+    def seq2seq(self) -> bool:
+        """A METHOD of scripts/seq2seq/finetune.sh (--task translation): not RoBERTa's model or head, not the
+        multi-task setting, not EWC's task Fisher (it needs one loss per example, which seq2seq criteria lack)."""
+        fixed = self.optimizer_fixed + self.criterion_fixed
+        return (self.scripts and self.model is None and self.task is None and not self.extra_fixed
+                and "--ewc-fisher" not in fixed)
+
+    @property
+    def seq2seq_criterion(self) -> str:
+        """Its criterion on --task translation: the twin of its GLUE one, the same terms over fairseq's
+        label-smoothed cross-entropy (label_smoothed_cross_entropy_recadam's default is fairseq's criterion)."""
+        return SEQ2SEQ_CRITERIA[self.criterion]
+
+    @property
     def uses_recadam(self) -> bool:
         """RecAdam's λ(t) and pull, with its knobs (k, t0, γ)."""
         return "k" in self.knobs
@@ -198,6 +212,12 @@ class Method:
                 out[KNOBS[key].json or key] = str(values[key])
         return out
 
+
+# the GLUE criteria's twins on --task translation (None: the consumer's default)
+SEQ2SEQ_CRITERIA = {None: "label_smoothed_cross_entropy_recadam",
+                    "sentence_prediction_recadam": "label_smoothed_cross_entropy_recadam",
+                    "sentence_prediction_r3f": "label_smoothed_cross_entropy_r3f",
+                    "sentence_prediction_rdrop": "label_smoothed_cross_entropy_rdrop"}
 
 # the group a knob's flags go to (RecAdam's: where RecAdam lives)
 _KNOB_GROUP = {"lambda": "criterion", "eps": "criterion", "alpha": "criterion", "rho": "optimizer",
@@ -280,9 +300,10 @@ METHODS: Dict[str, Method] = {n: _BUILT[n] for n in _ORDER}
 ALIASES: Dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
 
 
-def names(scripts: Optional[bool] = None) -> List[str]:
-    """Every method's name, in the catalogue's order (``scripts=True``: the task scripts' METHODs)."""
-    return [n for n, m in METHODS.items() if scripts is None or m.scripts == scripts]
+def names(scripts: Optional[bool] = None, seq2seq: bool = False) -> List[str]:
+    """Every method's name, in the catalogue's order (``scripts=True``: the task scripts' METHODs; ``seq2seq``:
+    scripts/seq2seq/finetune.sh's)."""
+    return [n for n, m in METHODS.items() if (scripts is None or m.scripts == scripts) and (m.seq2seq or not seq2seq)]
 
 
 def get(name: str) -> Method:

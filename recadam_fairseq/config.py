@@ -36,6 +36,15 @@ class CheckpointPaths(FairseqDataclass):
     save_dir: str = II("checkpoint.save_dir")
 
 
+@dataclass
+class BestCheckpointMetric(FairseqDataclass):
+    """fairseq's choice of checkpoint_best.pt, read from the checkpoint node: checked against --eval-bleu
+    (criterions/bleu_check.py)."""
+
+    best_checkpoint_metric: str = II("checkpoint.best_checkpoint_metric")
+    maximize_best_checkpoint_metric: bool = II("checkpoint.maximize_best_checkpoint_metric")
+
+
 def check_checkpoint_paths(cfg) -> None:
     """A --restore-file or --finetune-from-model that does not exist stops the run: fairseq would log
     "No existing checkpoint found" and train from random weights. (A config without the checkpoint

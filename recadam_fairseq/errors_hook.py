@@ -8,7 +8,10 @@ Two of fairseq's own start-up failures are a user's input too, and get one line 
 change (:func:`fairseq_input_error`): a checkpoint that does not fit ``--arch`` (fairseq's "Cannot
 load model parameters from checkpoint", with the first mismatch from torch's message) and
 ``--bf16`` off a TPU (fairseq 0.12's ``options.py`` turns ``--bf16`` into ``--tpu``, and the Trainer
-asks torch_xla for its device).
+asks torch_xla for its device). And ``--eval-bleu``'s settings, which fairseq's translation task reads
+when it builds the model (:func:`_eval_bleu_error`): an ``--eval-bleu-detok`` it does not know or whose
+package is missing, an ``--eval-bleu-args`` / ``--eval-bleu-detok-args`` that is not JSON. (Its
+settings that fail later, or mislead, are checked by the seq2seq criteria: ``criterions/bleu_check.py``.)
 """
 
 import os
@@ -30,8 +33,48 @@ def _innermost(exc: BaseException):
     return tb.tb_frame.f_code if tb is not None else None
 
 
+def _translation_cfg(exc: BaseException):
+    """fairseq's translation task config, when ``exc`` came out of its build_model with --eval-bleu; else None."""
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "build_model" and code.co_filename.endswith(os.path.join("tasks", "translation.py")):
+            cfg = getattr(tb.tb_frame.f_locals.get("self"), "cfg", None)
+            return cfg if getattr(cfg, "eval_bleu", False) else None
+        tb = tb.tb_next
+    return None
+
+
+def _eval_bleu_error(exc: BaseException, cfg) -> Optional[str]:
+    """fairseq builds --eval-bleu's detokenizer and generator with the model; what failed there, as the flag."""
+    import json
+
+    detok = cfg.eval_bleu_detok
+    if isinstance(exc, json.JSONDecodeError):
+        for flag, value in (("--eval-bleu-detok-args", cfg.eval_bleu_detok_args), ("--eval-bleu-args", cfg.eval_bleu_args)):
+            try:
+                json.loads(value)
+            except json.JSONDecodeError as e:
+                example = " such as '{\"beam\": 4}'" if flag == "--eval-bleu-args" else ""
+                return f"{flag} {value!r}: not JSON ({e.msg} at character {e.pos}); give a JSON object{example}"
+        return None
+    if isinstance(exc, ImportError):  # the detokenizer's package: fairseq's message says which
+        return (f"--eval-bleu-detok {detok}: {str(exc).strip()} (fairseq detokenizes the translations and references "
+                f"before BLEU); --eval-bleu-detok space skips detokenizing, for text that was not tokenized")
+    code = _innermost(exc) if isinstance(exc, KeyError) else None
+    if code is not None and code.co_name == "build_x":
+        from fairseq.data.encoders import TOKENIZER_REGISTRY
+
+        return (f"--eval-bleu-detok {detok}: not a detokenizer fairseq knows; choose one of "
+                f"{', '.join(sorted(TOKENIZER_REGISTRY))}")
+    return None
+
+
 def fairseq_input_error(exc: Optional[BaseException]) -> Optional[str]:
     """What to change, for fairseq's start-up failures that come from the command line; else None."""
+    cfg = _translation_cfg(exc) if isinstance(exc, BaseException) else None
+    if cfg is not None:
+        return _eval_bleu_error(exc, cfg)
     text = str(exc)
     if text.startswith("Cannot load model parameters from checkpoint ") and type(exc) is Exception:
         path = text[len("Cannot load model parameters from checkpoint "):].split("; please")[0]

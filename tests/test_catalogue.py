@@ -97,6 +97,34 @@ def test_every_method_parses_in_fairseq():
                 assert str(getattr(args, dest)) == str(float(KNOBS[k].default)), (m.name, k)
 
 
+def test_seq2seq_methods_parse_on_translation_and_the_script_lists_them():
+    """scripts/seq2seq/finetune.sh's METHODs: each parses on --task translation with its GLUE criterion's twin; the
+    script's usage and docs/seq2seq.md name exactly them."""
+    import re
+
+    from fairseq import options
+
+    import recadam_fairseq
+
+    recadam_fairseq.register()
+    seq2seq = catalogue.names(scripts=True, seq2seq=True)
+    for name in seq2seq:
+        m = METHODS[name]
+        f = m.flags({k: KNOBS[k].default for k in m.knobs})
+        argv = ["data", "--user-dir", USER_DIR, "--task", "translation", "--arch", "transformer", "--criterion",
+                m.seq2seq_criterion, *f["optimizer"], *f["extra"], *f["criterion"]]
+        args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
+        assert args.criterion.startswith("label_smoothed_cross_entropy_") and args.optimizer == f["optimizer"][1]
+    assert not {"r4f", "reinit", "lora", "mixout", "ewc", "recadam-ewc", "ca-mtl"} & set(seq2seq)
+    root = os.path.dirname(USER_DIR)
+    usage = open(os.path.join(root, "scripts", "seq2seq", "finetune.sh")).read().split("set -euo pipefail")[0]
+    listed = re.search(r"applies to translation: (.*?)\. `python", usage, re.S).group(1)
+    assert listed.replace("#", " ").split() == seq2seq
+    page = open(os.path.join(root, "docs", "seq2seq.md")).read()
+    listed = re.search(r"Its\nmethods: (.*?) \(`scripts", page, re.S).group(1)
+    assert listed.replace(",", " ").split() == seq2seq
+
+
 def test_benchmarks_and_gpu_pass_read_the_catalogue():
     """scripts/bench_methods.py and the GPU pass (scripts/gpu/e2e_overhead.py, through the comparison's
     specs): each benchmarked method's command holds the catalogue's flags for it."""

@@ -5,9 +5,12 @@ on the other, BLEU on both domains' dev sets at every validation.
 Evidence: θ* is the pretrained checkpoint tensor for tensor (shared embeddings once), in the per-tensor
 and the --fp16 flat layouts; a run resumed mid-epoch ends bit for bit where the whole one did; the BLEU
 fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recomputed here; LLRD's scales
-and ChildTuning-D's mask read off Adam's first step.
+and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
+anchored once); bad --eval-bleu settings and GLUE components stop in one line before training;
+scripts/seq2seq/finetune.sh resumes a killed run and ends with BLEU on both subsets.
 """
 
+import importlib.util
 import json
 import os
 import shutil
@@ -30,9 +33,10 @@ BLEU = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
-def finetune_args(setup, save, *extra, updates=UPDATES, validate=False):
-    return [os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_ARCH,
-            "--finetune-from-model", os.path.join(setup, "pretrained.pt"), "--user-dir", USER_DIR,
+def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tiny_mt.TINY_ARCH,
+                  pretrained=None, data=None):
+    return [data or os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *arch,
+            "--finetune-from-model", pretrained or os.path.join(setup, "pretrained.pt"), "--user-dir", USER_DIR,
             "--optimizer", "recadam", "--recadam-pretrain-cof", "500", "--recadam-anneal-k", "0.5",
             "--recadam-anneal-t0", "4", "--lr", "1e-3", "--lr-scheduler", "fixed",
             "--max-tokens", "512", "--max-update", str(updates), "--seed", "5", "--cpu", "--num-workers", "0",
@@ -48,10 +52,16 @@ def train(save, args):
 
 
 @pytest.fixture(scope="module")
-def mt(tmp_path_factory):
+def pair(tmp_path_factory):
+    """The tiny pair and its pretrained transformer (the in-process tests need no fairseq-train run of mt's)."""
     root = tmp_path_factory.mktemp("mt")
-    setup = str(root / "tiny")
-    tiny_mt.main([setup, "--pretrain-updates", "80", "--train-size", "192", "--valid-size", "24"])
+    tiny_mt.main([str(root / "tiny"), "--pretrain-updates", "80", "--train-size", "192", "--valid-size", "24"])
+    return Namespace(root=root, setup=str(root / "tiny"))
+
+
+@pytest.fixture(scope="module")
+def mt(pair):
+    root, setup = pair.root, pair.setup
     jobs = {
         # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test)
         "rdrop": finetune_args(setup, root / "rdrop", "--criterion", "label_smoothed_cross_entropy_rdrop",
@@ -68,17 +78,56 @@ def mt(tmp_path_factory):
     # the pretrained checkpoint under a wider --arch: one line before training
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
+    # bad input, one line each before training: BLEU on BPE pieces (the tiny pair's data under a dictionary whose
+    # target side is marked as subword-nmt's), a detokenizer fairseq does not know, a GLUE criterion
+    bpe = root / "bpe-bin"
+    shutil.copytree(os.path.join(setup, "b-bin"), bpe)
+    for side in ("src", "tgt"):  # the same symbols, marked: the binarized ids still fit
+        lines = (bpe / f"dict.{side}.txt").read_text().splitlines()
+        (bpe / f"dict.{side}.txt").write_text("".join(f"{w}@@ {c}\n" if w.startswith("v") else f"{w} {c}\n"
+                                                      for w, c in (ln.split() for ln in lines)))
+    crit = ["--criterion", "label_smoothed_cross_entropy_recadam"]
+    jobs["bpe"] = finetune_args(setup, root / "bpe", *crit, "--eval-bleu", updates=1, validate=True, data=str(bpe))
+    jobs["detok"] = finetune_args(setup, root / "detok", *crit, "--eval-bleu", "--eval-bleu-detok", "nonsense",
+                                  updates=1, validate=True)
+    jobs["glue_crit"] = finetune_args(setup, root / "glue_crit", "--criterion", "sentence_prediction_r3f", updates=1)
+    refused = {"wider", "bpe", "detok", "glue_crit"}
+    # BART (tied embeddings, layernorm_embedding, its own init): pretrained 3 updates on A, fine-tuned on B,
+    # BLEU on both domains at the end
+    bart_pre = [os.path.join(setup, "a-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_BART_ARCH,
+                "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
+                "--lr", "1e-2", "--max-update", "3", "--max-tokens", "512", "--seed", "1", "--cpu",
+                "--num-workers", "0", "--save-dir", str(root / "bart_pre"), "--no-epoch-checkpoints",
+                "--disable-validation"]
+    jobs["bart"] = finetune_args(setup, root / "bart", "--criterion", "label_smoothed_cross_entropy_recadam",
+                                 "--label-smoothing", "0.1", *BLEU, updates=4, validate=True,
+                                 arch=tiny_mt.TINY_BART_ARCH, pretrained=str(root / "bart_pre" / "checkpoint_last.pt"))
+
+    def resumed():
+        # the R-Drop run resumed from its update-2 checkpoint (mid-epoch: 4 updates an epoch), in a directory of
+        # its own
+        (root / "resumed").mkdir()
+        shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
+        return train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
+                                         for a in jobs["rdrop"]])
+
+    # two at a time; a run that needs another's checkpoint follows it in the same worker
+    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16",), ("llrd_cd",), *((k,) for k in refused)]
+    steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
+             "bart_pre": lambda: train(root / "bart_pre", bart_pre)}
+
+    def chain(names):
+        done = {}
+        for k in names:
+            done[k] = steps[k]()
+            if done[k][0] != 0:
+                break
+        return done
+
     with ThreadPoolExecutor(2) as pool:
-        futures = {k: pool.submit(train, root / k, args) for k, args in jobs.items()}
-        out = {k: f.result() for k, f in futures.items()}
-    for k in jobs.keys() - {"wider"}:
-        assert out[k][0] == 0, f"{k}:\n{out[k][1][-4000:]}"
-    # resume the R-Drop run from its update-2 checkpoint (mid-epoch: 4 updates an epoch), in a directory of its own
-    (root / "resumed").mkdir()
-    shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
-    out["resumed"] = train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
-                                              for a in jobs["rdrop"]])
-    assert out["resumed"][0] == 0, out["resumed"][1][-4000:]
+        out = {k: v for part in pool.map(chain, chains) for k, v in part.items()}
+    for k in steps.keys() - refused:
+        assert k in out and out[k][0] == 0, f"{k}:\n{out.get(k, (0, 'not run'))[1][-4000:]}"
     return Namespace(root=root, setup=setup, runs=out)
 
 
@@ -103,6 +152,28 @@ def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
     # R3F's term on a plain transformer (fairseq's rxf criterion fails there): positive at every update
     tr = json_records(mt.runs["r3f_fp16"][1], "train_inner")
     assert len(tr) == 4 and all(float(x["symm_kl"]) > 0 for x in tr)
+
+
+def test_bart_anchor_is_its_pretrained_checkpoint_and_it_learns(mt):
+    """fairseq's bart_base shape through fairseq-train: the encoder's, the decoder's and the output embeddings are
+    one tensor with one anchor; every other tensor (layernorm_embedding, learned positions) is anchored by name;
+    the fine-tuning moved every tensor, and BLEU is logged on both domains."""
+    ckpt = mt.root / "bart" / "checkpoint_last.pt"
+    names = trainable_names(ckpt)
+    pre = load_ckpt(mt.root / "bart_pre" / "checkpoint_last.pt")["model"]
+    now = load_ckpt(ckpt)
+    tied = {"decoder.embed_tokens.weight", "decoder.output_projection.weight"}
+    assert tied <= now["model"].keys() and not tied & set(names) and "encoder.embed_tokens.weight" in names
+    assert torch.equal(now["model"]["decoder.output_projection.weight"], now["model"]["encoder.embed_tokens.weight"])
+    assert {"encoder.layernorm_embedding.weight", "decoder.embed_positions.weight"} <= set(names)
+    state = now["last_optimizer_state"]["state"]
+    assert len(state) == len(names) and {s["step"] for s in state.values()} == {4}
+    for i, n in enumerate(names):
+        assert torch.equal(state[i]["anchor"], pre[n]), n
+        assert not torch.equal(now["model"][n], pre[n]), n  # trained
+    for tag in ("valid", "test"):
+        (rec,) = json_records(mt.runs["bart"][1], tag)
+        assert int(rec[f"{tag}_num_updates"]) == 4 and 0 <= float(rec[f"{tag}_bleu"]) <= 100
 
 
 def test_a_resumed_run_ends_bit_for_bit_where_the_whole_one_did(mt):
@@ -225,3 +296,138 @@ def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
     assert loss.item() == pytest.approx(want.item(), rel=1e-6)
     assert log["recadam_lambda"] == pytest.approx(lam) and log["recadam_dist"] == pytest.approx(dist.item(), rel=1e-6)
     assert torch.equal(log["target_loss"], target.data) and torch.equal(log["loss"], loss.data)
+
+
+def test_bleu_settings_that_fail_late_or_mislead_stop_in_one_line(mt):
+    """Through fairseq-train: the plug-in's seq2seq criterion reads the target dictionary (BPE without
+    --eval-bleu-remove-bpe); the error hook turns fairseq's failure to build --eval-bleu's detokenizer into the flag;
+    a GLUE criterion names its seq2seq twin. Nothing is saved."""
+    bpe = os.path.join(mt.root, "bpe-bin", "dict.tgt.txt")
+    assert one_error_line(mt.runs["bpe"][1]) == (
+        f"--eval-bleu: the target dictionary ({bpe}) is subword-nmt BPE (48 of 96 symbols marked) and no "
+        f"--eval-bleu-remove-bpe undoes it, so BLEU would count subword pieces; add --eval-bleu-remove-bpe subword_nmt")
+    assert one_error_line(mt.runs["detok"][1]) == ("--eval-bleu-detok nonsense: not a detokenizer fairseq knows; "
+                                                   "choose one of moses, nltk, space")
+    assert one_error_line(mt.runs["glue_crit"][1]) == (
+        "--criterion sentence_prediction_r3f is a sentence-classification (GLUE) criterion; on --task translation "
+        "use label_smoothed_cross_entropy_r3f")
+    for k in ("bpe", "detok", "glue_crit"):
+        assert mt.runs[k][0] == 1 and not any(f.endswith(".pt") for f in os.listdir(mt.root / k)), k
+
+
+def _start(pair, *flags):
+    """fairseq-train's start in-process on the tiny pair: (cfg, task), the model not built yet."""
+    from fairseq import tasks
+
+    import recadam_fairseq
+    from conftest import parse_config
+
+    recadam_fairseq.register()  # the plug-in's models (roberta_ft_*): its package may be imported already
+    cfg = parse_config(os.path.join(pair.setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, "--user-dir", USER_DIR,
+                       *flags)
+    return cfg, tasks.setup_task(cfg.task)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--eval-bleu-args", "{beam: 4}"], "--eval-bleu-args '{beam: 4}': not JSON (Expecting property name enclosed in "
+                                        "double quotes at character 1); give a JSON object such as '{\"beam\": 4}'"),
+    (["--eval-bleu-detok-args", "[1"], "--eval-bleu-detok-args '[1': not JSON (Expecting ',' delimiter at character "
+                                       "2); give a JSON object"),
+    (["--eval-bleu-detok", "moses"], "--eval-bleu-detok moses: Please install Moses tokenizer with: pip install "
+                                     "sacremoses (fairseq detokenizes the translations and references before BLEU); "
+                                     "--eval-bleu-detok space skips detokenizing, for text that was not tokenized"),
+])
+def test_eval_bleu_start_up_failures_of_fairseq_name_the_flag(pair, flags, message):
+    """What fairseq's translation task raises building --eval-bleu's pieces with the model, as the hook words it."""
+    from recadam_fairseq.errors_hook import fairseq_input_error
+
+    if "moses" in flags and importlib.util.find_spec("sacremoses") is not None:
+        pytest.skip("sacremoses is installed: fairseq's moses detokenizer builds")
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--eval-bleu", *flags)
+    with pytest.raises(Exception) as e:
+        task.build_model(cfg.model)
+    assert fairseq_input_error(e.value) == message
+    assert fairseq_input_error(ValueError("elsewhere")) is None
+
+
+def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
+    """criterions/bleu_check.py on the tiny pair's task, and a roberta_ft model asked for translation."""
+    from fairseq.data import Dictionary
+
+    from recadam_fairseq.core import subwords
+    from recadam_fairseq.core.errors import ConfigError
+    from recadam_fairseq.criterions.bleu_check import check_bleu
+
+    cfg, task = _start(pair, "--arch", "roberta_ft_base")
+    with pytest.raises(ConfigError, match=r"^--arch roberta_ft_base: the roberta_ft models are RoBERTa encoders"):
+        task.build_model(cfg.model)
+    check_bleu(task, "loss", False)  # no --eval-bleu, not its metric: nothing to check
+    with pytest.raises(ConfigError, match=r"^--best-checkpoint-metric bleu: fairseq computes BLEU only with --eval-bleu"):
+        check_bleu(task, "bleu", True)
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--eval-bleu")
+    check_bleu(task, "bleu", True)
+    check_bleu(task, "${checkpoint.best_checkpoint_metric}", "${x}")  # a config built by hand: not resolved
+    with pytest.raises(ConfigError, match=r"^--best-checkpoint-metric bleu: checkpoint_best.pt would keep the lowest"):
+        check_bleu(task, "bleu", False)
+    task.cfg.eval_bleu_remove_bpe = "bpe"
+    with pytest.raises(ConfigError, match=r"^--eval-bleu-remove-bpe 'bpe': fairseq knows 'subword_nmt', '@@ ', "):
+        check_bleu(task)
+    # Moses-tokenized text (its escapes in the dictionary) scored without Moses's detokenizer
+    task.cfg.eval_bleu_remove_bpe = None
+    task.tgt_dict = d = Dictionary()
+    for w in ("the", "it", "&apos;s", "@-@"):
+        d.add_symbol(w)
+    with pytest.raises(ConfigError, match=r"^--eval-bleu-detok space: the target dictionary \(.*dict.tgt.txt\) holds "
+                                          r"Moses's escape '&apos;s', .* add --eval-bleu-detok moses"):
+        check_bleu(task)
+    task.cfg.eval_bleu_detok = "moses"
+    check_bleu(task)
+    # the markings: SentencePiece's, subword-nmt's (and its undoing values), words
+    assert subwords.marking(["\u2581the", "re", "\u2581it"]) == subwords.Marking("SentencePiece", 2, 3, ("sentencepiece",))
+    assert subwords.marking(["th@@", "e", "it"]).undo == ("subword_nmt", "@@ ", "@@")
+    assert subwords.marking(["w@@"] + ["w"] * 10) is None and subwords.marking([]) is None
+
+
+def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_path):
+    """scripts/seq2seq/finetune.sh recadam-rdrop on the tiny pair, the architecture read from the checkpoint:
+    killed after its first checkpoint (update 4), the same command continues from it and ends with the best
+    BLEU on valid and test's BLEU at that update; a third call trains nothing."""
+    from test_glue_scripts import base_env
+
+    script = os.path.join(os.path.dirname(USER_DIR), "scripts", "seq2seq", "finetune.sh")
+    mine = ("PRETRAINED", "DATA", "SRC", "TGT", "VALID_SUBSETS", "BEAM", "DETOK", "REMOVE_BPE", "MAX_TOKENS", "WARMUP",
+            "LABEL_SMOOTHING", "LOG_INTERVAL")  # the script's variables beside the GLUE scripts' (base_env drops those)
+    env = {k: v for k, v in base_env().items() if k not in mine}
+    env.update(base_env(PRETRAINED=os.path.join(pair.setup, "pretrained.pt"), DATA=os.path.join(pair.setup, "b-bin"),
+                   SAVE_DIR=str(tmp_path), MAX_UPDATE=8, SAVE_INTERVAL_UPDATES=4, LR="1e-3", K="0.5", T0="4",
+                   GAMMA="500", BEAM=1, MAX_TOKENS=512, FP16=0, FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}",
+                   OMP_NUM_THREADS=1))
+    cmd = [script, "recadam-rdrop", "--cpu", "--num-workers", "0"]
+
+    def go(**over):
+        return subprocess.run(cmd, env={**env, **over}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+
+    killed = go(RECADAM_EXIT_AFTER_SAVES="1")
+    run_dir = tmp_path / "b-bin" / "recadam-rdrop-k0.5-t4-g500-a1.0" / "seed1"
+    assert killed.returncode == 137 and "fairseq-train failed (exit 137)" in killed.stdout, killed.stdout[-3000:]
+    resumed = go()
+    out = resumed.stdout.splitlines()
+    assert resumed.returncode == 0, resumed.stdout[-3000:]
+    assert f"finetune.sh: resuming {run_dir} from checkpoint_last.pt (update 4)" in out
+    log = (run_dir / "train.log").read_text()
+    bleu = {tag: {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu"]) for r in json_records(log, tag)}
+            for tag in ("valid", "test")}
+    assert sorted(bleu["valid"]) == sorted(bleu["test"]) == [4, 8]  # one validation before the kill, one after
+    at = max(bleu["valid"], key=lambda u: (bleu["valid"][u], -u))  # fairseq keeps the first of equal bests
+    assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8, 2 validations; "
+                       f"there: test bleu {bleu['test'][at]:g})")
+    assert any(ln.startswith("  test at update 8: loss ") and ", bleu " in ln for ln in out)  # the follower's line
+    # the catalogue's seq2seq criterion and RecAdam's knobs, the checkpoint's architecture, in command.sh
+    command = (run_dir / "command.sh").read_text()
+    for flags in ("--criterion label_smoothed_cross_entropy_rdrop", "--rdrop-alpha 1.0", "--recadam-anneal-t0 4",
+                  "--encoder-embed-dim 32", "--share-all-embeddings", "--valid-subset valid,test",
+                  "--best-checkpoint-metric bleu"):
+        assert f"  {flags} \\" in command or command.rstrip().endswith(f"  {flags}"), flags
+    assert load_ckpt(run_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 8
+    again = go()
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == f"== already done: {run_dir} (RESTART=1 trains it again)"

@@ -20,22 +20,25 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from ..config import RDropHyperparams, redefault
+from ..config import BestCheckpointMetric, RDropHyperparams, redefault
 from ..core import r3f
+from .bleu_check import check_bleu
 from .r3f_term import reduce_symm_kl
 
 
 @dataclass
-class LabelSmoothedCrossEntropyRDropConfig(LabelSmoothedCrossEntropyCriterionConfig, RDropHyperparams):
+class LabelSmoothedCrossEntropyRDropConfig(LabelSmoothedCrossEntropyCriterionConfig, RDropHyperparams,
+                                           BestCheckpointMetric):
     rdrop_alpha: float = redefault(RDropHyperparams, "rdrop_alpha", 5.0)  # the authors' translation recipe
 
 
 @register_criterion("label_smoothed_cross_entropy_rdrop", dataclass=LabelSmoothedCrossEntropyRDropConfig)
 class LabelSmoothedCrossEntropyRDropCriterion(LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, rdrop_alpha, ignore_prefix_size=0,
-                 report_accuracy=False):
+                 report_accuracy=False, best_checkpoint_metric=None, maximize_best_checkpoint_metric=None):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         r3f.check_rdrop_alpha(rdrop_alpha)
+        check_bleu(task, best_checkpoint_metric, maximize_best_checkpoint_metric)
         self.rdrop_alpha = rdrop_alpha
 
     def forward(self, model, sample, reduce=True):

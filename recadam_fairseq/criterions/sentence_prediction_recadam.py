@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
+from fairseq.tasks.translation import TranslationTask
 
 from ..config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams,
                       RecAdamObjective, check_anneal, check_consistency_terms, redefault)
@@ -40,6 +41,9 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
     NAME = "sentence_prediction_recadam"
 
     def __init__(self, cfg: SentencePredictionRecAdamConfig, task):
+        if isinstance(task, TranslationTask):  # else: no classification head, found at the first training call
+            raise ConfigError(f"--criterion {self.NAME} is a sentence-classification (GLUE) criterion; on --task "
+                              f"translation use label_smoothed_cross_entropy_{self.NAME.rsplit('_', 1)[1]}")
         FairseqCriterion.__init__(self, task)  # the parent's __init__ differs between fairseq releases
         self.cfg = cfg
         self.classification_head_name = cfg.classification_head_name

@@ -31,6 +31,7 @@ from fairseq.models import register_model, register_model_architecture
 from fairseq.models.roberta.model import RobertaModel
 from fairseq.models.roberta.model import base_architecture as roberta_base_architecture
 from fairseq.models.roberta.model import roberta_large_architecture
+from fairseq.tasks.translation import TranslationTask
 from fairseq.utils import safe_getattr
 
 from ..core import lora, mixout
@@ -111,6 +112,9 @@ class RobertaFtModel(RobertaModel):
 
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
+        if isinstance(task, TranslationTask):  # else a TypeError deep in RoBERTa's positional embeddings
+            raise ConfigError(f"--arch {args.arch}: the roberta_ft models are RoBERTa encoders for sentence "
+                              f"classification; --task translation needs an encoder-decoder (transformer*, bart_*)")
         roberta_ft_architecture(args)
         check_args(args)
         return super().build_model(args, task)

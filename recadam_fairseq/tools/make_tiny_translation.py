@@ -24,6 +24,14 @@ TINY_ARCH = [
     "--encoder-ffn-embed-dim", "64", "--decoder-ffn-embed-dim", "64", "--encoder-attention-heads", "2",
     "--decoder-attention-heads", "2", "--max-source-positions", "64", "--max-target-positions", "64",
 ]
+# fairseq's BART, as tiny: it shares the encoder's, the decoder's and the output embeddings (its arch sets
+# --share-all-embeddings), which the joined dictionary allows. tests/test_seq2seq.py pretrains it briefly on A.
+TINY_BART_ARCH = [
+    "--arch", "bart_base", "--encoder-layers", "1", "--decoder-layers", "1", "--encoder-embed-dim", "16",
+    "--decoder-embed-dim", "16", "--encoder-ffn-embed-dim", "32", "--decoder-ffn-embed-dim", "32",
+    "--encoder-attention-heads", "2", "--decoder-attention-heads", "2", "--max-source-positions", "64",
+    "--max-target-positions", "64",
+]
 LANGS = ["--source-lang", "src", "--target-lang", "tgt"]
 DOMAINS = {"a": range(0, 32), "b": range(16, 48)}
 VOCAB = 48

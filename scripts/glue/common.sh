@@ -123,7 +123,7 @@ write_command() {
   fi
   mkdir -p "$run"
   { echo "#!/usr/bin/env bash"
-    echo "# $title, written by scripts/glue/$(basename "$0") on $(date '+%Y-%m-%d %H:%M:%S')"
+    echo "# $title, written by scripts/$(basename "$(dirname "$0")")/$(basename "$0") on $(date '+%Y-%m-%d %H:%M:%S')"
     echo "# settings: $settings"
     echo "$body"
   } > "$run/command.sh"
@@ -169,7 +169,7 @@ render_command() {
 # a pipe the user closes (`| head`) loses nothing of the log and does not stop the run. The terminal gets one
 # line per log interval and validation (prelaunch.py follow; fairseq's config and Hydra's warnings stay in
 # the log), an error as the last line. `done` is written once the run ended well, then the end line with
-# the best dev score (summarize.py --run).
+# the best dev score (summarize.py --run; SUMMARY_METRIC: that metric, with the other subsets' at its update).
 train_and_mark_done() {
   local run=$1 msg rc log=$1/train.log follower err
   if has_checkpoints "$run"; then  # its one line on stdout; library warnings (stderr) are not it
@@ -195,5 +195,6 @@ train_and_mark_done() {
     exit "$rc"
   fi
   date '+%Y-%m-%d %H:%M:%S' > "$run/done"
-  echo "== done: $run ($("$PYTHON" "$SCRIPT_DIR/summarize.py" --run "$run" 2>/dev/null || echo "no dev score in its log"))"
+  echo "== done: $run ($("$PYTHON" "$SCRIPT_DIR/summarize.py" --run "$run" ${SUMMARY_METRIC:+--metric "$SUMMARY_METRIC"} \
+    2>/dev/null || echo "no dev score in its log"))"
 }

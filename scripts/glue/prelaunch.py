@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the GLUE task scripts (finetune.sh, grid.sh, multitask.sh) ask Python before fairseq-train.
 
-    prelaunch.py plan [--method M] [--multitask] [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A]
+    prelaunch.py plan [--method M] [--multitask | --seq2seq] [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A]
                       [--freeze SPEC] [--cuda] [--steps DATA_DIR BATCH GPUS]
     prelaunch.py resume RUN_DIR
     prelaunch.py follow LOG [--offset BYTES] [--metric M] [--pid PID]
@@ -13,12 +13,13 @@
                METHOD_RECADAM (1: RecAdam's knobs), METHOD_LR (its own lr, or empty), METHOD_SETTINGS
                (its variables, for command.sh), METHOD_JSON (its run.json fields) and each knob's variable
                with its value; the knobs' values come from their environment variables (K, T0, RHO, ...: `python -m recadam_fairseq
-               methods NAME` lists them). --multitask: only the methods of the multi-task setting
+               methods NAME` lists them). --multitask: only the methods of the multi-task setting; --seq2seq:
+               only those of translation (scripts/seq2seq/finetune.sh), METHOD_CRITERION its seq2seq criterion
   --task       TASK (GLUE's spelling of a name in any case), RECIPE_LR, RECIPE_BATCH, RECIPE_TOTAL,
                RECIPE_WARMUP, NUM_CLASSES, METRIC: fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py)
   --tasks      TASKS: a comma list in GLUE's spelling
   --checkpoint CKPT_ARCH, CKPT_ARCH_FLAGS (the sizes that differ from the arch's defaults), CKPT_MAX_POSITIONS,
-               CKPT_LAYERS: the architecture the checkpoint was trained with
+               CKPT_LAYERS: the architecture the checkpoint was trained with (--seq2seq: an encoder-decoder's sizes)
   --arch       the model's layers are --arch A's (fairseq's defaults), not the checkpoint's
   --ft         the architecture (CKPT_ARCH, or ARCH for --arch) as the roberta_ft model's twin of it (re-init, LoRA)
   --freeze     checks FREEZE (the layer syntax of recadam_fairseq/core/layers.py) against the model's layers
@@ -60,6 +61,11 @@ from recadam_fairseq.core.layers import parse_layers  # noqa: E402
 # What makes two RoBERTa encoders different shapes: fairseq-train flags read from the checkpoint.
 SIZE_KEYS = ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
              "activation_fn")
+# ... and two encoder-decoders (transformer*, bart_*); a boolean is its flag when on and off by default
+SEQ2SEQ_SIZE_KEYS = SIZE_KEYS + (
+    "decoder_layers", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "max_source_positions",
+    "max_target_positions", "encoder_normalize_before", "decoder_normalize_before", "share_all_embeddings",
+    "share_decoder_input_output_embed", "layernorm_embedding", "no_scale_embedding")
 
 
 class Stop(Exception):
@@ -104,15 +110,19 @@ def model_config(state: dict) -> dict:
     return dict(model) if isinstance(model, dict) else vars(model)
 
 
-def arch_of(path: str, what: str, arch_given: str = "") -> dict:
+def arch_of(path: str, what: str, arch_given: str = "", keys=SIZE_KEYS) -> dict:
     m = model_config(load(path, what))
     arch = m.get("arch") or m.get("_name")
     if not arch:
         raise Stop(f"{what}: the checkpoint does not say its architecture (no cfg.model.arch): set ARCH")
     defaults = arch_defaults(arch)
     flags = []
-    for k in SIZE_KEYS:
-        if k in m and m[k] is not None and str(m[k]) != str(defaults.get(k)):
+    for k in keys:
+        if k not in m or m[k] is None or str(m[k]) == str(defaults.get(k)):
+            continue
+        if isinstance(m[k], bool):  # a store_true flag: only its being on can be said
+            flags += [f"--{k.replace('_', '-')}"] if m[k] and not defaults.get(k) else []
+        else:
             flags += [f"--{k.replace('_', '-')}", str(m[k])]
     if arch_given:  # the model ARCH builds must be the one the checkpoint holds
         want = arch_defaults(arch_given)
@@ -210,16 +220,17 @@ def need(module: str):
 
 
 # --------------------------------------------------------------------------- main
-def method_plan(name: str, env, multitask: bool = False) -> dict:
+def method_plan(name: str, env, multitask: bool = False, seq2seq: bool = False) -> dict:
     """What METHOD adds to the task scripts' command, its knobs read from ``env``."""
-    shown = [n for n in catalogue.names(scripts=True) if catalogue.METHODS[n].multitask or not multitask]
+    shown = [n for n in catalogue.names(scripts=True, seq2seq=seq2seq) if catalogue.METHODS[n].multitask or not multitask]
     try:
         m = catalogue.get(name)
     except catalogue.UnknownMethod:
         raise Stop(f"unknown METHOD '{name}'; choose one of {' '.join(shown)}") from None
     if m.name not in shown:
         raise Stop(f"METHOD {name} is not one of this script's; choose one of {' '.join(shown)}"
-                   + ("" if m.scripts else " (it runs in the comparison: scripts/forgetting/run.py --methods)"))
+                   + ("" if m.scripts else " (it runs in the comparison: scripts/forgetting/run.py --methods)")
+                   + (" (GLUE's: scripts/glue/finetune.sh)" if seq2seq and m.scripts else ""))
     knobs = catalogue.KNOBS
     given = {k: env[knobs[k].var] for k in m.knobs if env.get(knobs[k].var)}
     try:
@@ -228,7 +239,7 @@ def method_plan(name: str, env, multitask: bool = False) -> dict:
         raise Stop(str(e)) from None
     f = m.flags(values)
     return {**{knobs[k].var: v for k, v in values.items()}, "METHOD": m.name, "METHOD_NAME": m.run_name(values),
-            "METHOD_CRITERION": m.criterion or "", "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"],
+            "METHOD_CRITERION": m.seq2seq_criterion if seq2seq else m.criterion or "", "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"],
             "METHOD_FT": int(m.needs_ft), "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
             "METHOD_SETTINGS": " ".join(f"{knobs[k].var}={v}" for k, v in values.items()),
             "METHOD_JSON": "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in m.settings(values).items())}
@@ -237,7 +248,7 @@ def method_plan(name: str, env, multitask: bool = False) -> dict:
 def plan(args) -> dict:
     out = {}
     if args.method is not None:
-        out.update(method_plan(args.method, os.environ, args.multitask))
+        out.update(method_plan(args.method, os.environ, args.multitask, args.seq2seq))
     if args.task:
         t = glue_tasks.TASKS[canonical(args.task)]
         if not t.recipe.total_updates:
@@ -260,7 +271,8 @@ def plan(args) -> dict:
             steps = sum(math.ceil(train_examples(data, n) / batch) for n in names)
             out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
     if args.checkpoint:
-        out.update(arch_of(args.checkpoint, f"ROBERTA_PATH={args.checkpoint}", args.arch or ""))
+        what = f"{'PRETRAINED' if args.seq2seq else 'ROBERTA_PATH'}={args.checkpoint}"
+        out.update(arch_of(args.checkpoint, what, args.arch or "", SEQ2SEQ_SIZE_KEYS if args.seq2seq else SIZE_KEYS))
     if args.ft:
         if args.arch:
             out["ARCH"] = ft_arch(args.arch, "ARCH")
@@ -304,6 +316,7 @@ def main(argv=None) -> int:
     p = sub.add_parser("plan")
     p.add_argument("--method")
     p.add_argument("--multitask", action="store_true")
+    p.add_argument("--seq2seq", action="store_true")
     p.add_argument("--task")
     p.add_argument("--tasks")
     p.add_argument("--checkpoint")

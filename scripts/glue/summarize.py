@@ -315,26 +315,33 @@ def write_csv(path, rows, fields):
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
 
 
-def run_line(run_dir):
-    """One run in one line, for the end of finetune.sh / multitask.sh: its best dev score and where."""
+def run_line(run_dir, metric=None):
+    """One run in one line, for the end of the task scripts: its best dev score and where. ``metric`` (the
+    seq2seq script's bleu): that metric, and each other validated subset's at the same update."""
     valid, last = parse_log(os.path.join(run_dir, "train.log"))
     entries = valid.get("valid", [])
-    metric = "glue_avg" if any("glue_avg" in e for e in entries) else primary_metric(
-        os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run_dir)))))
+    given = metric is not None
+    metric = metric or ("glue_avg" if any("glue_avg" in e for e in entries) else primary_metric(
+        os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))))
     best, at = best_of(entries, metric)
     if best is None:
         return f"no {metric} in its {len(entries)} validations" if entries else "no validation in its log"
     fgt = forgetting(at)
+    there = [f"{subset} {metric} {to_float(e[metric]):g}" for subset, es in valid.items() if given and subset != "valid"
+             for e in es[::-1] if e.get("num_updates") == at.get("num_updates") and to_float(e.get(metric)) is not None]
     return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}, "
             f"{len(entries)} validations" + ("" if fgt is None else f", forgetting there {fgt[1]:+.4g} "
-                                                                   f"({DELTAS[fgt[0]][0]} since θ*)"))
+                                                                   f"({DELTAS[fgt[0]][0]} since θ*)")
+            + (f"; there: {', '.join(there)}" if there else ""))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     if (argv if argv is not None else sys.argv[1:])[:1] == ["--run"]:  # one run's line (the task scripts' end)
         ap.add_argument("--run", required=True, metavar="RUN_DIR")
-        print(run_line(ap.parse_args(argv).run))
+        ap.add_argument("--metric", help="the metric (default: the task's, from the run's path)")
+        a = ap.parse_args(argv)
+        print(run_line(a.run, a.metric))
         return
     ap.add_argument("runs_dir")
     ap.add_argument("--out", help="where to write the summary files (default: RUNS_DIR)")
