@@ -162,3 +162,120 @@ def test_tiny_roberta_under_fsdp_anchors_what_the_unsharded_run_does(tiny):
                 anchored[n] = anchored.get(n, 0) + k
     heads = {n for n in loaded if n.startswith("classification_heads.")}
     assert heads and anchored == {n: p.numel() for n, p in loaded.items() if n not in heads}
+
+
+def test_why_the_fairseq_run_stays_refused_fairscale_consolidation():
+    """fairseq consolidates the optimizer state at every save with fairscale's gather_full_optim_state_dict:
+    it all-gathers each state tensor at the padded shard's size and keeps one value of each non-tensor entry,
+    which must be equal on every rank. The anchor of a shard holds its anchored runs only, and the runs differ
+    per rank (here the new head sits on rank 1 only): the anchor needs a shard-sized layout first."""
+    pytest.importorskip("fairscale")
+    from fairscale.nn.data_parallel.fsdp_optim_utils import _extract_non_tensor_state
+
+    from recadam_fairseq.core.recadam import RecAdam
+    from recadam_fairseq.optim.fsdp_support import build_anchors
+
+    pretrained = {n: p.detach().clone() for n, p in Net().named_parameters() if not n.startswith("head.")}
+    states = []
+    for rank in range(2):
+        model = fsdp(Net(), 2, rank)
+        tensors = list(model.parameters())
+        opt = RecAdam(tensors, lr=1e-3, anneal_k=0.5, anneal_t0=6, pretrain_cof=500.0, defer_anchors=True)
+        for t, anchor, runs in build_anchors(model, tensors, pretrained, True):
+            opt.set_anchor(t, anchor, runs)
+        for t in tensors:
+            t.grad = torch.zeros_like(t)
+        opt.step()
+        states.append(opt.state_dict()["state"][0])
+    (shard,) = {t.numel() for t in tensors}
+    assert [s["anchor"].numel() for s in states] != [shard, shard]  # not the shard's size on every rank
+    combined = {0: {k: [s.get(k) for s in states] for k in states[0].keys() | states[1].keys()}}
+    assert combined[0]["anchor_runs"][0] != combined[0]["anchor_runs"][1]
+    with pytest.raises(TypeError):  # per-rank runs: unhashable, or unequal ("Dont know how to consolidate")
+        _extract_non_tensor_state(combined, 0)
+
+
+def test_why_fairseq_cannot_restore_a_pretrained_roberta_under_fsdp(tiny):
+    """fairseq 0.12 loads --restore-file under FSDP through FSDP's load_state_dict, which (after gathering
+    the full parameters) calls FlattenParamsWrapper.load_state_dict: torch's strict load, without the model's
+    upgrade_state_dict_named, so a new classification head is missing from a pretrained checkpoint, for any
+    optimizer. (At world size 1 the shard is the whole flat parameter: no gathering needed here.)"""
+    from fairseq import tasks
+
+    from conftest import load_ckpt, parse_config
+    from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
+
+    cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                       "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *TINY_ARCH, "--cpu")
+    wrapped = fsdp(tasks.setup_task(cfg.task).build_model(cfg.model), 1, 0)
+    with pytest.raises(RuntimeError, match=r"Missing key\(s\).*classification_heads\.sentence_classification_head"):
+        wrapped.module.load_state_dict(dict(load_ckpt(tiny.pretrained)["model"]), strict=True)
+
+
+# ----------------------------------------------------------------------------- the GPU pass (scripts/gpu/run.sh fsdp)
+@pytest.fixture(scope="module")
+def headed(tiny, tmp_path_factory):
+    """The pretrained checkpoint with the new head in it, as the unsharded restore's upgrade fills it in:
+    fairseq cannot restore the pretrained file itself under FSDP (the test above says why)."""
+    pytest.importorskip("fairscale")
+    from fairseq import tasks
+
+    from conftest import load_ckpt, parse_config
+    from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
+
+    cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
+                       "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *TINY_ARCH, "--cpu")
+    torch.manual_seed(7)
+    model = tasks.setup_task(cfg.task).build_model(cfg.model)
+    ckpt = load_ckpt(tiny.pretrained)
+    state = dict(ckpt["model"])
+    model.upgrade_state_dict_named(state, "")
+    assert any(k.startswith("classification_heads.") for k in state)
+    path = tmp_path_factory.mktemp("headed") / "headed.pt"
+    torch.save({**ckpt, "model": state}, path)
+    return str(path)
+
+
+def cuda_run(tiny, save, start, optimizer="recadam", fsdp=False):
+    """fairseq-train --fp16 on one GPU from ``start``; ``fsdp``: under FSDP, which needs a process group even
+    at world size 1 (fairscale asks for one)."""
+    from conftest import free_port
+    from test_distributed import FLAGS
+
+    flags = FLAGS if optimizer == "recadam" else FLAGS[FLAGS.index("--dropout"):]  # no --recadam-* for adam
+    dist = ["--ddp-backend", "fully_sharded", "--distributed-world-size", "1", "--distributed-rank", "0",
+            "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-no-spawn",
+            "--device-id", "0"] if fsdp else []
+    return tiny.train(save, *flags, "--fp16", *dist, "--restore-file", start, "--reset-optimizer",
+                      "--reset-dataloader", "--reset-meters", optimizer=optimizer, device="cuda", restore=False,
+                      check=False)
+
+
+@pytest.mark.gpu
+def test_fsdp_on_cuda_recadam_stops_in_one_line(tiny, headed, tmp_path):
+    rc, log = cuda_run(tiny, tmp_path / "recadam", headed, fsdp=True)
+    assert rc != 0 and "Traceback" not in log, log[-3000:]
+    assert "model: FullyShardedDataParallel" in log
+    (line,) = [ln for ln in log.splitlines() if "train_entry.py: error: " in ln]
+    assert line.split("train_entry.py: error: ")[1].startswith("recadam does not support --ddp-backend fully_sharded: ")
+
+
+@pytest.mark.gpu
+def test_fsdp_on_cuda_fairseq_adam_runs_as_unsharded(tiny, headed, tmp_path):
+    """What FSDP itself does on this stack (world size 1: one flat shard, padding none), the base for
+    lifting the refusal: fairseq's adam under FSDP --fp16 ends where the unsharded --fp16 run does."""
+    from conftest import load_ckpt
+
+    runs = {}
+    for name, fsdp in (("plain", False), ("fsdp", True)):
+        rc, log = cuda_run(tiny, tmp_path / name, headed, "adam", fsdp=fsdp)
+        assert rc == 0, log[-4000:]
+        runs[name] = load_ckpt(tmp_path / name / "checkpoint_last.pt")["model"]
+    assert "model: FullyShardedDataParallel" in open(tmp_path / "fsdp" / "train.log").read()
+    start = load_ckpt(headed)["model"]
+    assert runs["fsdp"].keys() == runs["plain"].keys()
+    keys = [k for k in runs["plain"] if runs["plain"][k].is_floating_point() and k in start]
+    cat = lambda d: torch.cat([d[k].double().reshape(-1) for k in keys])  # noqa: E731
+    moved = (cat(runs["plain"]) - cat(start)).norm()
+    # fp16 forward and backward, fp32 master weights in both (FSDP's mixed precision, fairseq's flat copy)
+    assert moved > 0 and (cat(runs["fsdp"]) - cat(runs["plain"])).norm() < 0.1 * moved
