@@ -7,6 +7,8 @@ FSDP shards locally, no collective; its forward needs CUDA, so fairseq-train und
 pass's, scripts/gpu/run.sh fsdp).
 """
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -34,6 +36,22 @@ def test_hand_built_layout_with_padding_and_an_empty_shard():
     assert anchored_runs(shard_parts(NAMES, NUMELS, 1, 0), {"a", "b"}) == [(0, 8)]
     with pytest.raises(ValueError):
         shard_range(12, 2, 2)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_marked_layout_round_trips_runs_whole_and_none(dtype):
+    from recadam_fairseq.core.flat_shards import marked, unmarked
+
+    a = torch.tensor([1.0, 2.0, 3.0, 4.0], dtype=dtype)
+    m = marked(a, [(1, 2), (5, 2)], 8, dtype)
+    assert m.dtype == dtype and m.shape == (8,) and torch.isnan(m[[0, 3, 4, 7]]).all()
+    anchor, runs = unmarked(m)
+    assert torch.equal(anchor, a) and runs == [(1, 2), (5, 2)]
+    assert unmarked(marked(None, None, 3, dtype)) == (None, None)  # a shard of a new head only
+    whole, runs = unmarked(marked(a, None, 4, dtype))
+    assert torch.equal(whole, a) and runs is None
+    anchor, runs = unmarked(marked(a[:3], [(0, 3)], 5, dtype))  # the last shard's padding is not anchored
+    assert torch.equal(anchor, a[:3]) and runs == [(0, 3)]
 
 
 def fairscale_shard(flat, world, rank):
@@ -164,11 +182,12 @@ def test_tiny_roberta_under_fsdp_anchors_what_the_unsharded_run_does(tiny):
     assert heads and anchored == {n: p.numel() for n, p in loaded.items() if n not in heads}
 
 
-def test_why_the_fairseq_run_stays_refused_fairscale_consolidation():
+def test_recadams_own_layout_is_not_what_fairscale_consolidates():
     """fairseq consolidates the optimizer state at every save with fairscale's gather_full_optim_state_dict:
     it all-gathers each state tensor at the padded shard's size and keeps one value of each non-tensor entry,
     which must be equal on every rank. The anchor of a shard holds its anchored runs only, and the runs differ
-    per rank (here the new head sits on rank 1 only): the anchor needs a shard-sized layout first."""
+    per rank (here the new head sits on rank 1 only): hence the marked layout
+    (test_fairscale_consolidates_and_reshards_theta_star_in_the_marked_layout)."""
     pytest.importorskip("fairscale")
     from fairscale.nn.data_parallel.fsdp_optim_utils import _extract_non_tensor_state
 
@@ -210,6 +229,97 @@ def test_why_fairseq_cannot_restore_a_pretrained_roberta_under_fsdp(tiny):
     wrapped = fsdp(tasks.setup_task(cfg.task).build_model(cfg.model), 1, 0)
     with pytest.raises(RuntimeError, match=r"Missing key\(s\).*classification_heads\.sentence_classification_head"):
         wrapped.module.load_state_dict(dict(load_ckpt(tiny.pretrained)["model"]), strict=True)
+
+
+def flat_grads(world, rank, seed=3):
+    """A rank's shard of one fixed gradient of Net's flat parameter, and the whole gradient per parameter."""
+    g = torch.Generator().manual_seed(seed)
+    grads = {n: torch.randn(p.shape, generator=g) for n, p in Net().named_parameters()}
+    return fairscale_shard(torch.cat([v.reshape(-1) for v in grads.values()]), world, rank), grads
+
+
+def _consolidate_on_rank(rank, world, port, out):
+    """One gloo rank: RecAdam on its FSDP shard, 2 steps; the state consolidated by fairscale (as fairseq saves
+    it), then re-sharded (as fairseq loads it) into a new RecAdam."""
+    import torch.distributed as dist
+    from fairseq.distributed.fully_sharded_data_parallel import FullyShardedDataParallel
+
+    from recadam_fairseq.core.recadam import RecAdam
+    from recadam_fairseq.optim.fsdp_support import build_anchors, consolidatable_state, restored_state
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world)
+    gather = dist.all_gather
+
+    def all_gather(outputs, *args, **kwargs):
+        # fairscale keeps [x.cpu() for x in outputs] and gathers the next state tensor into the same outputs:
+        # on CUDA .cpu() copies, on the CPU it is x itself (every tensor would read as the last one). Fresh
+        # outputs for each gather, as the copy gives (this process only)
+        outputs[:] = [torch.empty_like(x) for x in outputs]
+        return gather(outputs, *args, **kwargs)
+
+    dist.all_gather = all_gather
+    try:
+        pretrained = {n: p.detach().clone() for n, p in Net().named_parameters() if not n.startswith("head.")}
+
+        def built():
+            model = FullyShardedDataParallel(Net(), compute_device=torch.device("cpu"), flatten_parameters=True)
+            tensors = list(model.parameters())
+            opt = RecAdam(tensors, lr=1e-2, anneal_k=0.5, anneal_t0=6, pretrain_cof=50.0, defer_anchors=True)
+            return model, tensors, opt
+
+        model, (t,), opt = built()
+        for p, anchor, runs in build_anchors(model, [t], pretrained, True):
+            opt.set_anchor(p, anchor, runs)
+        t.grad = flat_grads(world, rank)[0]
+        opt.step()
+        opt.step()
+        full = model.gather_full_optim_state_dict(type("Shim", (), {"state_dict": lambda self: consolidatable_state(
+            opt, anchored=True)})())
+        box = [full]
+        dist.broadcast_object_list(box, src=0)
+        model2, (t2,), opt2 = built()
+        # fairscale re-shards in place (fairseq loads the file's copy): keep the consolidated state to compare
+        opt2.load_state_dict(restored_state(model2.get_shard_from_optim_state_dict(copy.deepcopy(box[0]))))
+        torch.save({"full": full, "state": opt.state[t], "reloaded": opt2.state[t2]}, f"{out}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_fairscale_consolidates_and_reshards_theta_star_in_the_marked_layout(tmp_path):
+    """Two gloo ranks (fairscale's optimizer-state consolidation runs on the CPU; FSDP's forward does not):
+    θ* shard-sized with NaN at the elements it does not cover survives fairseq's save (consolidated per
+    parameter: the unsharded RecAdam's state, bit for bit) and load (re-sharded: each rank's anchor and runs
+    as they were)."""
+    pytest.importorskip("fairscale")
+    import torch.multiprocessing as mp
+
+    from conftest import free_port
+    from recadam_fairseq.core.recadam import RecAdam
+    from recadam_fairseq.optim.fsdp_support import restored_state
+
+    mp.spawn(_consolidate_on_rank, args=(2, free_port(), str(tmp_path)), nprocs=2)
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+    for r in ranks:  # the new head sits on rank 1: its anchor there has runs
+        assert set(r["reloaded"]) == set(r["state"])
+        for k, v in r["state"].items():
+            assert torch.equal(v, r["reloaded"][k]) if torch.is_tensor(v) else v == r["reloaded"][k], k
+    assert [tuple(x) for x in ranks[1]["state"]["anchor_runs"]] == [(0, 11)]
+    # the unsharded RecAdam, same gradient, per-tensor θ*: what the consolidated checkpoint holds
+    net = Net()
+    params = list(net.parameters())
+    opt = RecAdam(params, lr=1e-2, anneal_k=0.5, anneal_t0=6, pretrain_cof=50.0, defer_anchors=True)
+    grads = flat_grads(2, 0)[1]
+    for (n, p) in net.named_parameters():
+        opt.set_anchor(p, None if n.startswith("head.") else p.detach().clone())
+        p.grad = grads[n]
+    opt.step()
+    opt.step()
+    full = restored_state(ranks[0]["full"])["state"]
+    assert len(full) == len(params)
+    for i, p in enumerate(params):
+        assert set(full[i]) == set(opt.state[p]), i
+        for k, v in opt.state[p].items():
+            assert torch.equal(v, full[i][k]) if torch.is_tensor(v) else v == full[i][k], (i, k)
 
 
 # ----------------------------------------------------------------------------- the GPU pass (scripts/gpu/run.sh fsdp)

@@ -93,3 +93,34 @@ def shard_anchor(shard: Tensor, parts: Sequence[Part], anchored: Iterable[str],
     if runs == [(0, shard.numel())]:
         return buf.view_as(shard), None
     return buf, runs
+
+
+# fairscale consolidates a shard's optimizer state (fairseq's save) by all-gathering every state tensor at the
+# shard's size and unflattening it per parameter, and re-shards it on load the same way. θ* is kept there
+# shard-sized with NaN at the elements that are not anchored (θ* itself is checked finite): per parameter
+# after consolidation, a new head's anchor is all NaN.
+def marked(anchor: Optional[Tensor], runs: Optional[Sequence[Tuple[int, int]]], numel: int,
+           dtype: torch.dtype) -> Tensor:
+    """A shard's anchor (RecAdam's layout: runs, or None for the whole shard) as a shard-sized tensor."""
+    out = torch.full((numel,), float("nan"), dtype=anchor.dtype if anchor is not None else dtype,
+                     device=anchor.device if anchor is not None else None)
+    if anchor is None:
+        return out
+    flat, off = anchor.reshape(-1), 0
+    for s, n in runs or [(0, numel)]:
+        out[s:s + n] = flat[off:off + n]
+        off += n
+    return out
+
+
+def unmarked(x: Tensor):
+    """The inverse of :func:`marked`: (anchor or None, runs or None) in RecAdam's layout."""
+    flat = x.reshape(-1)
+    keep = ~torch.isnan(flat)
+    if bool(keep.all()):
+        return x, None
+    edges = torch.diff(torch.cat([keep.new_zeros(1), keep, keep.new_zeros(1)]).to(torch.int8)).nonzero().reshape(-1)
+    runs = [(int(s), int(e - s)) for s, e in zip(edges[0::2].tolist(), edges[1::2].tolist())]
+    if not runs:
+        return None, None
+    return torch.cat([flat[s:s + n] for s, n in runs]), runs

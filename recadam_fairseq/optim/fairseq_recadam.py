@@ -74,16 +74,15 @@ def check_pull_stability(cfg, hp) -> None:
 
 
 def check_sharding(cfg) -> None:
-    """--zero-sharding os works (each rank's RecAdam holds θ* of its shard). Under FSDP θ* of a flat shard is
-    built (optim/fsdp_support.py) but fairseq's save consolidates the optimizer state with fairscale, which
-    needs every state tensor shard-sized and every other entry equal on all ranks: the anchor is neither."""
+    """--zero-sharding os works (each rank's RecAdam holds θ* of its shard). Under FSDP θ* per flat shard and
+    a state layout fairscale consolidates are built and tested (optim/fsdp_support.py), but no fairseq-train
+    run has checked them yet: fairscale's FSDP runs on CUDA only (scripts/gpu/run.sh fsdp)."""
     if str(cfg.ddp_backend) == "fully_sharded":
         raise ConfigError(
-            "recadam does not support --ddp-backend fully_sharded: fairseq saves the optimizer state through "
-            "fairscale's gather_full_optim_state_dict, which needs it shard-sized, and θ* holds a shard's anchored "
-            "elements only (docs/recadam.md, sharded optimizer state). Use --zero-sharding os (θ* and Adam's "
-            "moments sharded), or --ddp-backend legacy_ddp / pytorch_ddp; --recadam-anchor-dtype bf16 halves the "
-            "anchor's memory"
+            "recadam does not support --ddp-backend fully_sharded: θ* per FSDP flat shard is built but not yet "
+            "checked through fairseq-train against the unsharded run (fairscale's FSDP needs CUDA; docs/recadam.md, "
+            "FSDP). Use --zero-sharding os (θ* and Adam's moments sharded), or --ddp-backend legacy_ddp / "
+            "pytorch_ddp; --recadam-anchor-dtype bf16 halves the anchor's memory"
         )
 
 

@@ -3,7 +3,9 @@
 The optimizer of an FSDP rank holds one padded shard of each FSDP instance's flat parameter
 (``core/flat_shards.py`` says which elements are whose). The names come from FSDP's own metadata
 (``FlatParameter.metadata()``), under the prefix of the instance's module, without the wrappers'
-own name components, as fairscale's state dict names them.
+own name components, as fairscale's state dict names them. In the optimizer state θ* is kept shard-sized
+(``consolidatable_state``): what fairscale's consolidation at fairseq's save gathers and re-shards.
+Not wired into ``--optimizer recadam`` yet (its refusal in ``fairseq_recadam.check_sharding`` says why).
 """
 
 from typing import Dict, List, Optional, Sequence
@@ -64,3 +66,36 @@ def build_anchors(model: torch.nn.Module, tensors: Sequence[torch.Tensor], pretr
     anchored = flat_shards.check_shapes(numels, pretrained)
     return [(t, *flat_shards.shard_anchor(t, parts, anchored, pretrained if from_file else None, dtype))
             for t, parts in zip(tensors, shard_parts(model, tensors))]
+
+
+def consolidatable_state(opt, anchored: bool) -> dict:
+    """``opt.state_dict()`` with each shard's θ* shard-sized, NaN where not anchored (``core.flat_shards.marked``):
+    what fairscale's gather_full_optim_state_dict can consolidate. ``anchored``: θ* is in use (anneal_w > 0);
+    then every shard has the entry, also one without an anchored element (the ranks' keys must agree)."""
+    sd = opt.state_dict()
+    params = [p for g in opt.param_groups for p in g["params"]]
+    sd["state"] = {i: dict(st) for i, st in sd["state"].items()}  # torch packs the live per-tensor dicts
+    for i, st in sd["state"].items():
+        if "fisher" in st:
+            raise ConfigError("--ewc-fisher does not support --ddp-backend fully_sharded yet: drop one of them")
+        runs = st.pop("anchor_runs", None)
+        if anchored:
+            st["anchor"] = flat_shards.marked(st.get("anchor"), runs, params[i].numel(), params[i].dtype)
+    return sd
+
+
+def restored_state(state_dict: dict) -> dict:
+    """The inverse, on a shard's state (fairscale's get_shard_from_optim_state_dict) or the consolidated one
+    (per parameter: a new head's θ* is all NaN, i.e. none), in RecAdam's layout."""
+    sd = dict(state_dict)
+    sd["state"] = {}
+    for i, st in state_dict["state"].items():
+        st = dict(st)
+        if "anchor" in st:
+            anchor, runs = flat_shards.unmarked(st.pop("anchor"))
+            if anchor is not None:
+                st["anchor"] = anchor
+                if runs is not None:
+                    st["anchor_runs"] = runs
+        sd["state"][i] = st
+    return sd
