@@ -74,11 +74,14 @@ def check_pull_stability(cfg, hp) -> None:
 
 
 def check_sharding(cfg) -> None:
-    """--zero-sharding os works (each rank's RecAdam holds θ* of its shard); FSDP's flat shards do not."""
+    """--zero-sharding os works (each rank's RecAdam holds θ* of its shard). Under FSDP θ* per flat shard and
+    a state layout fairscale consolidates are built and tested (optim/fsdp_support.py), but no fairseq-train
+    run has checked them yet: fairscale's FSDP runs on CUDA only (scripts/gpu/run.sh fsdp)."""
     if str(cfg.ddp_backend) == "fully_sharded":
         raise ConfigError(
-            "recadam does not support --ddp-backend fully_sharded: θ* would have to follow FSDP's flat parameter "
-            "shards. Use --zero-sharding os (θ* and Adam's moments sharded), or --ddp-backend legacy_ddp / "
+            "recadam does not support --ddp-backend fully_sharded: θ* per FSDP flat shard is built but not yet "
+            "checked through fairseq-train against the unsharded run (fairscale's FSDP needs CUDA; docs/recadam.md, "
+            "FSDP). Use --zero-sharding os (θ* and Adam's moments sharded), or --ddp-backend legacy_ddp / "
             "pytorch_ddp; --recadam-anchor-dtype bf16 halves the anchor's memory"
         )
 

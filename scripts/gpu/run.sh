@@ -15,6 +15,8 @@
 #   bench-per-tensor  the same, per-tensor layout, base shapes                   -> bench-pt.log, benchmark-pt.{md,json}
 #   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
 #   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
+#   fsdp         --ddp-backend fully_sharded at world size 1 (fairscale's FSDP needs CUDA): recadam's one-line
+#                refusal, fairseq's adam under FSDP --fp16 ends as unsharded (tests/test_flat_shards.py) -> fsdp.log
 #   forgetting   the forgetting harness, fairseq-train on CUDA (scripts/gpu/forgetting.sh; first carry
 #                .fgpack0 and .fgpack1 of scripts/gpu/forgetting_pack.py, one call each) -> forgetting*.json
 # Logs and results go to $OUT (the device tool's folder; here: gpu-out/). The exit status is the
@@ -28,7 +30,7 @@ PY=${PYTHON:-python3}
 SITE=${RECADAM_GPU_SITE:-/tmp/recadam-gpu-site}
 export PYTHONUNBUFFERED=1
 
-STAGES="check tests suite bench bench-per-tensor e2e-recadam e2e forgetting"
+STAGES="check tests suite bench bench-per-tensor e2e-recadam e2e fsdp forgetting"
 for s in "$@"; do
     case " $STAGES " in *" $s "*) ;; *) echo "run.sh: unknown stage '$s' (one of: $STAGES)" >&2; exit 2 ;; esac
 done
@@ -102,6 +104,7 @@ for s in "$@"; do
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
     e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
+    fsdp) stage fsdp fsdp.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_flat_shards.py ;;
     forgetting) stage forgetting forgetting.log env PYTHON="$PY" OUT="$OUT" bash scripts/gpu/forgetting.sh ;;
     esac
 done
