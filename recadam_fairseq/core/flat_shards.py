@@ -14,6 +14,7 @@ from typing import Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from .anchor import runs_of
 from .errors import ConfigError
 
 # (parameter name, or None for the shard's padding; first element in the shard; numel; first element
@@ -49,15 +50,7 @@ def shard_parts(names: Sequence[str], numels: Sequence[int], world_size: int, ra
 
 def anchored_runs(parts: Iterable[Part], anchored: Iterable[str]) -> List[Tuple[int, int]]:
     """The anchored parts of a shard merged into maximal (start, numel) runs (RecAdam's ``anchor_runs``)."""
-    anchored = set(anchored)
-    runs: List[List[int]] = []
-    for name, start, n, _ in parts:
-        if name in anchored:
-            if runs and runs[-1][0] + runs[-1][1] == start:
-                runs[-1][1] += n
-            else:
-                runs.append([start, n])
-    return [(s, n) for s, n in runs]
+    return runs_of([(name, start, n) for name, start, n, _ in parts], anchored)
 
 
 def check_shapes(numels: Dict[str, int], pretrained: Dict[str, Tensor]) -> List[str]:
