@@ -130,6 +130,9 @@ MULTI_MIN_SEGMENTS = 4
 # Each new set of tensors (e.g. other parameters without a gradient this step) compiles a new
 # program; past this many per optimizer, further sets take one call per tensor instead.
 MULTI_MAX_PROGRAMS = 8
+# inductor options of the multi-tensor program; the benchmark's recadam-combo sets {"combo_kernels": True}
+# (inductor's horizontal fusion of the per-tensor kernels, Triton only) to measure it on a GPU
+MANY_OPTIONS: dict = {}
 
 
 def many_key(segments: Sequence[tuple]) -> tuple:
@@ -143,12 +146,12 @@ def update_many(segments: Sequence[tuple], s: Tensor) -> None:
     anchoredness and device) with one compiled call; ``s``: one set of scalars, or a row per segment.
     Sizes are static: the key holds them, so each model structure gets its own code object and a
     single cache entry."""
-    key = many_key(segments) + (s.dim(),)
+    key = many_key(segments) + (s.dim(), tuple(sorted(MANY_OPTIONS.items())))
     kernel = _many.get(key)
     if kernel is None:
         logger.info(f"RecAdam: compiling the fused update of {len(segments)} tensors with torch.compile "
                     f"(once per model structure)")
         code = _update_many.__code__.replace(co_name=f"_recadam_update_many_{len(_many)}")
         kernel = _many[key] = torch.compile(types.FunctionType(code, _update_many.__globals__, code.co_name),
-                                            dynamic=False, fullgraph=True)
+                                            dynamic=False, fullgraph=True, options=dict(MANY_OPTIONS) or None)
     kernel(*(list(x) for x in zip(*(seg[:5] for seg in segments))), s)

@@ -65,8 +65,9 @@ ADAMS = ("fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
 LLRD = {"recadam-llrd": "recadam", "recadam-foreach-llrd": "recadam-foreach"}  # timed against
 LLRD_GAMMA = 0.9
 DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
-IMPLS = DEFAULT_IMPLS + tuple(LLRD)
-RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + tuple(LLRD)
+COMBO = "recadam-combo"  # the multi-tensor program with inductor's horizontal fusion (per-tensor layout, GPU)
+IMPLS = DEFAULT_IMPLS + tuple(LLRD) + (COMBO,)
+RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor", COMBO) + tuple(LLRD)
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
 
@@ -183,6 +184,23 @@ class PerCall:
             fused.MULTI_MIN_SEGMENTS = saved
 
 
+class Combo:
+    """recadam whose multi-tensor program is compiled with inductor's combo kernels (horizontal fusion
+    of the per-tensor kernels into few launches, Triton only): whether it pays is for the GPU to say."""
+
+    def __init__(self, w: Workload):
+        self.opt = build_recadam(w)
+
+    def step(self):
+        from recadam_fairseq.core import fused
+
+        saved, fused.MANY_OPTIONS = fused.MANY_OPTIONS, {"combo_kernels": True}
+        try:
+            self.opt.step()
+        finally:
+            fused.MANY_OPTIONS = saved
+
+
 def build_fairseq_adam(w: Workload):
     from fairseq.optim.adam import Adam
 
@@ -204,6 +222,7 @@ class CopyStep:
 BUILDERS: Dict[str, Callable] = {
     "recadam": build_recadam,
     "recadam-per-call": PerCall,
+    COMBO: Combo,
     "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
@@ -414,6 +433,7 @@ How to read this:
   before the multi-tensor call), recadam-foreach the eager multi-tensor reference, recadam-single
   the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
   recadam-llrd / recadam-foreach-llrd (--llrd) those two with layer-wise lr decay's scales;
+  recadam-combo (--impls) the multi-tensor program with inductor's combo kernels (GPU);
   fairseq-adam and torch-adamw-* are the Adams to beat.
 - median ms: median wall time of one optimizer.step() over all timed steps of all rounds (after
   warm-up); rounds rotate the order of implementations so that other load hits all alike.

@@ -12,7 +12,8 @@
 #   tests        every test marked gpu                                              -> gpu-tests.log
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
 #   bench        the optimizer-step benchmark on CUDA, flat layout, base and large -> bench.log, benchmark.{md,json}
-#   bench-per-tensor  the same, per-tensor layout, base shapes                   -> bench-pt.log, benchmark-pt.{md,json}
+#   bench-per-tensor  the same, per-tensor layout, base shapes, with inductor's combo kernels (recadam-combo)
+#                                                                                -> bench-pt.log, benchmark-pt.{md,json}
 #   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
 #   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
 #   fsdp         --ddp-backend fully_sharded at world size 1 (fairscale's FSDP needs CUDA): recadam's one-line
@@ -99,7 +100,9 @@ for s in "$@"; do
     bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large --layouts flat \
                --out-md "$OUT/benchmark.md" --out-json "$OUT/benchmark.json" ;;
     bench-per-tensor) stage bench-per-tensor bench-pt.log $PY scripts/benchmark.py --device cuda --sizes base \
-               --layouts per-tensor --out-md "$OUT/benchmark-pt.md" --out-json "$OUT/benchmark-pt.json" ;;
+               --layouts per-tensor --impls recadam recadam-combo recadam-foreach recadam-bf16-anchor fairseq-adam \
+               torch-adamw-foreach torch-adamw-fused \
+               --out-md "$OUT/benchmark-pt.md" --out-json "$OUT/benchmark-pt.json" ;;
     e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
