@@ -31,6 +31,23 @@ logger = logging.getLogger(__name__)
 FP16_SCALE = 2.0 ** 16  # first loss scale of fp16 per-example gradients; halved on overflow
 
 
+_read_by_optimizer = False  # this process built an optimizer that weighs its pull by F (--optimizer recadam)
+
+
+def optimizer_reads_it() -> None:
+    global _read_by_optimizer
+    _read_by_optimizer = True
+
+
+def check_read(flag: str) -> None:
+    """At the first training call (fairseq builds the optimizer before it): the decoupled objective leaves F
+    to the optimizer; when it is not --optimizer recadam, nothing would read F."""
+    if not _read_by_optimizer:
+        raise ConfigError(f"--ewc-fisher {flag}: with --recadam-objective decoupled F weighs --optimizer recadam's "
+                          f"pull, and this optimizer has none, so F would be ignored; use --optimizer recadam or "
+                          f"--recadam-objective coupled")
+
+
 def enabled(cfg) -> bool:
     return bool(getattr(cfg, "ewc_fisher", ""))
 

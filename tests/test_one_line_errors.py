@@ -63,6 +63,7 @@ def runs(tiny, tmp_path_factory):
         "valid_label": (CRIT, {"data": valid_label, "optimizer": "adam", "validate": True}),
         "restore": ((*CRIT, "--restore-file", str(root / "no-such.pt")), {"optimizer": "adam", "restore": False}),
         "rho0": (("--sam-type", "fisher-sam", "--rho", "0"), {"optimizer": "samsgd", "updates": 2}),
+        "ewc_unread": ((*CRIT, "--ewc-fisher", "task"), {"optimizer": "adam"}),
     }
 
     def go(item):
@@ -110,6 +111,12 @@ def test_missing_restore_file_with_a_plugin_component(runs):
     msg = one_error_line(result(runs, "restore"))
     assert msg == f"--restore-file {runs['root'] / 'no-such.pt'}: no such file (fairseq would train from random weights)"
     assert (runs["root"] / "restore" / "checkpoint_last.pt").read_bytes() == b"an earlier run's checkpoint"
+
+
+def test_a_fisher_nothing_reads(runs):
+    assert one_error_line(result(runs, "ewc_unread")) == (
+        "--ewc-fisher task: with --recadam-objective decoupled F weighs --optimizer recadam's pull, and this "
+        "optimizer has none, so F would be ignored; use --optimizer recadam or --recadam-objective coupled")
 
 
 def test_sam_with_rho_zero_runs_the_base_optimizer(runs):

@@ -52,6 +52,18 @@ class CoupledObjective:
         return lam * target_loss + (w - lam) * penalty * sample_size
 
 
+def check_fisher_is_read(criterion) -> None:
+    """--ewc-fisher weighs a pull: the coupled objective's, or --optimizer recadam's. With the decoupled
+    objective and another optimizer nothing would read F: stop rather than train plain. Called when the
+    Trainer first puts the criterion in training mode (the optimizer exists by then; the step's crash
+    handler, which writes crash.pt, is not yet around)."""
+    cfg = criterion.cfg
+    if not getattr(criterion, "_fisher_checked", False) and fisher_source.enabled(cfg) \
+            and str(cfg.recadam_objective) != "coupled":
+        fisher_source.check_read(cfg.ewc_fisher)
+    criterion._fisher_checked = True
+
+
 def reduce(logging_outputs) -> None:
     """λ, the distance and the penalty: the same value on every worker and micro-batch, averaged back."""
     count = sum(x.get("recadam_count", 0) for x in logging_outputs)

@@ -31,6 +31,7 @@ class LabelSmoothedCrossEntropyRecAdamCriterion(LabelSmoothedCrossEntropyRDropCr
     def __init__(self, cfg: LabelSmoothedCrossEntropyRecAdamConfig, task):
         super().__init__(task, cfg.sentence_avg, cfg.label_smoothing, cfg.rdrop_alpha, cfg.ignore_prefix_size,
                          cfg.report_accuracy, cfg.best_checkpoint_metric, cfg.maximize_best_checkpoint_metric)
+        self.cfg = cfg
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
@@ -39,6 +40,11 @@ class LabelSmoothedCrossEntropyRecAdamCriterion(LabelSmoothedCrossEntropyRDropCr
                                   "label_smoothed_cross_entropy_recadam does not give; write the Fisher once with "
                                   "scripts/fisher.py and pass the file")
             self.coupled = coupled_term.CoupledObjective(cfg, self)
+
+    def train(self, mode: bool = True):
+        if mode:
+            coupled_term.check_fisher_is_read(self)
+        return super().train(mode)
 
     def forward(self, model, sample, reduce=True):
         loss, sample_size, logging_output = super().forward(model, sample, reduce=reduce)

@@ -61,6 +61,11 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         self._model_checked = False
         self._label_orders = {}  # number of classes -> label id to label value
 
+    def train(self, mode: bool = True):
+        if mode:
+            coupled_term.check_fisher_is_read(self)
+        return super().train(mode)
+
     def per_example_loss(self, model, sample):
         """One loss per example (ESAM's selection): the task loss without the terms."""
         return glue_core.per_example_loss(model, sample, self.classification_head_name, self.regression_target)

@@ -184,6 +184,7 @@ def add_fisher(cfg):
     if str(cfg.zero_sharding) == "os":  # F would have to follow the shards like θ*: not done yet
         raise ConfigError(f"--ewc-fisher does not support --zero-sharding os yet: drop one of them")
     source = fisher_source.FisherSource(cfg)
+    fisher_source.optimizer_reads_it()
     if cfg.ewc_fisher == "task":
         def first_call(criterion, args):
             if not source.skip:
