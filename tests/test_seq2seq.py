@@ -33,6 +33,10 @@ BLEU = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
 
 
+RDROP = ["--criterion", "label_smoothed_cross_entropy_rdrop", "--label-smoothing", "0.1", *BLEU,
+         "--save-interval-updates", "2"]
+
+
 def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tiny_mt.TINY_ARCH,
                   pretrained=None, data=None):
     return [data or os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *arch,
@@ -63,9 +67,12 @@ def pair(tmp_path_factory):
 def mt(pair):
     root, setup = pair.root, pair.setup
     jobs = {
-        # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test)
-        "rdrop": finetune_args(setup, root / "rdrop", "--criterion", "label_smoothed_cross_entropy_rdrop",
-                               "--label-smoothing", "0.1", *BLEU, "--save-interval-updates", "2", validate=True),
+        # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test), with BLEU at θ*
+        # and its change (--eval-bleu-start) in the json log and TensorBoard
+        "rdrop": finetune_args(setup, root / "rdrop", *RDROP, "--eval-bleu-start", "--tensorboard-logdir",
+                               str(root / "tb"), validate=True),
+        # the same without --eval-bleu-start, 2 updates: θ*'s validation leaves training as it was
+        "rdrop_plain": finetune_args(setup, root / "rdrop_plain", *RDROP, updates=2, validate=True),
         # R3F's seq2seq criterion, --fp16: one flat fp32 tensor
         "r3f_fp16": finetune_args(setup, root / "r3f_fp16", "--criterion", "label_smoothed_cross_entropy_r3f",
                                   "--label-smoothing", "0.1", "--eps", "1e-3", "--fp16", updates=4),
@@ -108,11 +115,12 @@ def mt(pair):
         # its own
         (root / "resumed").mkdir()
         shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
+        shutil.copy(root / "rdrop" / "bleu_start.json", root / "resumed")  # BLEU at θ*, kept beside the checkpoints
         return train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
                                          for a in jobs["rdrop"]])
 
     # two at a time; a run that needs another's checkpoint follows it in the same worker
-    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16",), ("llrd_cd",), *((k,) for k in refused)]
+    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16", "rdrop_plain"), ("llrd_cd",), *((k,) for k in refused)]
     steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
              "bart_pre": lambda: train(root / "bart_pre", bart_pre)}
 
@@ -187,15 +195,37 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_whole_one_did(mt):
         for key in ("anchor", "exp_avg", "exp_avg_sq"):
             assert torch.equal(a[i][key], b[i][key]), (i, key)
         assert a[i]["step"] == b[i]["step"] == UPDATES
-    # the BLEU of update 8 on both domains, as the whole run logged it
+    # the BLEU of update 8 on both domains, as the whole run logged it (bleu_start from bleu_start.json, not measured
+    # again)
+    assert "--eval-bleu-start: BLEU at θ* from " in mt.runs["resumed"][1]
+    assert "BLEU at θ* (before update 1)" not in mt.runs["resumed"][1]
     for tag in ("valid", "test"):
         assert json_records(mt.runs["resumed"][1], tag)[-1] == json_records(mt.runs["rdrop"][1], tag)[-1]
 
 
-def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint(mt):
+def greedy_bleu(model, task, subset):
+    """sacrebleu's corpus BLEU of the model's greedy translations of a subset, as fairseq's --eval-bleu scores them."""
     import sacrebleu
     from fairseq import utils
 
+    model.eval()
+    task.load_dataset(subset)
+    gen = task.build_generator([model], Namespace(beam=1))
+    hyps, refs = [], []
+    batches = task.get_batch_iterator(task.dataset(subset), max_tokens=4096).next_epoch_itr(shuffle=False)
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        for sample in batches:
+            out = task.inference_step(gen, [model], sample)
+            for i in range(len(out)):
+                hyps.append(task.target_dictionary.string(out[i][0]["tokens"].int()))
+                refs.append(task.target_dictionary.string(utils.strip_pad(sample["target"][i], pad).int(),
+                                                          unk_string="UNKNOWNTOKENINREF"))
+    assert len(hyps) == 24
+    return sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint(mt):
     log = mt.runs["rdrop"][1]
     rec = {tag: json_records(log, tag) for tag in ("valid", "test")}  # fairseq tags a subset by its name
     for tag, rows in rec.items():
@@ -205,22 +235,43 @@ def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint
 
     # the last validation saw checkpoint_last's weights: translate the original domain's dev set
     model, task = load_model(mt.root / "rdrop" / "checkpoint_last.pt")
-    model.eval()
-    task.load_dataset("test")
-    gen = task.build_generator([model], Namespace(beam=1))
-    hyps, refs = [], []
-    batches = task.get_batch_iterator(task.dataset("test"), max_tokens=4096).next_epoch_itr(shuffle=False)
-    pad = task.target_dictionary.pad()
-    for sample in batches:
-        out = task.inference_step(gen, [model], sample)
-        for i in range(len(out)):
-            hyps.append(task.target_dictionary.string(out[i][0]["tokens"].int()))
-            refs.append(task.target_dictionary.string(utils.strip_pad(sample["target"][i], pad).int(),
-                                                      unk_string="UNKNOWNTOKENINREF"))
-    assert len(hyps) == 24
-    want = sacrebleu.corpus_bleu(hyps, [refs]).score
+    want = greedy_bleu(model, task, "test")
     assert want > 1  # the pretrained model translates its own domain a little
     assert float(rec["test"][-1]["test_bleu"]) == pytest.approx(want, abs=0.006)  # logged to 2 decimals
+
+
+def test_bleu_at_the_start_and_its_change_in_the_json_log_and_tensorboard(mt):
+    """--eval-bleu-start: each subset's BLEU at θ* is sacrebleu's on the pretrained weights' greedy translations;
+    every validation logs it as bleu_start with bleu_delta = bleu − bleu_start, TensorBoard too; the measurement
+    leaves training bit for bit as it was without the flag."""
+    model, task = load_model(mt.root / "rdrop" / "checkpoint_last.pt")
+    model.load_state_dict(pretrained(mt))
+    start = json.loads((mt.root / "rdrop" / "bleu_start.json").read_text())["start"]
+    assert sorted(start) == ["test", "valid"]
+    log = mt.runs["rdrop"][1]
+    assert "--eval-bleu-start: BLEU at θ* (before update 1)" in log
+    event_acc = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    for tag in ("valid", "test"):
+        assert start[tag] == pytest.approx(round(greedy_bleu(model, task, tag), 2), abs=1e-9), tag
+        rows = json_records(log, tag)
+        assert [float(r[f"{tag}_bleu_start"]) for r in rows] == [start[tag]] * 4, tag
+        deltas = {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu_delta"]) for r in rows}
+        for r in rows:
+            assert deltas[int(r[f"{tag}_num_updates"])] == pytest.approx(float(r[f"{tag}_bleu"]) - start[tag],
+                                                                         abs=1e-9)
+        acc = event_acc.EventAccumulator(str(mt.root / "tb" / tag), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert {e.step: e.value for e in acc.Scalars("bleu_start")} == pytest.approx(
+            {u: start[tag] for u in deltas}, abs=1e-5), tag
+        assert {e.step: e.value for e in acc.Scalars("bleu_delta")} == pytest.approx(deltas, abs=1e-5), tag
+    assert any(v != 0 for v in deltas.values())  # the original domain's BLEU moved
+    # θ*'s validation (its DataLoaders draw from torch's RNG) leaves training as it was
+    plain = load_ckpt(mt.root / "rdrop_plain" / "checkpoint_last.pt")["model"]
+    at2 = load_ckpt(mt.root / "rdrop" / "checkpoint_1_2.pt")["model"]
+    for k, v in plain.items():
+        assert torch.equal(v, at2[k]), k
+    assert not (mt.root / "rdrop_plain" / "bleu_start.json").exists()
+    assert "bleu_start" not in json_records(mt.runs["rdrop_plain"][1], "valid")[-1]
 
 
 def test_llrd_and_childtuning_d_over_encoder_and_decoder_layers(mt):
@@ -364,6 +415,11 @@ def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
     check_bleu(task, "loss", False)  # no --eval-bleu, not its metric: nothing to check
     with pytest.raises(ConfigError, match=r"^--best-checkpoint-metric bleu: fairseq computes BLEU only with --eval-bleu"):
         check_bleu(task, "bleu", True)
+    # --eval-bleu-start without --eval-bleu: one line when fairseq's Trainer first puts the criterion in training mode
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_rdrop",
+                       "--eval-bleu-start")
+    with pytest.raises(ConfigError, match=r"^--eval-bleu-start: needs --eval-bleu \(fairseq computes BLEU at "):
+        task.build_criterion(cfg.criterion).train()
     cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--eval-bleu")
     check_bleu(task, "bleu", True)
     check_bleu(task, "${checkpoint.best_checkpoint_metric}", "${x}")  # a config built by hand: not resolved
