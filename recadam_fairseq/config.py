@@ -116,6 +116,27 @@ class ForgettingMeterConfig(CheckpointPaths):
 
 
 @dataclass
+class BleuStartConfig(CheckpointPaths):
+    """Forgetting in BLEU (bleu_start.py): read by the plug-in's seq2seq criteria. The rest are fairseq's dataset
+    flags, read so θ*'s validation is batched as the Trainer's."""
+
+    eval_bleu_start: bool = field(
+        default=False,
+        metadata={"help": "with --eval-bleu: each valid subset's BLEU at the pretrained weights, measured once "
+                          "before update 1 through fairseq's own validation (kept in SAVE_DIR/bleu_start.json for "
+                          "resuming), logged at every validation as bleu_start beside bleu, with bleu_delta = "
+                          "bleu - bleu_start (negative on the original domain's subset: forgetting)"},
+    )
+    valid_subset: str = II("dataset.valid_subset")
+    disable_validation: bool = II("dataset.disable_validation")
+    max_tokens_valid: Optional[int] = II("dataset.max_tokens_valid")
+    batch_size_valid: Optional[int] = II("dataset.batch_size_valid")
+    skip_invalid_size_inputs_valid_test: bool = II("dataset.skip_invalid_size_inputs_valid_test")
+    required_batch_size_multiple: int = II("dataset.required_batch_size_multiple")
+    seed: int = II("common.seed")
+
+
+@dataclass
 class LayerLRHyperparams(FairseqDataclass):
     """Layer-wise learning-rate decay: read by ``--optimizer recadam`` and ``samsgd`` (optim/layer_lr.py)."""
 

@@ -45,3 +45,24 @@ def log_forgetting_metrics(values: dict, start: dict = None) -> None:
         if start is not None and name in start:
             metrics.log_scalar(f"fgt_{name}_delta", value - start[name], priority=341 + 2 * priority,
                                round=FORGETTING_ROUND)
+
+
+BLEU_PASS_MARKER = "_bleu_start_pass"  # hidden ("_"): marks a validation pass as seen (events.on_validation)
+
+
+def log_bleu_start(start: float = None) -> None:
+    """``bleu_start``, a subset's BLEU at θ* (bleu_start.py), and ``bleu_delta`` = fairseq's ``bleu`` − it, derived
+    when the pass's logs are written (fairseq derives ``bleu`` so too), both to fairseq's 2 decimals; logged once
+    per validation pass into its aggregator."""
+    metrics.log_scalar(BLEU_PASS_MARKER, 1)
+    if start is None:
+        return
+    metrics.log_scalar("bleu_start", start, priority=350, round=2)
+    metrics.log_derived("bleu_delta", lambda meters: bleu_delta(meters, start), priority=351)
+
+
+def bleu_delta(meters, start: float):
+    """None where fairseq logged no ``bleu`` (a pass without n-grams): the logs then carry no number."""
+    if "bleu" not in meters:
+        return None
+    return round(float(meters.get_smoothed_value("bleu")) - start, 2)

@@ -3,13 +3,19 @@ one domain of a generated language pair (recadam_fairseq/tools/make_tiny_transla
 on the other, BLEU on both domains' dev sets at every validation.
 
 Evidence: θ* is the pretrained checkpoint tensor for tensor (shared embeddings once), in the per-tensor
-and the --fp16 flat layouts; a run resumed mid-epoch ends bit for bit where the whole one did; the BLEU
-fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recomputed here; LLRD's scales
+and the --fp16 flat layouts; --fp16-no-flatten-grads ends bit for bit where the flat run does,
+--memory-efficient-fp16 within fp16's rounding; 2 CPU ranks end where one rank with --update-freq 2 does;
+a run resumed mid-epoch ends bit for bit where the whole one did; the BLEU
+fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recomputed here, and so is
+--eval-bleu-start's BLEU at θ* (with bleu_delta = bleu − start in the json log and TensorBoard, training
+unchanged by the flag, read back on resume); LLRD's scales
 and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
 anchored once); bad --eval-bleu settings and GLUE components stop in one line before training;
-scripts/seq2seq/finetune.sh resumes a killed run and ends with BLEU on both subsets.
+scripts/seq2seq/finetune.sh resumes a killed run and ends with BLEU on both subsets and the forgetting in
+BLEU, which summarize.py --forgetting-budget reads.
 """
 
+import csv
 import importlib.util
 import json
 import os
@@ -22,7 +28,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
+from conftest import TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt
 from test_fairseq_train import load_model, trainable_names
 from test_one_line_errors import one_error_line
 from recadam_fairseq.tools import make_tiny_translation as tiny_mt
@@ -31,6 +37,14 @@ UPDATES = 8
 BLEU = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu-detok", "space",
         "--valid-subset", "valid,test", "--validate-interval-updates", "4",
         "--best-checkpoint-metric", "bleu", "--maximize-best-checkpoint-metric"]
+
+
+R3F = ["--criterion", "label_smoothed_cross_entropy_r3f", "--label-smoothing", "0.1", "--eps", "1e-3"]
+DIST = ["--criterion", "label_smoothed_cross_entropy_recadam", "--label-smoothing", "0.1", "--dropout", "0",
+        "--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu-detok", "space",
+        "--valid-subset", "valid,test", "--eval-bleu-start"]
+RDROP = ["--criterion", "label_smoothed_cross_entropy_rdrop", "--label-smoothing", "0.1", *BLEU,
+         "--save-interval-updates", "2"]
 
 
 def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tiny_mt.TINY_ARCH,
@@ -63,12 +77,22 @@ def pair(tmp_path_factory):
 def mt(pair):
     root, setup = pair.root, pair.setup
     jobs = {
-        # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test)
-        "rdrop": finetune_args(setup, root / "rdrop", "--criterion", "label_smoothed_cross_entropy_rdrop",
-                               "--label-smoothing", "0.1", *BLEU, "--save-interval-updates", "2", validate=True),
-        # R3F's seq2seq criterion, --fp16: one flat fp32 tensor
-        "r3f_fp16": finetune_args(setup, root / "r3f_fp16", "--criterion", "label_smoothed_cross_entropy_r3f",
-                                  "--label-smoothing", "0.1", "--eps", "1e-3", "--fp16", updates=4),
+        # R-Drop's seq2seq criterion, BLEU on the new domain (valid) and the original one (test), with BLEU at θ*
+        # and its change (--eval-bleu-start) in the json log and TensorBoard
+        "rdrop": finetune_args(setup, root / "rdrop", *RDROP, "--eval-bleu-start", "--tensorboard-logdir",
+                               str(root / "tb"), validate=True),
+        # the same without --eval-bleu-start, 2 updates: θ*'s validation leaves training as it was
+        "rdrop_plain": finetune_args(setup, root / "rdrop_plain", *RDROP, updates=2, validate=True),
+        # R3F's seq2seq criterion, --fp16: one flat fp32 tensor; the other fp16 layouts: an fp32 copy per tensor,
+        # none (memory-efficient)
+        "r3f_fp16": finetune_args(setup, root / "r3f_fp16", *R3F, "--fp16", updates=4),
+        "r3f_fp16_pp": finetune_args(setup, root / "r3f_fp16_pp", *R3F, "--fp16", "--fp16-no-flatten-grads",
+                                     updates=4),
+        "r3f_mefp16": finetune_args(setup, root / "r3f_mefp16", *R3F, "--memory-efficient-fp16", updates=4),
+        # one rank with --update-freq 2, the reference of the 2-rank run below (dropout off: the same computation
+        # up to the order of the gradient sum); BLEU at θ* and at updates 2 and 4 (the epochs' ends)
+        "dist_one": finetune_args(setup, root / "dist_one", *DIST, "--update-freq", "2", updates=4, validate=True),
+        "dist_two": finetune_args(setup, root / "dist_two", *DIST, updates=4, validate=True),
         # LLRD and ChildTuning-D over the encoder's and the decoder's layers, on Adam's first step
         # (through the plug-in's seq2seq criterion, decoupled: fairseq's label_smoothed_cross_entropy)
         "llrd_cd": finetune_args(setup, root / "llrd_cd", "--criterion", "label_smoothed_cross_entropy_recadam",
@@ -108,13 +132,27 @@ def mt(pair):
         # its own
         (root / "resumed").mkdir()
         shutil.copy(root / "rdrop" / "checkpoint_1_2.pt", root / "resumed" / "checkpoint_last.pt")
+        shutil.copy(root / "rdrop" / "bleu_start.json", root / "resumed")  # BLEU at θ*, kept beside the checkpoints
         return train(root / "resumed", [a if a != str(root / "rdrop") else str(root / "resumed")
                                          for a in jobs["rdrop"]])
 
+    def two_ranks():
+        # 2 CPU ranks (gloo, no spawn), each a fairseq-train process, as tests/test_distributed.py launches them
+        port = free_port()
+        os.makedirs(root / "dist_two")
+        procs = [subprocess.Popen([sys.executable, TRAIN_ENTRY, *jobs["dist_two"], "--distributed-world-size", "2",
+                                   "--distributed-rank", str(r), "--distributed-init-method", f"tcp://127.0.0.1:{port}",
+                                   "--distributed-no-spawn", "--device-id", "0", "--ddp-backend", "legacy_ddp",
+                                   "--distributed-backend", "gloo"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                  text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(2)]
+        outs = [p.communicate(timeout=600)[0] for p in procs]
+        return max(p.returncode for p in procs), outs[0] + "\n==== rank 1\n" + outs[1]
+
     # two at a time; a run that needs another's checkpoint follows it in the same worker
-    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16",), ("llrd_cd",), *((k,) for k in refused)]
+    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16", "rdrop_plain"), ("llrd_cd", "dist_one"),
+              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), *((k,) for k in refused)]
     steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
-             "bart_pre": lambda: train(root / "bart_pre", bart_pre)}
+             "bart_pre": lambda: train(root / "bart_pre", bart_pre), "dist_two": two_ranks}
 
     def chain(names):
         done = {}
@@ -154,6 +192,62 @@ def test_the_anchor_is_the_pretrained_model_tensor_for_tensor(mt):
     assert len(tr) == 4 and all(float(x["symm_kl"]) > 0 for x in tr)
 
 
+def test_the_other_fp16_layouts_on_translation(mt):
+    """--fp16-no-flatten-grads (an fp32 copy per tensor) ends bit for bit where the flat --fp16 run does, each tensor
+    anchored at the pretrained one as the fp16 model held it; --memory-efficient-fp16 (no fp32 copy: the weights are
+    rounded to fp16 after every step) moves the weights as the flat run does up to fp16's rounding."""
+    pre = pretrained(mt)
+    ckpt = {k: load_ckpt(mt.root / k / "checkpoint_last.pt") for k in ("r3f_fp16", "r3f_fp16_pp", "r3f_mefp16")}
+    flat, pp, me = (ckpt[k]["model"] for k in ("r3f_fp16", "r3f_fp16_pp", "r3f_mefp16"))
+    for k in flat:
+        assert torch.equal(flat[k], pp[k]), k
+    names = trainable_names(mt.root / "r3f_fp16_pp" / "checkpoint_last.pt")
+    for run in ("r3f_fp16_pp", "r3f_mefp16"):
+        state = ckpt[run]["last_optimizer_state"]["state"]
+        assert len(state) == len(names) and {s["step"] for s in state.values()} == {4}, run
+        for i, n in enumerate(names):
+            assert torch.equal(state[i]["anchor"].float(), pre[n].half().float()), (run, n)
+    body = [k for k in names if k in pre]
+    d_flat = torch.cat([(flat[k].double() - pre[k].half().double()).reshape(-1) for k in body])
+    d_me = torch.cat([(me[k].double() - pre[k].half().double()).reshape(-1) for k in body])
+    assert d_flat.norm() > 0.01  # the weights moved
+    # Adam moves each element by about lr (1e-3) per step whatever its gradient's size: where fp16's rounding of a
+    # weight (2^-10 near 1, a layer norm's) is that size, or a gradient is at the rounding's noise, the runs part by
+    # up to a step (measured: 0.6% of the elements beyond lr/4, 18% of ‖θ − θ*‖). A misplaced anchor changes the
+    # direction of most elements' steps (γ = 500 pulls harder than the task gradient here).
+    assert ((d_me - d_flat).abs() <= 0.25e-3).double().mean().item() > 0.98
+    assert ((d_me - d_flat).norm() / d_flat.norm()).item() < 0.25
+
+
+def test_two_cpu_ranks_equal_one_rank_with_update_freq_two(mt):
+    """2 ranks (gloo) with BLEU at θ* and at each validation against one rank with --update-freq 2: the same weights
+    up to the order of the gradient sum, the same anchors (the pretrained tensors); every rank measures θ*'s BLEU
+    over the whole subsets, so rank 0 logs the one-rank run's start values."""
+    one = load_ckpt(mt.root / "dist_one" / "checkpoint_last.pt")
+    two = load_ckpt(mt.root / "dist_two" / "checkpoint_last.pt")
+    pre = pretrained(mt)
+    for k in one["model"]:
+        assert torch.allclose(one["model"][k].double(), two["model"][k].double(), rtol=0, atol=1e-5), k
+    moved = max((one["model"][k].double() - pre[k].double()).abs().max().item() for k in one["model"] if k in pre)
+    assert moved > 50 * 1e-5  # the comparison is not vacuous (RecAdam's γ = 500 holds 4 updates near θ*)
+    names = trainable_names(mt.root / "dist_two" / "checkpoint_last.pt")
+    for run in (one, two):
+        state = run["last_optimizer_state"]["state"]
+        assert {s["step"] for s in state.values()} == {4}
+        for i, n in enumerate(names):
+            assert torch.equal(state[i]["anchor"], pre[n]), n
+    start = {k: json.loads((mt.root / k / "bleu_start.json").read_text())["start"] for k in ("dist_one", "dist_two",
+                                                                                            "rdrop")}
+    assert start["dist_one"] == start["dist_two"] == start["rdrop"]
+    for tag in ("valid", "test"):
+        rows = {k: json_records(mt.runs[k][1], tag) for k in ("dist_one", "dist_two")}
+        assert [int(r[f"{tag}_num_updates"]) for r in rows["dist_two"]] == [2, 4], tag  # each epoch's end
+        for k, rs in rows.items():
+            assert all(float(r[f"{tag}_bleu_start"]) == start["rdrop"][tag] for r in rs), (k, tag)
+            assert all(float(r[f"{tag}_bleu_delta"]) == pytest.approx(float(r[f"{tag}_bleu"]) - start["rdrop"][tag],
+                                                                      abs=1e-9) for r in rs), (k, tag)
+
+
 def test_bart_anchor_is_its_pretrained_checkpoint_and_it_learns(mt):
     """fairseq's bart_base shape through fairseq-train: the encoder's, the decoder's and the output embeddings are
     one tensor with one anchor; every other tensor (layernorm_embedding, learned positions) is anchored by name;
@@ -187,15 +281,37 @@ def test_a_resumed_run_ends_bit_for_bit_where_the_whole_one_did(mt):
         for key in ("anchor", "exp_avg", "exp_avg_sq"):
             assert torch.equal(a[i][key], b[i][key]), (i, key)
         assert a[i]["step"] == b[i]["step"] == UPDATES
-    # the BLEU of update 8 on both domains, as the whole run logged it
+    # the BLEU of update 8 on both domains, as the whole run logged it (bleu_start from bleu_start.json, not measured
+    # again)
+    assert "--eval-bleu-start: BLEU at θ* from " in mt.runs["resumed"][1]
+    assert "BLEU at θ* (before update 1)" not in mt.runs["resumed"][1]
     for tag in ("valid", "test"):
         assert json_records(mt.runs["resumed"][1], tag)[-1] == json_records(mt.runs["rdrop"][1], tag)[-1]
 
 
-def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint(mt):
+def greedy_bleu(model, task, subset):
+    """sacrebleu's corpus BLEU of the model's greedy translations of a subset, as fairseq's --eval-bleu scores them."""
     import sacrebleu
     from fairseq import utils
 
+    model.eval()
+    task.load_dataset(subset)
+    gen = task.build_generator([model], Namespace(beam=1))
+    hyps, refs = [], []
+    batches = task.get_batch_iterator(task.dataset(subset), max_tokens=4096).next_epoch_itr(shuffle=False)
+    pad = task.target_dictionary.pad()
+    with torch.no_grad():
+        for sample in batches:
+            out = task.inference_step(gen, [model], sample)
+            for i in range(len(out)):
+                hyps.append(task.target_dictionary.string(out[i][0]["tokens"].int()))
+                refs.append(task.target_dictionary.string(utils.strip_pad(sample["target"][i], pad).int(),
+                                                          unk_string="UNKNOWNTOKENINREF"))
+    assert len(hyps) == 24
+    return sacrebleu.corpus_bleu(hyps, [refs]).score
+
+
+def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint(mt):
     log = mt.runs["rdrop"][1]
     rec = {tag: json_records(log, tag) for tag in ("valid", "test")}  # fairseq tags a subset by its name
     for tag, rows in rec.items():
@@ -205,22 +321,43 @@ def test_bleu_on_both_domains_at_every_validation_is_sacrebleu_on_the_checkpoint
 
     # the last validation saw checkpoint_last's weights: translate the original domain's dev set
     model, task = load_model(mt.root / "rdrop" / "checkpoint_last.pt")
-    model.eval()
-    task.load_dataset("test")
-    gen = task.build_generator([model], Namespace(beam=1))
-    hyps, refs = [], []
-    batches = task.get_batch_iterator(task.dataset("test"), max_tokens=4096).next_epoch_itr(shuffle=False)
-    pad = task.target_dictionary.pad()
-    for sample in batches:
-        out = task.inference_step(gen, [model], sample)
-        for i in range(len(out)):
-            hyps.append(task.target_dictionary.string(out[i][0]["tokens"].int()))
-            refs.append(task.target_dictionary.string(utils.strip_pad(sample["target"][i], pad).int(),
-                                                      unk_string="UNKNOWNTOKENINREF"))
-    assert len(hyps) == 24
-    want = sacrebleu.corpus_bleu(hyps, [refs]).score
+    want = greedy_bleu(model, task, "test")
     assert want > 1  # the pretrained model translates its own domain a little
     assert float(rec["test"][-1]["test_bleu"]) == pytest.approx(want, abs=0.006)  # logged to 2 decimals
+
+
+def test_bleu_at_the_start_and_its_change_in_the_json_log_and_tensorboard(mt):
+    """--eval-bleu-start: each subset's BLEU at θ* is sacrebleu's on the pretrained weights' greedy translations;
+    every validation logs it as bleu_start with bleu_delta = bleu − bleu_start, TensorBoard too; the measurement
+    leaves training bit for bit as it was without the flag."""
+    model, task = load_model(mt.root / "rdrop" / "checkpoint_last.pt")
+    model.load_state_dict(pretrained(mt))
+    start = json.loads((mt.root / "rdrop" / "bleu_start.json").read_text())["start"]
+    assert sorted(start) == ["test", "valid"]
+    log = mt.runs["rdrop"][1]
+    assert "--eval-bleu-start: BLEU at θ* (before update 1)" in log
+    event_acc = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
+    for tag in ("valid", "test"):
+        assert start[tag] == pytest.approx(round(greedy_bleu(model, task, tag), 2), abs=1e-9), tag
+        rows = json_records(log, tag)
+        assert [float(r[f"{tag}_bleu_start"]) for r in rows] == [start[tag]] * 4, tag
+        deltas = {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu_delta"]) for r in rows}
+        for r in rows:
+            assert deltas[int(r[f"{tag}_num_updates"])] == pytest.approx(float(r[f"{tag}_bleu"]) - start[tag],
+                                                                         abs=1e-9)
+        acc = event_acc.EventAccumulator(str(mt.root / "tb" / tag), size_guidance={"scalars": 0})
+        acc.Reload()
+        assert {e.step: e.value for e in acc.Scalars("bleu_start")} == pytest.approx(
+            {u: start[tag] for u in deltas}, abs=1e-5), tag
+        assert {e.step: e.value for e in acc.Scalars("bleu_delta")} == pytest.approx(deltas, abs=1e-5), tag
+    assert any(v != 0 for v in deltas.values())  # the original domain's BLEU moved
+    # θ*'s validation (its DataLoaders draw from torch's RNG) leaves training as it was
+    plain = load_ckpt(mt.root / "rdrop_plain" / "checkpoint_last.pt")["model"]
+    at2 = load_ckpt(mt.root / "rdrop" / "checkpoint_1_2.pt")["model"]
+    for k, v in plain.items():
+        assert torch.equal(v, at2[k]), k
+    assert not (mt.root / "rdrop_plain" / "bleu_start.json").exists()
+    assert "bleu_start" not in json_records(mt.runs["rdrop_plain"][1], "valid")[-1]
 
 
 def test_llrd_and_childtuning_d_over_encoder_and_decoder_layers(mt):
@@ -364,6 +501,11 @@ def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
     check_bleu(task, "loss", False)  # no --eval-bleu, not its metric: nothing to check
     with pytest.raises(ConfigError, match=r"^--best-checkpoint-metric bleu: fairseq computes BLEU only with --eval-bleu"):
         check_bleu(task, "bleu", True)
+    # --eval-bleu-start without --eval-bleu: one line when fairseq's Trainer first puts the criterion in training mode
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_rdrop",
+                       "--eval-bleu-start")
+    with pytest.raises(ConfigError, match=r"^--eval-bleu-start: needs --eval-bleu \(fairseq computes BLEU at "):
+        task.build_criterion(cfg.criterion).train()
     cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--eval-bleu")
     check_bleu(task, "bleu", True)
     check_bleu(task, "${checkpoint.best_checkpoint_metric}", "${x}")  # a config built by hand: not resolved
@@ -417,14 +559,38 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
     log = (run_dir / "train.log").read_text()
     bleu = {tag: {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu"]) for r in json_records(log, tag)}
             for tag in ("valid", "test")}
+    delta = {tag: {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu_delta"]) for r in json_records(log, tag)}
+             for tag in ("valid", "test")}
     assert sorted(bleu["valid"]) == sorted(bleu["test"]) == [4, 8]  # one validation before the kill, one after
     at = max(bleu["valid"], key=lambda u: (bleu["valid"][u], -u))  # fairseq keeps the first of equal bests
-    assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8, 2 validations; "
-                       f"there: test bleu {bleu['test'][at]:g})")
-    assert any(ln.startswith("  test at update 8: loss ") and ", bleu " in ln for ln in out)  # the follower's line
+    # BLEU at θ* (--eval-bleu-start), measured before the kill, read back by the resumed run: its change on the
+    # original domain (test) is the forgetting
+    assert (run_dir / "bleu_start.json").exists() and "--eval-bleu-start: BLEU at θ* from " in log
+    fell = 0.0 - delta["test"][at]
+    assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8, 2 validations, "
+                       f"forgetting there {fell:+.4g} (BLEU on test since θ*); there: test bleu {bleu['test'][at]:g} "
+                       f"({delta['test'][at]:+g} since θ*))")
+    assert any(ln.startswith("  test at update 8: loss ") and f", bleu {delta['test'][8]:+.4g} since θ*" in ln
+               for ln in out)  # the follower's line
+    # summarize.py on the run: bleu from run.json, the forgetting in BLEU; a budget below it leaves no validation
+    summarize = os.path.join(os.path.dirname(USER_DIR), "scripts", "glue", "summarize.py")
+    forgot = {u: 0.0 - d for u, d in delta["test"].items()}
+    for budget in (max(forgot.values()), min(forgot.values()) - 0.5):
+        p = subprocess.run([sys.executable, summarize, str(tmp_path), "--out", str(tmp_path / "sum"),
+                            "--forgetting-budget", str(budget)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                           text=True)
+        assert p.returncode == 0, p.stdout[-2000:]
+        with open(tmp_path / "sum" / "runs.csv") as f:
+            (row,) = csv.DictReader(f)
+        if budget == max(forgot.values()):
+            assert (row["metric"], float(row["best"]), int(row["best_update"])) == ("bleu", bleu["valid"][at], at)
+            assert float(row["forgetting"]) == pytest.approx(forgot[at]) and row["forgetting_metric"] == "BLEU on test"
+        else:
+            assert row["best"] == "" and row["note"].startswith("every validation forgot more than --forgetting-budget")
     # the catalogue's seq2seq criterion and RecAdam's knobs, the checkpoint's architecture, in command.sh
     command = (run_dir / "command.sh").read_text()
     for flags in ("--criterion label_smoothed_cross_entropy_rdrop", "--rdrop-alpha 1.0", "--recadam-anneal-t0 4",
+                  "--eval-bleu-start",
                   "--encoder-embed-dim 32", "--share-all-embeddings", "--valid-subset valid,test",
                   "--best-checkpoint-metric bleu"):
         assert f"  {flags} \\" in command or command.rstrip().endswith(f"  {flags}"), flags

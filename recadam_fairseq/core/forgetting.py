@@ -3,20 +3,40 @@ progress lines): pure Python, no torch.
 
 Forgetting = sign × the logged change since θ*, positive when the model lost something: the masked-LM loss
 went up (``fgt_mlm_loss_delta``, bits per masked token), or the pair AUC went down (``fgt_pairs_auc_delta``).
+On translation (``--eval-bleu-start``): BLEU went down on the original domain's subset, the valid subsets after
+the first (``<subset>_bleu_delta``; the first subset is the new domain, where BLEU is to go up).
 """
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 # logged change -> (what it is, sign making "forgot" positive)
 DELTAS = {"fgt_mlm_loss_delta": ("mlm loss (bits)", 1.0), "fgt_pairs_auc_delta": ("pair AUC", -1.0)}
+BLEU_DELTA = "bleu_delta"  # --eval-bleu-start's bleu − bleu_start of one subset (bleu_start.py)
 
 
-def forgetting(record: dict, prefix: str = "") -> Optional[Tuple[str, float]]:
-    """(the delta's key, forgetting) of one validation record (keys ``prefix + name``), or None without a meter."""
+def _float(x) -> Optional[float]:
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
+
+
+def forgetting(record: dict, prefix: str = "", others: Optional[Dict[str, dict]] = None
+               ) -> Optional[Tuple[str, float]]:
+    """(the delta's key, forgetting) of one validation record (keys ``prefix + name``), or None without a meter.
+    ``others``: the other valid subsets' records of the same validation ({subset: record}, keys without the
+    subset's prefix); without the meter, the largest BLEU fall among them, keyed ``<subset>_bleu_delta``."""
     for key, (_, sign) in DELTAS.items():
         if prefix + key in record:
-            try:
-                return key, sign * float(record[prefix + key])
-            except (TypeError, ValueError):
-                return None
-    return None
+            value = _float(record[prefix + key])
+            return None if value is None else (key, sign * value)
+    falls = [(f"{subset}_{BLEU_DELTA}", 0.0 - _float(rec[BLEU_DELTA])) for subset, rec in (others or {}).items()
+             if _float(rec.get(BLEU_DELTA)) is not None]
+    return max(falls, key=lambda f: f[1]) if falls else None
+
+
+def label(key: str) -> str:
+    """What a key :func:`forgetting` returns measures, for the scripts' lines and tables."""
+    if key in DELTAS:
+        return DELTAS[key][0]
+    return f"BLEU on {key[:-len(BLEU_DELTA) - 1]}" if key.endswith("_" + BLEU_DELTA) else key

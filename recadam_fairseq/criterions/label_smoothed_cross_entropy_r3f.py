@@ -18,7 +18,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.dataclass import ChoiceEnum
 
-from ..config import BestCheckpointMetric, R3FHyperparams, redefault
+from ..bleu_start import InstallsWhenTraining
+from ..config import BestCheckpointMetric, BleuStartConfig, R3FHyperparams, redefault
 from ..core import r3f
 from ..core.errors import ConfigError
 from .bleu_check import check_bleu
@@ -27,21 +28,22 @@ from .r3f_term import reduce_symm_kl
 
 @dataclass
 class LabelSmoothedCrossEntropyR3FConfig(LabelSmoothedCrossEntropyCriterionConfig, R3FHyperparams,
-                                         BestCheckpointMetric):
+                                         BestCheckpointMetric, BleuStartConfig):
     r3f_lambda: float = redefault(R3FHyperparams, "r3f_lambda", 1.0)  # fairseq's seq2seq defaults
     noise_type: ChoiceEnum(list(r3f.NOISE_TYPES)) = redefault(R3FHyperparams, "noise_type", "normal")
 
 
 @register_criterion("label_smoothed_cross_entropy_r3f", dataclass=LabelSmoothedCrossEntropyR3FConfig)
-class LabelSmoothedCrossEntropyR3FCriterion(LabelSmoothedCrossEntropyCriterion):
+class LabelSmoothedCrossEntropyR3FCriterion(InstallsWhenTraining, LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, eps, r3f_lambda, noise_type,
                  ignore_prefix_size=0, report_accuracy=False, best_checkpoint_metric=None,
-                 maximize_best_checkpoint_metric=None):
+                 maximize_best_checkpoint_metric=None, cfg=None):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         r3f.check_hyperparams(eps, r3f_lambda, str(noise_type))
         check_bleu(task, best_checkpoint_metric, maximize_best_checkpoint_metric)
         self.noise_eps, self.r3f_lambda, self.noise_type = eps, r3f_lambda, str(noise_type)  # self.eps: smoothing
         self.r3f = r3f_lambda > 0 and eps > 0
+        self.bleu_start_cfg = cfg  # --eval-bleu-start (bleu_start.py)
         self._takes_embeddings = None
 
     def _check_model(self, model):

@@ -20,7 +20,8 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from ..config import BestCheckpointMetric, RDropHyperparams, redefault
+from ..bleu_start import InstallsWhenTraining
+from ..config import BestCheckpointMetric, BleuStartConfig, RDropHyperparams, redefault
 from ..core import r3f
 from .bleu_check import check_bleu
 from .r3f_term import reduce_symm_kl
@@ -28,18 +29,19 @@ from .r3f_term import reduce_symm_kl
 
 @dataclass
 class LabelSmoothedCrossEntropyRDropConfig(LabelSmoothedCrossEntropyCriterionConfig, RDropHyperparams,
-                                           BestCheckpointMetric):
+                                           BestCheckpointMetric, BleuStartConfig):
     rdrop_alpha: float = redefault(RDropHyperparams, "rdrop_alpha", 5.0)  # the authors' translation recipe
 
 
 @register_criterion("label_smoothed_cross_entropy_rdrop", dataclass=LabelSmoothedCrossEntropyRDropConfig)
-class LabelSmoothedCrossEntropyRDropCriterion(LabelSmoothedCrossEntropyCriterion):
+class LabelSmoothedCrossEntropyRDropCriterion(InstallsWhenTraining, LabelSmoothedCrossEntropyCriterion):
     def __init__(self, task, sentence_avg, label_smoothing, rdrop_alpha, ignore_prefix_size=0,
-                 report_accuracy=False, best_checkpoint_metric=None, maximize_best_checkpoint_metric=None):
+                 report_accuracy=False, best_checkpoint_metric=None, maximize_best_checkpoint_metric=None, cfg=None):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
         r3f.check_rdrop_alpha(rdrop_alpha)
         check_bleu(task, best_checkpoint_metric, maximize_best_checkpoint_metric)
         self.rdrop_alpha = rdrop_alpha
+        self.bleu_start_cfg = cfg  # --eval-bleu-start (bleu_start.py)
 
     def forward(self, model, sample, reduce=True):
         if not (self.rdrop_alpha > 0 and model.training):

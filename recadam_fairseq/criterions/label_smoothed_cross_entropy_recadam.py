@@ -30,7 +30,7 @@ class LabelSmoothedCrossEntropyRecAdamConfig(LabelSmoothedCrossEntropyRDropConfi
 class LabelSmoothedCrossEntropyRecAdamCriterion(LabelSmoothedCrossEntropyRDropCriterion):
     def __init__(self, cfg: LabelSmoothedCrossEntropyRecAdamConfig, task):
         super().__init__(task, cfg.sentence_avg, cfg.label_smoothing, cfg.rdrop_alpha, cfg.ignore_prefix_size,
-                         cfg.report_accuracy, cfg.best_checkpoint_metric, cfg.maximize_best_checkpoint_metric)
+                         cfg.report_accuracy, cfg.best_checkpoint_metric, cfg.maximize_best_checkpoint_metric, cfg)
         self.cfg = cfg
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":

@@ -11,7 +11,7 @@ import sys
 import time
 from typing import Optional
 
-from ..core.forgetting import DELTAS, forgetting
+from ..core.forgetting import BLEU_DELTA, forgetting, label
 from .plot_run import parse_log_lines
 
 
@@ -21,6 +21,13 @@ def _num(x) -> str:
     except (TypeError, ValueError):
         return str(x)
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def _signed(x) -> str:
+    try:
+        return f"{float(x):+.4g}"
+    except (TypeError, ValueError):
+        return str(x)
 
 
 def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
@@ -50,13 +57,15 @@ def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
         keys = [metric] if metric and f"{subset}_{metric}" in r else [
             k[len(subset) + 1:] for k in r if k.startswith(subset + "_") and k[len(subset) + 1:] not in (
                 "loss", "nll_loss", "ppl", "wps", "wpb", "bsz", "num_updates", "best_loss") and
-            not k[len(subset) + 1:].startswith(("best_", "fgt_"))][:3]
+            not k[len(subset) + 1:].startswith(("best_", "fgt_", "bleu_"))][:3]
         shown = ", ".join(f"{k} {_num(r[f'{subset}_{k}'])}" for k in keys)
         best = next((r[k] for k in r if k.startswith(f"{subset}_best_")), None)
         fgt = forgetting(r, subset + "_")  # the forgetting meter's, when the run has one
+        bleu = r.get(f"{subset}_{BLEU_DELTA}")  # --eval-bleu-start's change since θ*, on each subset
         return (f"  {subset} at update {r[f'{subset}_num_updates']}: loss {_num(r.get(f'{subset}_loss'))}"
                 + (f", {shown}" if shown else "") + (f" (best {_num(best)})" if best is not None else "")
-                + (f", forgetting {fgt[1]:+.4g}: {DELTAS[fgt[0]][0]} since θ*" if fgt else ""))
+                + (f", bleu {_signed(bleu)} since θ*" if bleu is not None else "")
+                + (f", forgetting {fgt[1]:+.4g}: {label(fgt[0])} since θ*" if fgt else ""))
     return None
 
 

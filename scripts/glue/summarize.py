@@ -24,6 +24,9 @@ Runs with the forgetting meter (FORGETTING_PROBE=..., docs/forgetting-meter.md) 
 at the chosen validation: the masked-LM loss's rise since θ* (bits) or the pair AUC's fall. With
 --forgetting-budget X, a run's best validation is the best among those that forgot at most X (a run without
 the meter: among all, noted); its update is where that checkpoint is (kept when saved at that update).
+Translation runs (scripts/seq2seq/finetune.sh, laid out as RUNS_DIR/<DATA>/<METHOD>/seed<N>/, scored by the
+metric run.json names: bleu) forget in BLEU: its fall since θ* on the subsets after ``valid`` (the original
+domain's), from the ``bleu_delta`` that --eval-bleu-start logs; --forgetting-budget applies to it as above.
 
 Multi-task runs (scripts/glue/multitask.sh, laid out as RUNS_DIR/MTL/<NAME>/seed<N>/) give one
 row per task they trained, all read at the validation with the best ``glue_avg`` (one model
@@ -43,7 +46,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from recadam_fairseq import catalogue  # noqa: E402  (pure Python: the methods)
 from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: the GLUE task table)
-from recadam_fairseq.core.forgetting import DELTAS, forgetting  # noqa: E402  (pure Python: the meter's names)
+from recadam_fairseq.core.forgetting import forgetting, label  # noqa: E402  (pure Python: the meter's names)
 from recadam_fairseq.core.glue_tasks import head_name  # noqa: E402
 
 TASKS = glue_tasks.RECIPE_TASKS
@@ -95,7 +98,22 @@ def parse_log(path):
                 if subset == "train":
                     continue
                 valid[subset].append({k[len(subset) + 1:]: v for k, v in rec.items() if k.startswith(subset + "_")})
+    for e in valid.get("valid", []):  # the other subsets at the same update (translation's original domain)
+        e[OTHERS] = {}
+        for subset, es in valid.items():
+            same = [x for x in es if x.get("num_updates") == e.get("num_updates")]
+            if subset != "valid" and same:
+                e[OTHERS][subset] = same[-1]
     return valid, last
+
+
+OTHERS = "_others"  # a valid entry's key for {subset: entry} of the other subsets validated at its update
+
+
+def run_forgetting(entry):
+    """The forgetting meter's forgetting at a validation, or (translation, --eval-bleu-start) the largest BLEU fall
+    since θ* on the other subsets: (its key, value) or None."""
+    return forgetting(entry, others=entry.get(OTHERS))
 
 
 def best_of(entries, metric, budget=None):
@@ -103,7 +121,7 @@ def best_of(entries, metric, budget=None):
     forgetting ``budget``: over the validations whose forgetting is at most it (all, without the meter)."""
     best, at = None, None
     for e in entries:
-        f = forgetting(e) if budget is not None else None
+        f = run_forgetting(e) if budget is not None else None
         if f is not None and f[1] > budget:
             continue
         x = to_float(e.get(metric))
@@ -143,7 +161,8 @@ def read_run(run_dir, root, budget=None):
         m = re.match(r"k(.+?)-t([^-]+)", variant)
         if m:
             k, t0 = m.group(1), m.group(2)
-    metric = primary_metric(task)
+    # a GLUE task's metric; another (translation's data directory): what run.json names (seq2seq: bleu)
+    metric = primary_metric(task) if task in glue_tasks.TASKS or "metric" not in meta else meta["metric"]
     run = {
         "task": task, "method": method, "config": variant, "k": k or "", "t0": t0 or "",
         "seed": seed, "status": "done" if os.path.exists(os.path.join(run_dir, "done")) else "unfinished",
@@ -168,9 +187,9 @@ def read_run(run_dir, root, budget=None):
     else:
         run["best"] = best
         run["best_update"] = at.get("num_updates", "")
-        fgt = forgetting(at)
+        fgt = run_forgetting(at)
         if fgt is not None:
-            run["forgetting_metric"], run["forgetting"] = DELTAS[fgt[0]][0], fgt[1]
+            run["forgetting_metric"], run["forgetting"] = label(fgt[0]), fgt[1]
         elif budget is not None:
             run["note"] = "no forgetting meter in its log: --forgetting-budget does not apply"
         run["other"] = "; ".join(f"{m}={at[m]}" for m in OTHER.get(task, []) if m in at)
@@ -326,12 +345,13 @@ def run_line(run_dir, metric=None):
     best, at = best_of(entries, metric)
     if best is None:
         return f"no {metric} in its {len(entries)} validations" if entries else "no validation in its log"
-    fgt = forgetting(at)
-    there = [f"{subset} {metric} {to_float(e[metric]):g}" for subset, es in valid.items() if given and subset != "valid"
-             for e in es[::-1] if e.get("num_updates") == at.get("num_updates") and to_float(e.get(metric)) is not None]
+    fgt = run_forgetting(at)
+    there = [f"{subset} {metric} {to_float(e[metric]):g}" + (f" ({to_float(e[metric + '_delta']):+g} since θ*)" if
+                                                             to_float(e.get(metric + "_delta")) is not None else "")
+             for subset, e in (at.get(OTHERS) or {}).items() if given and to_float(e.get(metric)) is not None]
     return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}, "
             f"{len(entries)} validations" + ("" if fgt is None else f", forgetting there {fgt[1]:+.4g} "
-                                                                   f"({DELTAS[fgt[0]][0]} since θ*)")
+                                                                   f"({label(fgt[0])} since θ*)")
             + (f"; there: {', '.join(there)}" if there else ""))
 
 
@@ -349,7 +369,8 @@ def main(argv=None):
                     help="count runs without a done marker (their best so far) in the tables")
     ap.add_argument("--forgetting-budget", type=float, metavar="X",
                     help="runs with the forgetting meter: the best validation among those that forgot at most X "
-                         "(the masked-LM loss's rise in bits, or the pair AUC's fall, since θ*)")
+                         "(the masked-LM loss's rise in bits, or the pair AUC's fall, since θ*); translation runs "
+                         "with bleu_delta (--eval-bleu-start): BLEU's largest fall since θ* on the other subsets")
     args = ap.parse_args(argv)
     root = args.runs_dir
     if not os.path.isdir(root):
@@ -454,7 +475,8 @@ def main(argv=None):
         budget = args.forgetting_budget
         md += ["## Forgetting at the chosen validation", "",
                "What each run lost from pretraining by its best validation (forgetting meter: the masked-LM loss's "
-               "rise since θ*, or the pair AUC's fall; positive = forgot)"
+               "rise since θ*, or the pair AUC's fall; translation: BLEU's fall since θ* on the original domain's "
+               "subset; positive = forgot)"
                + (f", the best among validations that forgot at most {budget:g}" if budget is not None else "") + ".",
                "", "| run | metric | best | update | forgetting | probe |", "|---|---|---|---|---|---|"]
         md += [f"| {r['path']} | {r['metric']} | {fmt(r['best'])} | {r['best_update']} | {r['forgetting']:+.4f} | "

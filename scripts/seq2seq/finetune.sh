@@ -38,7 +38,9 @@
 #
 # The run directory gets command.sh (the exact command), run.json (the settings), train.log (fairseq's
 # --log-format json output, with stderr; appended to on resume) and, on success, `done`. The terminal: a line
-# per log interval and validation, and at the end the best BLEU on the first subset with the others' there.
+# per log interval and validation (with BLEU's change since the pretrained weights, --eval-bleu-start: measured
+# once before update 1, kept in bleu_start.json), and at the end the best BLEU on the first subset with the
+# others' there and their change.
 set -euo pipefail
 
 die() { echo "finetune.sh: error: $*" >&2; exit 2; }
@@ -128,7 +130,7 @@ CMD=("${TRAIN[@]}" "${DATA:-}"
   "${METHOD_FLAGS[@]}" --adam-betas "(0.9, 0.98)" --adam-eps 1e-08 --clip-norm 0.0
   --lr "$LR" --lr-scheduler polynomial_decay --total-num-update "$TOTAL" --warmup-updates "$WARMUP"
   --max-update "$TOTAL"
-  --eval-bleu --eval-bleu-args "$BLEU_ARGS" --eval-bleu-detok "$DETOK")
+  --eval-bleu --eval-bleu-args "$BLEU_ARGS" --eval-bleu-detok "$DETOK" --eval-bleu-start)
 [ -z "${REMOVE_BPE:-}" ] || CMD+=(--eval-bleu-remove-bpe "$REMOVE_BPE")
 [ "$FP16" = 0 ] || CMD+=(--fp16)
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
