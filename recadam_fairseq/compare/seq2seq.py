@@ -33,7 +33,8 @@ from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
 FINETUNE = os.path.join(ROOT, "scripts", "seq2seq", "finetune.sh")
-# (label, catalogue method, extra fairseq-train flags); EWC is the coupled objective with F from a file
+# (label, catalogue method, extra fairseq-train flags); EWC is the coupled objective with F from a file (its runs
+# in WORK/runs-ewc: finetune.sh names a run by the method and its knobs, the same as recadam-coupled's)
 METHODS = (
     ("adam", "adam", ()),
     ("recadam", "recadam", ()),
@@ -41,8 +42,10 @@ METHODS = (
     ("recadam-rdrop", "recadam-rdrop", ()),
     ("r3f", "r3f", ()),
     ("llrd", "llrd", ()),
+    ("recadam-coupled", "recadam-coupled", ()),
     ("ewc", "recadam-coupled", ("--ewc-fisher", "{fisher}")),
 )
+RUNS_DIR = {"ewc": "runs-ewc"}  # WORK/runs otherwise
 WISE = ("adam", "recadam")  # the runs WiSE-FT mixes with θ*
 # fairseq-train's flags for every run: one CPU core's worth, a validation only at the end
 COMMON_EXTRA = ("--num-workers", "0", "--validate-interval", "1000", "--save-interval", "1000")
@@ -143,9 +146,9 @@ def validate(args, data, checkpoint, logfile):
     return {s: float(found[s]) for s in ("valid", "test")}, shlex.join(cmd[1:])
 
 
-def finetune_env(args, data, seed):
+def finetune_env(args, data, seed, label):
     return {"PRETRAINED": rel(os.path.join(data, "pretrained.pt")), "DATA": rel(os.path.join(data, "b-bin")),
-            "SAVE_DIR": rel(os.path.join(args.work, "runs")), "MAX_UPDATE": str(args.max_update),
+            "SAVE_DIR": rel(os.path.join(args.work, RUNS_DIR.get(label, "runs"))), "MAX_UPDATE": str(args.max_update),
             "MAX_TOKENS": "2048", "LR": args.lr, "K": args.k, "T0": args.t0, "GAMMA": args.gamma, "BEAM": "1",
             "SEED": str(seed), "SAVE_INTERVAL_UPDATES": str(args.max_update), "LOG_INTERVAL": "100",
             "FAIRSEQ_TRAIN": os.path.join(bindir(), "fairseq-train"), "PYTHON": env_python()}
@@ -179,7 +182,7 @@ def last_bleu(run_dir, updates):
 def finetune(args, data, label, method, extra, seed, fisher):
     """One run through scripts/seq2seq/finetune.sh; its record."""
     extra = [x.format(fisher=rel(fisher)) for x in extra]
-    env = finetune_env(args, data, seed)
+    env = finetune_env(args, data, seed, label)
     cmd = ["bash", rel(FINETUNE), method, *extra, *COMMON_EXTRA]
     dry = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, DRY_RUN="1", **env), stdout=subprocess.PIPE,
                          stderr=subprocess.STDOUT, text=True)
@@ -198,13 +201,16 @@ def finetune(args, data, label, method, extra, seed, fisher):
             "seconds": None if done else round(time.time() - t, 1)}
 
 
-def wise_points(args, data, rec):
-    """WiSE-FT of a run's last weights at each α: its records."""
+def wise_points(args, data, rec, done):
+    """WiSE-FT of a run's last weights at each α: its records (those in ``done``, by α, reused)."""
     out = []
     ckpt = os.path.join(ROOT, rec["run_dir"], "checkpoint_last.pt")
     wdir = os.path.join(args.work, "wise", rec["label"], f"seed{rec['seed']}")
     os.makedirs(wdir, exist_ok=True)
     for a in args.alphas:
+        if a in done:
+            out.append(done[a])
+            continue
         mixed = os.path.join(wdir, f"alpha{a}.pt")
         if not os.path.isfile(mixed):
             run([env_python(), "scripts/interpolate.py", rel(ckpt), "--pretrained",
@@ -250,12 +256,13 @@ def main(argv=None):
             old = runs.get((label, seed))
             if old and old["command"] == rec["command"] and rec["seconds"] is None:
                 rec["seconds"] = old.get("seconds")
-            elif old and old["command"] != rec["command"]:
+            else:  # a new or changed run: its WiSE-FT points again
                 wise = {k: v for k, v in wise.items() if k[:2] != (label, seed)}
             runs[(label, seed)] = rec
             log(f"{label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
             if label in WISE:
-                for w in wise_points(args, data, rec):
+                done = {k[2]: v for k, v in wise.items() if k[:2] == (label, seed)}
+                for w in wise_points(args, data, rec, done):
                     wise[(label, seed, w["alpha"])] = w
             res["runs"] = [runs[k] for k in sorted(runs, key=order_key)]
             res["wise"] = [wise[k] for k in sorted(wise, key=lambda k: (order_key(k[:2]), k[2]))]
@@ -313,7 +320,7 @@ def describe(label, res):
     knobs = {**m.defaults(), "k": s["k"], "t0": s["t0"], "gamma": s["gamma"]}
     shown = ", ".join(f"{k}={knobs[k]}" for k in m.knobs if k in knobs)
     if label == "ewc":
-        return f"the coupled objective with EWC's F of domain A (recadam-coupled + `--ewc-fisher`; {shown})"
+        return f"EWC: `recadam-coupled` + `--ewc-fisher` F of domain A ({shown})"
     return f"`{m.name}`" + (f" ({shown})" if shown else "")
 
 
@@ -364,38 +371,59 @@ def write_report(res, docs):
 
 
 COLOURS = {"adam": "black", "recadam": "tab:blue", "rdrop": "tab:orange", "recadam-rdrop": "tab:purple",
-           "r3f": "tab:green", "llrd": "tab:brown", "ewc": "tab:red"}
+           "r3f": "tab:green", "llrd": "tab:brown", "recadam-coupled": "tab:pink", "ewc": "tab:red"}
 
 
 def plot(rows, curves, res, out):
+    """Two panels: everything (left), and the fine-tuned runs' corner, zoomed on BLEU B (right)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    plt.rcParams["svg.hashsalt"] = "seq2seq"
-    fig, ax = plt.subplots(figsize=(7.5, 5.5))
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6), gridspec_kw={"width_ratios": [1, 1]})
     pre = res["pretrained"]
-    ax.plot([pre["bleu_b"]], [pre["bleu_a"]], marker="*", ms=14, color="gold", mec="black", ls="none",
-            label="pretrained θ*", zorder=5)
-    for label, pts in curves.items():
-        c = COLOURS.get(label, "grey")
-        ax.plot([p[1] for p in pts], [p[2] for p in pts], ls="--", color=c, lw=1, alpha=0.8, marker=".",
-                label=f"WiSE-FT of {label}: α = 0, {', '.join(f'{p[0]:g}' for p in pts[1:-1])}, 1")
-        for a, b, y in pts[1:-1]:
-            ax.annotate(f"{a:g}", (b, y), textcoords="offset points", xytext=(4, -9), fontsize=7, color=c)
-    for r in rows:
-        c = COLOURS.get(r["label"], "grey")
-        ax.errorbar([r["b"]], [r["a"]], xerr=[r["b_spread"]], yerr=[r["a_spread"]], marker="o", ms=7, color=c,
-                    capsize=3, ls="none", label=r["label"], zorder=4)
-        for run in res["runs"]:
-            if run["label"] == r["label"]:
-                ax.plot([run["bleu_b"]], [run["bleu_a"]], marker="x", ms=4, color=c, ls="none", alpha=0.6)
-    ax.set_xlabel("BLEU on domain B (tweets: the new domain)")
-    ax.set_ylabel("BLEU on domain A (movie snippets: the pretraining domain)")
-    ax.set_title("Fine-tuning on B: what it learns (right) and keeps (up)\n"
-                 "a rule-based synthetic pair; mean ± half-range of 2 seeds (o), each seed (x)", fontsize=10)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7.5, loc="lower left", framealpha=0.9)
+    nseeds = len(res["settings"]["seeds"])
+    # the zoom: the methods within 8 BLEU of the best on B (the rest stay in the left panel only)
+    top = max(r["b"] for r in rows)
+    near = [r for r in rows if r["b"] >= top - 8]
+    zoom = (min(r["b"] - r["b_spread"] for r in near) - 0.8, max(r["b"] + r["b_spread"] for r in near) + 0.6)
+    placed = []
+    for n, ax in enumerate(axes):
+        ax.plot([pre["bleu_b"]], [pre["bleu_a"]], marker="*", ms=14, color="gold", mec="black", ls="none",
+                label="pretrained θ*", zorder=5)
+        for i, (label, pts) in enumerate(curves.items()):
+            c = COLOURS.get(label, "grey")
+            ax.plot([p[1] for p in pts], [p[2] for p in pts], ls="--", color=c, lw=1, alpha=0.8, marker=".",
+                    label=f"WiSE-FT of {label}: α = 0, {', '.join(f'{p[0]:g}' for p in pts[1:-1])}, 1")
+            for a, b, y in pts[1:-1]:
+                if n == 0 or zoom[0] <= b <= zoom[1]:
+                    ax.annotate(f"α={a:g}", (b, y), textcoords="offset points", xytext=(4, 4 if i % 2 == 0 else -11),
+                                fontsize=7, color=c)
+        for r in rows:
+            c = COLOURS.get(r["label"], "grey")
+            ax.errorbar([r["b"]], [r["a"]], xerr=[r["b_spread"]], yerr=[r["a_spread"]], marker="o", ms=7, color=c,
+                        capsize=3, ls="none", label=r["label"], zorder=4)
+            for run in res["runs"]:
+                if run["label"] == r["label"]:
+                    ax.plot([run["bleu_b"]], [run["bleu_a"]], marker="x", ms=5, color=c, ls="none", alpha=0.7)
+            if n == 1 and r in near:  # above the point; below when another label is already there
+                below = any(abs(r["b"] - b) < 0.6 and abs(r["a"] - a) < 2.5 for b, a in placed)
+                placed.append((r["b"], r["a"]))
+                ax.annotate(r["label"], (r["b"], r["a"]), textcoords="offset points", xytext=(0, -15 if below else 8),
+                            fontsize=8, color=c, ha="center", va="bottom" if not below else "top")
+        ax.set_xlabel("BLEU on domain B (tweets: the new domain)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("BLEU on domain A (movie snippets: the pretraining domain)")
+    axes[0].set_title("all points", fontsize=10)
+    axes[0].axvspan(*zoom, color="grey", alpha=0.08)
+    axes[1].set_xlim(*zoom)
+    lo, hi = axes[0].get_ylim()
+    for ax in axes:
+        ax.set_ylim(lo - 2, hi)  # room for a label below the lowest point
+    axes[1].set_title("the fine-tuned runs (the shaded band, zoomed on B)", fontsize=10)
+    axes[0].legend(fontsize=7.5, loc="lower left", framealpha=0.9)
+    fig.suptitle(f"Fine-tuning on domain B of a rule-based synthetic pair: what it learns (right) and keeps (up); "
+                 f"mean ± half-range of {nseeds} seeds (o), each seed (x)", fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=100, metadata={"Software": None})
     plt.close(fig)
