@@ -145,7 +145,8 @@ class Method:
     @property
     def seq2seq(self) -> bool:
         """A METHOD of scripts/seq2seq/finetune.sh (--task translation): not RoBERTa's model or head, not the
-        multi-task setting, not EWC's task Fisher (it needs one loss per example, which seq2seq criteria lack)."""
+        multi-task setting, not EWC's task Fisher (not wired into that script; docs/seq2seq.md's comparison gives
+        the coupled criterion a Fisher file of scripts/fisher.py)."""
         fixed = self.optimizer_fixed + self.criterion_fixed
         return (self.scripts and self.model is None and self.task is None and not self.extra_fixed
                 and "--ewc-fisher" not in fixed)

@@ -83,17 +83,38 @@ def masked_lm_per_example(criterion):
     return per_example
 
 
+def seq2seq_per_example(criterion):
+    """``f(model, sample)``: the negative log-likelihood of each target sentence (the sum over its tokens,
+    without label smoothing: the empirical Fisher of the model's own likelihood) for fairseq's
+    ``label_smoothed_cross_entropy`` and the plug-in's criteria built on it, or None for another criterion.
+    F of the pretraining domain's translation objective (``scripts/fisher.py --task translation``)."""
+    from fairseq.criterions.label_smoothed_cross_entropy import LabelSmoothedCrossEntropyCriterion
+
+    if not isinstance(criterion, LabelSmoothedCrossEntropyCriterion):
+        return None
+
+    def per_example(model, sample):
+        net_output = model(**sample["net_input"])
+        lprobs = model.get_normalized_probs(net_output, log_probs=True).float()
+        target = sample["target"]
+        nll = -lprobs.gather(-1, target.unsqueeze(-1)).squeeze(-1)
+        return nll.masked_fill(target.eq(criterion.padding_idx), 0.0).sum(-1)
+
+    return per_example
+
+
 def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[Dict[str, torch.Tensor], int]:
     """{name: (1/N)·Σ_i g_i²} over the model's trainable parameters, N = the examples taken (``examples`` per
     rank, 0: all), summed over ranks; and N."""
     from .optim.child_tuning import prepare, train_batches  # the batches ChildTuning-D's passes take
 
     inner = unwrap_model(model)
-    per_example = per_example_loss_of(criterion) or masked_lm_per_example(criterion)
+    per_example = (per_example_loss_of(criterion) or masked_lm_per_example(criterion)
+                   or seq2seq_per_example(criterion))
     if per_example is None:
         raise ConfigError(f"--ewc-fisher task: criterion {type(criterion).__name__} gives no per-example loss; use "
                           f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask), "
-                          f"masked_lm, or a Fisher file of scripts/fisher.py")
+                          f"masked_lm, label_smoothed_cross_entropy (translation), or a Fisher file of scripts/fisher.py")
     named = trainable_named_parameters(inner)
     params = [p for _, p in named]
     world, rank, group = 1, 0, None

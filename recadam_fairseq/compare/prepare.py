@@ -80,10 +80,10 @@ def sdist_name(dist: str, version: str) -> str:
     return f"{dist}-{version}.tar.gz"
 
 
-def fetch_sdists(sdist_dir: str) -> Dict[str, str]:
-    """The two sdists in ``sdist_dir``: used when there, else fetched with ``pip download``."""
+def fetch_sdists(sdist_dir: str, dists: Sequence[str] = tuple(SDISTS)) -> Dict[str, str]:
+    """The sdists (both by default) in ``sdist_dir``: used when there, else fetched with ``pip download``."""
     os.makedirs(sdist_dir, exist_ok=True)
-    paths = {d: os.path.join(sdist_dir, sdist_name(d, v)) for d, v in SDISTS.items()}
+    paths = {d: os.path.join(sdist_dir, sdist_name(d, SDISTS[d])) for d in dists}
     missing = [f"{d}=={SDISTS[d]}" for d, p in paths.items() if not os.path.isfile(p)]
     if missing:
         # --no-build-isolation: pip reads the sdists' metadata with this environment's setuptools
@@ -103,6 +103,11 @@ def fetch_sdists(sdist_dir: str) -> Dict[str, str]:
             raise DataError(f"{p}: sha256 {digest}, expected {SHA256[d]} ({d}=={SDISTS[d]} as PyPI serves it); "
                             f"delete the file to download it again")
     return paths
+
+
+def fetch_vader(sdist_dir: str) -> str:
+    """vaderSentiment's sdist alone (the movie snippets and the tweets): its path."""
+    return fetch_sdists(sdist_dir, ("vaderSentiment",))["vaderSentiment"]
 
 
 def _member(tar: tarfile.TarFile, suffix: str, where: str) -> bytes:

@@ -1,0 +1,429 @@
+"""The domain-adaptation comparison on a synthetic translation pair (issue #43, item 4).
+
+    python scripts/seq2seq/compare.py                 # data, pretraining, every run, WiSE-FT, the report
+    python scripts/seq2seq/compare.py --report-only   # docs/seq2seq-comparison.{md,png} again from its JSON
+
+The pair is recadam_fairseq/tools/make_text_translation.py's: real English text (movie-review snippets: domain
+A, the pretraining domain; tweets: domain B, the new one) written by a rule (each word reversed, in capitals).
+A small transformer is pretrained on A once; each method of the catalogue then fine-tunes it on B through
+scripts/seq2seq/finetune.sh (the real fairseq-train with the catalogue's flags), and BLEU is read from the
+run's own log at its last update: ``valid`` is B's dev set, ``test`` A's. WiSE-FT mixes a run's last weights
+with θ* (scripts/interpolate.py) and scores both domains with fairseq-validate.
+
+Everything a result came from is recorded in WORK/results.json (the commands, the numbers) and copied to
+docs/seq2seq-comparison.json; a run is reused while its command is the same (finetune.sh itself skips a
+finished run); the table and the figure are drawn from the JSON alone, so --report-only regenerates them
+byte for byte.
+"""
+
+import argparse
+import json
+import os
+import re
+import shlex
+import subprocess
+import sys
+import time
+
+import numpy as np
+
+from recadam_fairseq import catalogue
+from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
+
+DOCS = os.path.join(ROOT, "docs")
+NAME = "seq2seq-comparison"
+FINETUNE = os.path.join(ROOT, "scripts", "seq2seq", "finetune.sh")
+# (label, catalogue method, extra fairseq-train flags); EWC is the coupled objective with F from a file (its runs
+# in WORK/runs-ewc: finetune.sh names a run by the method and its knobs, the same as recadam-coupled's)
+METHODS = (
+    ("adam", "adam", ()),
+    ("recadam", "recadam", ()),
+    ("rdrop", "rdrop", ()),
+    ("recadam-rdrop", "recadam-rdrop", ()),
+    ("r3f", "r3f", ()),
+    ("llrd", "llrd", ()),
+    ("recadam-coupled", "recadam-coupled", ()),
+    ("ewc", "recadam-coupled", ("--ewc-fisher", "{fisher}")),
+)
+RUNS_DIR = {"ewc": "runs-ewc"}  # WORK/runs otherwise
+WISE = ("adam", "recadam")  # the runs WiSE-FT mixes with θ*
+# fairseq-train's flags for every run: one CPU core's worth, a validation only at the end
+COMMON_EXTRA = ("--num-workers", "0", "--validate-interval", "1000", "--save-interval", "1000")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work", default=os.path.join(ROOT, "seq2seq-out"), help="data, pretraining and runs")
+    p.add_argument("--sdist-dir", help="where vaderSentiment's sdist is (default WORK/sdists; fetched when missing)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--methods", nargs="+", default=[m[0] for m in METHODS], help="labels of METHODS")
+    p.add_argument("--max-update", type=int, default=400)
+    p.add_argument("--lr", default="3e-3")
+    p.add_argument("--k", default="0.1")
+    p.add_argument("--t0", default="100")
+    p.add_argument("--gamma", default="500")
+    p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75], help="WiSE-FT's α")
+    p.add_argument("--pretrain-updates", type=int, default=500)
+    p.add_argument("--fisher-examples", type=int, default=1024)
+    p.add_argument("--report-only", action="store_true", help="the md and png again from docs' JSON")
+    p.add_argument("--docs", default=DOCS, help="where the md, json and png go")
+    return p.parse_args(argv)
+
+
+def env_python():
+    return sys.executable
+
+
+def bindir():
+    return os.path.dirname(sys.executable)
+
+
+def log(msg):
+    print(f"seq2seq-compare: {msg}", flush=True)
+
+
+def run(cmd, logfile=None, env=None):
+    """``cmd`` at one core, niced, from the checkout's root; its output to ``logfile`` (or the terminal)."""
+    e = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=ROOT, **(env or {}))
+    with open(logfile, "a") if logfile else open(os.devnull, "w") as f:
+        out = f if logfile else None
+        proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
+    if proc.returncode:
+        raise SystemExit(f"seq2seq-compare: failed ({proc.returncode}): {shlex.join(cmd)}"
+                         + (f" (see {logfile})" if logfile else ""))
+
+
+def arch_flags():
+    from recadam_fairseq.tools.make_text_translation import ARCH
+    return list(ARCH)
+
+
+def data_step(args, data):
+    """The pair and the pretrained model, made once (reused while data.json says the same settings)."""
+    info = read_json(os.path.join(data, "data.json"))
+    if info and info.get("pretrain_updates") == args.pretrain_updates and os.path.isfile(
+            os.path.join(data, "pretrained.pt")):
+        return info
+    log(f"making the pair and pretraining on domain A ({args.pretrain_updates} updates) in {rel(data)}")
+    t = time.time()
+    run([env_python(), "-m", "recadam_fairseq.tools.make_text_translation", rel(data), "--sdist-dir",
+         args.sdist_dir or os.path.join(args.work, "sdists"), "--pretrain-updates", str(args.pretrain_updates)],
+        os.path.join(args.work, "make.log"))
+    info = read_json(os.path.join(data, "data.json"))
+    info["seconds"] = round(time.time() - t, 1)
+    write_json(os.path.join(data, "data.json"), info)
+    return info
+
+
+def fisher_step(args, data):
+    """EWC's F of domain A's translation objective at θ* (scripts/fisher.py), once."""
+    out = os.path.join(data, "fisher-a.pt")
+    cmd = [env_python(), "scripts/fisher.py", "--out", rel(out), "--examples", str(args.fisher_examples), "--",
+           rel(os.path.join(data, "a-bin")), "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
+           *arch_flags(), "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
+           "--restore-file", rel(os.path.join(data, "pretrained.pt")), "--batch-size", "16", "--cpu",
+           "--num-workers", "0", "--user-dir", "recadam_fairseq"]
+    if not os.path.isfile(out):
+        log("EWC's Fisher of domain A at θ*")
+        run(cmd, os.path.join(args.work, "fisher.log"))
+    return out, shlex.join(cmd)
+
+
+BLEU_LINE = re.compile(r"valid on '(\w+)' subset \|.*\| bleu ([0-9.]+)")
+
+
+def validate(args, data, checkpoint, logfile):
+    """{"valid": BLEU on B, "test": BLEU on A} of ``checkpoint`` (fairseq-validate, greedy)."""
+    cmd = [os.path.join(bindir(), "fairseq-validate"), rel(os.path.join(data, "b-bin")), "--user-dir",
+           "recadam_fairseq", "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--path",
+           rel(checkpoint), "--cpu", "--num-workers", "0", "--max-tokens", "2048", "--eval-bleu", "--eval-bleu-args",
+           '{"beam": 1}', "--eval-bleu-detok", "space", "--valid-subset", "valid,test"]
+    if os.path.exists(logfile):
+        os.remove(logfile)
+    run(cmd, logfile)
+    with open(logfile) as f:
+        found = dict(BLEU_LINE.findall(f.read()))
+    return {s: float(found[s]) for s in ("valid", "test")}, shlex.join(cmd[1:])
+
+
+def finetune_env(args, data, seed, label):
+    return {"PRETRAINED": rel(os.path.join(data, "pretrained.pt")), "DATA": rel(os.path.join(data, "b-bin")),
+            "SAVE_DIR": rel(os.path.join(args.work, RUNS_DIR.get(label, "runs"))), "MAX_UPDATE": str(args.max_update),
+            "MAX_TOKENS": "2048", "LR": args.lr, "K": args.k, "T0": args.t0, "GAMMA": args.gamma, "BEAM": "1",
+            "SEED": str(seed), "SAVE_INTERVAL_UPDATES": str(args.max_update), "LOG_INTERVAL": "100",
+            "FAIRSEQ_TRAIN": os.path.join(bindir(), "fairseq-train"), "PYTHON": env_python()}
+
+
+def run_dir_of(stdout):
+    m = re.search(r"^== .* -> (\S+)$", stdout, re.M) or re.search(r"^== already done: (\S+)", stdout, re.M)
+    return m.group(1) if m else None
+
+
+def command_of(run_dir):
+    """command.sh without its comment lines (they hold the date)."""
+    with open(os.path.join(ROOT, run_dir, "command.sh")) as f:
+        return "".join(line for line in f if not line.startswith("#"))
+
+
+def last_bleu(run_dir, updates):
+    """{"valid": ..., "test": ...}: the BLEU the run's log has at its last update."""
+    out = {}
+    with open(os.path.join(ROOT, run_dir, "train.log")) as f:
+        for line in f:
+            for s in ("valid", "test"):
+                m = re.search(r"\| INFO \| %s \| (\{.*\})$" % s, line)
+                if m:
+                    rec = json.loads(m.group(1))
+                    if int(rec[f"{s}_num_updates"]) == updates:
+                        out[s] = float(rec[f"{s}_bleu"])
+    return out
+
+
+def finetune(args, data, label, method, extra, seed, fisher):
+    """One run through scripts/seq2seq/finetune.sh; its record."""
+    extra = [x.format(fisher=rel(fisher)) for x in extra]
+    env = finetune_env(args, data, seed, label)
+    cmd = ["bash", rel(FINETUNE), method, *extra, *COMMON_EXTRA]
+    dry = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, DRY_RUN="1", **env), stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    m = re.search(r"--save-dir (\S+)", dry.stdout)
+    if dry.returncode or not m:
+        raise SystemExit(f"seq2seq-compare: finetune.sh {method} (DRY_RUN=1) failed:\n{dry.stdout[-2000:]}")
+    run_dir = shlex.split(m.group(1))[0]
+    t = time.time()
+    done = os.path.isfile(os.path.join(ROOT, run_dir, "done"))
+    if not done:
+        log(f"{label} seed {seed} -> {run_dir}")
+        run(cmd, os.path.join(args.work, f"{label}-{seed}.log"), env)
+    bleu = last_bleu(run_dir, args.max_update)
+    return {"label": label, "method": method, "seed": seed, "run_dir": run_dir, "command": command_of(run_dir),
+            "bleu_b": bleu["valid"], "bleu_a": bleu["test"],
+            "seconds": None if done else round(time.time() - t, 1)}
+
+
+def wise_points(args, data, rec, done):
+    """WiSE-FT of a run's last weights at each α: its records (those in ``done``, by α, reused)."""
+    out = []
+    ckpt = os.path.join(ROOT, rec["run_dir"], "checkpoint_last.pt")
+    wdir = os.path.join(args.work, "wise", rec["label"], f"seed{rec['seed']}")
+    os.makedirs(wdir, exist_ok=True)
+    for a in args.alphas:
+        if a in done:
+            out.append(done[a])
+            continue
+        mixed = os.path.join(wdir, f"alpha{a}.pt")
+        if not os.path.isfile(mixed):
+            run([env_python(), "scripts/interpolate.py", rel(ckpt), "--pretrained",
+                 rel(os.path.join(data, "pretrained.pt")), "--alpha", str(a), "--out", rel(mixed)],
+                os.path.join(wdir, "interpolate.log"))
+        bleu, cmd = validate(args, data, mixed, os.path.join(wdir, f"alpha{a}.log"))
+        out.append({"label": rec["label"], "seed": rec["seed"], "alpha": a, "bleu_b": bleu["valid"],
+                    "bleu_a": bleu["test"]})
+    return out
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.report_only:
+        res = read_json(os.path.join(args.docs, NAME + ".json"))
+        if res is None:
+            raise SystemExit(f"seq2seq-compare: no {rel(os.path.join(args.docs, NAME + '.json'))}")
+        write_report(res, args.docs)
+        return 0
+    args.work = os.path.abspath(args.work)
+    os.makedirs(args.work, exist_ok=True)
+    data = os.path.join(args.work, "data")
+    info = data_step(args, data)
+    results_path = os.path.join(args.work, "results.json")
+    res = read_json(results_path) or {}
+    settings = {"max_update": args.max_update, "lr": args.lr, "k": args.k, "t0": args.t0, "gamma": args.gamma,
+                "seeds": args.seeds, "alphas": args.alphas, "beam": 1, "max_tokens": 2048,
+                "pretrain_updates": args.pretrain_updates, "fisher_examples": args.fisher_examples,
+                "extra": list(COMMON_EXTRA)}
+    res.update({"data": {k: v for k, v in info.items() if k != "seconds"}, "settings": settings})
+    if "pretrained" not in res:
+        bleu, cmd = validate(args, data, os.path.join(data, "pretrained.pt"), os.path.join(args.work, "pretrained.log"))
+        res["pretrained"] = {"bleu_b": bleu["valid"], "bleu_a": bleu["test"], "command": "fairseq-validate " + cmd}
+    fisher, fisher_cmd = fisher_step(args, data) if "ewc" in args.methods else (None, None)
+    res["fisher_command"] = fisher_cmd
+    runs = {(r["label"], r["seed"]): r for r in res.get("runs", [])}
+    wise = {(w["label"], w["seed"], w["alpha"]): w for w in res.get("wise", [])}
+    for seed in args.seeds:
+        for label, method, extra in METHODS:
+            if label not in args.methods:
+                continue
+            rec = finetune(args, data, label, method, extra, seed, fisher)
+            old = runs.get((label, seed))
+            if old and old["command"] == rec["command"] and rec["seconds"] is None:
+                rec["seconds"] = old.get("seconds")
+            else:  # a new or changed run: its WiSE-FT points again
+                wise = {k: v for k, v in wise.items() if k[:2] != (label, seed)}
+            runs[(label, seed)] = rec
+            log(f"{label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
+            if label in WISE:
+                done = {k[2]: v for k, v in wise.items() if k[:2] == (label, seed)}
+                for w in wise_points(args, data, rec, done):
+                    wise[(label, seed, w["alpha"])] = w
+            res["runs"] = [runs[k] for k in sorted(runs, key=order_key)]
+            res["wise"] = [wise[k] for k in sorted(wise, key=lambda k: (order_key(k[:2]), k[2]))]
+            write_json(results_path, res)
+    os.makedirs(args.docs, exist_ok=True)
+    write_json(os.path.join(args.docs, NAME + ".json"), res)
+    write_report(res, args.docs)
+    return 0
+
+
+def order_key(key):
+    labels = [m[0] for m in METHODS]
+    return (labels.index(key[0]) if key[0] in labels else len(labels), key[1])
+
+
+# ---- the report: from the JSON alone ----
+
+def fmt(x):
+    return f"{x:.2f}"
+
+
+def summary(res):
+    """Per method (in METHODS' order): mean and spread (half the range over seeds) of B, A, ΔA."""
+    pre_a = res["pretrained"]["bleu_a"]
+    rows = []
+    labels = [m[0] for m in METHODS]
+    for label in sorted({r["label"] for r in res["runs"]}, key=lambda l: labels.index(l) if l in labels else 99):
+        rs = [r for r in res["runs"] if r["label"] == label]
+        b = np.array([r["bleu_b"] for r in rs])
+        a = np.array([r["bleu_a"] for r in rs])
+        rows.append({"label": label, "method": rs[0]["method"], "seeds": [r["seed"] for r in rs],
+                     "b": b.mean(), "b_spread": (b.max() - b.min()) / 2, "a": a.mean(),
+                     "a_spread": (a.max() - a.min()) / 2, "da": a.mean() - pre_a})
+    return rows
+
+
+def wise_curves(res):
+    """{label: [(α, mean B, mean A)]} with α = 0 (θ*) and α = 1 (the run) at the ends."""
+    out = {}
+    for label in dict.fromkeys(w["label"] for w in res.get("wise", [])):
+        seeds = sorted({w["seed"] for w in res["wise"] if w["label"] == label})
+        pts = [(0.0, res["pretrained"]["bleu_b"], res["pretrained"]["bleu_a"])]
+        for a in sorted({w["alpha"] for w in res["wise"] if w["label"] == label}):
+            ws = [w for w in res["wise"] if w["label"] == label and w["alpha"] == a]
+            pts.append((a, float(np.mean([w["bleu_b"] for w in ws])), float(np.mean([w["bleu_a"] for w in ws]))))
+        rs = [r for r in res["runs"] if r["label"] == label and r["seed"] in seeds]
+        pts.append((1.0, float(np.mean([r["bleu_b"] for r in rs])), float(np.mean([r["bleu_a"] for r in rs]))))
+        out[label] = pts
+    return out
+
+
+def describe(label, res):
+    s = res["settings"]
+    m = catalogue.get(dict((x[0], x[1]) for x in METHODS).get(label, label))
+    knobs = {**m.defaults(), "k": s["k"], "t0": s["t0"], "gamma": s["gamma"]}
+    shown = ", ".join(f"{k}={knobs[k]}" for k in m.knobs if k in knobs)
+    if label == "ewc":
+        return f"EWC: `recadam-coupled` + `--ewc-fisher` F of domain A ({shown})"
+    return f"`{m.name}`" + (f" ({shown})" if shown else "")
+
+
+def write_report(res, docs):
+    rows = summary(res)
+    curves = wise_curves(res)
+    pre = res["pretrained"]
+    s = res["settings"]
+    d = res["data"]
+    lines = [
+        "# Domain adaptation on a synthetic translation pair",
+        "",
+        "Generated by `scripts/seq2seq/compare.py` from [seq2seq-comparison.json](seq2seq-comparison.json) "
+        "(`--report-only` redraws this page and the figure from it). What the setting can and cannot show: "
+        "[docs/seq2seq.md](seq2seq.md#the-domain-adaptation-comparison).",
+        "",
+        f"A rule-based pair over real English text: each word written reversed, in capitals. Domain A (pretraining): "
+        f"rotten-tomatoes snippets; domain B (fine-tuning): tweets, both from `{d['sdist']}`; "
+        f"{d['domains']['a']['train']} training and {d['domains']['a']['valid']} dev fragments per domain, "
+        f"{d['vocab']['per_domain']} words per domain ({d['vocab']['shared']} shared); "
+        f"{100 * d['a_valid_words_not_in_b_vocab']:.1f}% of A's dev words never occur in B. A transformer "
+        f"(2+2 layers, dim 64) pretrained {d['pretrain_updates']} updates on A, then fine-tuned "
+        f"{s['max_update']} updates on B (lr {s['lr']}, polynomial decay, 6% warmup, {s['max_tokens']} tokens a "
+        f"batch, fp32 on one CPU core) through `scripts/seq2seq/finetune.sh`. BLEU (sacrebleu, greedy) at the last "
+        f"update; seeds {', '.join(str(x) for x in s['seeds'])}: the mean ± half the range over seeds.",
+        "",
+        "| method | BLEU B (new domain) | BLEU A (old domain) | Δ A from pretrained |",
+        "|---|---|---|---|",
+        f"| pretrained θ* | {fmt(pre['bleu_b'])} | {fmt(pre['bleu_a'])} | - |",
+    ]
+    for r in rows:
+        lines.append(f"| {describe(r['label'], res)} | {fmt(r['b'])} ± {fmt(r['b_spread'])} | "
+                     f"{fmt(r['a'])} ± {fmt(r['a_spread'])} | {r['da']:+.2f} |")
+    if curves:
+        lines += ["", "WiSE-FT: (1 − α)·θ* + α·θ_run of the last weights (`scripts/interpolate.py`), scored with "
+                  "`fairseq-validate`; the mean over seeds (α = 0: θ*, α = 1: the run).", "",
+                  "| run | " + " | ".join(f"α = {a:g}" for a, _, _ in next(iter(curves.values()))) + " |",
+                  "|---|" + "---|" * len(next(iter(curves.values())))]
+        for label, pts in curves.items():
+            lines.append(f"| {label}: BLEU B / A | " + " | ".join(f"{fmt(b)} / {fmt(a)}" for _, b, a in pts) + " |")
+    lines += ["", "![old-domain BLEU against new-domain BLEU](seq2seq-comparison.png)", "",
+              "Each run (seed, method, BLEU B, BLEU A):", ""]
+    for r in res["runs"]:
+        lines.append(f"- {r['label']} seed {r['seed']}: {fmt(r['bleu_b'])}, {fmt(r['bleu_a'])} (`{r['run_dir']}`)")
+    with open(os.path.join(docs, NAME + ".md"), "w", encoding="utf-8") as f:
+        f.write("\n".join(lines) + "\n")
+    plot(rows, curves, res, os.path.join(docs, NAME + ".png"))
+
+
+COLOURS = {"adam": "black", "recadam": "tab:blue", "rdrop": "tab:orange", "recadam-rdrop": "tab:purple",
+           "r3f": "tab:green", "llrd": "tab:brown", "recadam-coupled": "tab:pink", "ewc": "tab:red"}
+
+
+def plot(rows, curves, res, out):
+    """Two panels: everything (left), and the fine-tuned runs' corner, zoomed on BLEU B (right)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6), gridspec_kw={"width_ratios": [1, 1]})
+    pre = res["pretrained"]
+    nseeds = len(res["settings"]["seeds"])
+    # the zoom: the methods within 8 BLEU of the best on B (the rest stay in the left panel only)
+    top = max(r["b"] for r in rows)
+    near = [r for r in rows if r["b"] >= top - 8]
+    zoom = (min(r["b"] - r["b_spread"] for r in near) - 0.8, max(r["b"] + r["b_spread"] for r in near) + 0.6)
+    placed = []
+    for n, ax in enumerate(axes):
+        ax.plot([pre["bleu_b"]], [pre["bleu_a"]], marker="*", ms=14, color="gold", mec="black", ls="none",
+                label="pretrained θ*", zorder=5)
+        for i, (label, pts) in enumerate(curves.items()):
+            c = COLOURS.get(label, "grey")
+            ax.plot([p[1] for p in pts], [p[2] for p in pts], ls="--", color=c, lw=1, alpha=0.8, marker=".",
+                    label=f"WiSE-FT of {label}: α = 0, {', '.join(f'{p[0]:g}' for p in pts[1:-1])}, 1")
+            for a, b, y in pts[1:-1]:
+                if n == 0 or zoom[0] <= b <= zoom[1]:
+                    ax.annotate(f"α={a:g}", (b, y), textcoords="offset points", xytext=(4, 4 if i % 2 == 0 else -11),
+                                fontsize=7, color=c)
+        for r in rows:
+            c = COLOURS.get(r["label"], "grey")
+            ax.errorbar([r["b"]], [r["a"]], xerr=[r["b_spread"]], yerr=[r["a_spread"]], marker="o", ms=7, color=c,
+                        capsize=3, ls="none", label=r["label"], zorder=4)
+            for run in res["runs"]:
+                if run["label"] == r["label"]:
+                    ax.plot([run["bleu_b"]], [run["bleu_a"]], marker="x", ms=5, color=c, ls="none", alpha=0.7)
+            if n == 1 and r in near:  # above the point; below when another label is already there
+                below = any(abs(r["b"] - b) < 0.6 and abs(r["a"] - a) < 2.5 for b, a in placed)
+                placed.append((r["b"], r["a"]))
+                ax.annotate(r["label"], (r["b"], r["a"]), textcoords="offset points", xytext=(0, -15 if below else 8),
+                            fontsize=8, color=c, ha="center", va="bottom" if not below else "top")
+        ax.set_xlabel("BLEU on domain B (tweets: the new domain)")
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("BLEU on domain A (movie snippets: the pretraining domain)")
+    axes[0].set_title("all points", fontsize=10)
+    axes[0].axvspan(*zoom, color="grey", alpha=0.08)
+    axes[1].set_xlim(*zoom)
+    lo, hi = axes[0].get_ylim()
+    for ax in axes:
+        ax.set_ylim(lo - 2, hi)  # room for a label below the lowest point
+    axes[1].set_title("the fine-tuned runs (the shaded band, zoomed on B)", fontsize=10)
+    axes[0].legend(fontsize=7.5, loc="lower left", framealpha=0.9)
+    fig.suptitle(f"Fine-tuning on domain B of a rule-based synthetic pair: what it learns (right) and keeps (up); "
+                 f"mean ± half-range of {nseeds} seeds (o), each seed (x)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100, metadata={"Software": None})
+    plt.close(fig)
