@@ -78,6 +78,13 @@ def bindir():
     return os.path.dirname(sys.executable)
 
 
+def portable(text: str) -> str:
+    """A recorded command without this machine's paths: the venv's bin as .venv/bin, the checkout as ."""
+    for path, short in ((bindir() + "/", ".venv/bin/"), (ROOT + "/", ""), (ROOT, ".")):
+        text = text.replace(path, short)
+    return text
+
+
 def log(msg):
     print(f"seq2seq-compare: {msg}", flush=True)
 
@@ -162,7 +169,7 @@ def run_dir_of(stdout):
 def command_of(run_dir):
     """command.sh without its comment lines (they hold the date)."""
     with open(os.path.join(ROOT, run_dir, "command.sh")) as f:
-        return "".join(line for line in f if not line.startswith("#"))
+        return portable("".join(line for line in f if not line.startswith("#")))
 
 
 def last_bleu(run_dir, updates):
@@ -243,9 +250,9 @@ def main(argv=None):
     res.update({"data": {k: v for k, v in info.items() if k != "seconds"}, "settings": settings})
     if "pretrained" not in res:
         bleu, cmd = validate(args, data, os.path.join(data, "pretrained.pt"), os.path.join(args.work, "pretrained.log"))
-        res["pretrained"] = {"bleu_b": bleu["valid"], "bleu_a": bleu["test"], "command": "fairseq-validate " + cmd}
+        res["pretrained"] = {"bleu_b": bleu["valid"], "bleu_a": bleu["test"], "command": portable("fairseq-validate " + cmd)}
     fisher, fisher_cmd = fisher_step(args, data) if "ewc" in args.methods else (None, None)
-    res["fisher_command"] = fisher_cmd
+    res["fisher_command"] = fisher_cmd and portable(fisher_cmd)
     runs = {(r["label"], r["seed"]): r for r in res.get("runs", [])}
     wise = {(w["label"], w["seed"], w["alpha"]): w for w in res.get("wise", [])}
     for seed in args.seeds:
