@@ -31,7 +31,7 @@ from fairseq.logging import metrics
 from . import events, report
 from .core.errors import ConfigError
 from .core.wrappers import unwrap_model
-from .forgetting_meter import measuring, read_state, updates_done, write_state
+from .forgetting_meter import measuring, updates_done, values_at_theta_star
 
 logger = logging.getLogger(__name__)
 
@@ -112,17 +112,9 @@ class BleuStart:
             self.order = [s for s in self.subsets if s in self.task.datasets and len(self.batches(s, model)) > 0]
         ident = self.identity()
         path = os.path.join(str(self.cfg.save_dir), STATE_FILE)
-        saved = read_state(path)
-        if saved is not None and saved.get("identity") == ident:
-            self.values = saved["start"]
-            logger.info(f"--eval-bleu-start: BLEU at θ* from {path}: {self.values}")
-        elif events.update_number() == 0:
-            self.values = self.measure(criterion, model)
-            write_state(path, {"identity": ident, "start": self.values})
-            logger.info(f"--eval-bleu-start: BLEU at θ* (before update 1): {self.values}")
-        else:
-            logger.warning(f"--eval-bleu-start: resumed at update {events.update_number()} without {path}: no "
-                           f"bleu_start, no bleu_delta")
+        self.values = values_at_theta_star(path, ident, lambda: self.measure(criterion, model),
+                                           "--eval-bleu-start: BLEU at θ*", "no bleu_start, no bleu_delta")
+        if self.values is None:
             return
         events.on_validation(criterion, report.BLEU_PASS_MARKER, lambda crit, args: self.log())
 

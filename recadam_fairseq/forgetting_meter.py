@@ -194,18 +194,9 @@ class ForgettingMeter:
         ident = {"meter": self.kind, "probe": os.path.abspath(self.data["probe"]),
                  "pretrained": self.cfg.finetune_from_model or self.cfg.restore_file}
         path = os.path.join(str(self.cfg.save_dir), STATE_FILE)
-        saved = read_state(path)
-        if saved is not None and saved.get("identity") == ident:
-            self.start_values = saved["start"]
-            logger.info(f"forgetting meter: θ*'s values from {path}: {self.start_values}")
-        elif events.update_number() == 0:
-            self.start_values = self.measure(model)
-            write_state(path, {"identity": ident, "start": self.start_values})
-            logger.info(f"forgetting meter: {self.kind} on {len(self.items)} probe sentences, at θ*: "
-                        f"{self.start_values}")
-        else:
-            logger.warning(f"forgetting meter: resumed at update {events.update_number()} without {path}: "
-                           f"no values at θ*, no _delta metrics")
+        self.start_values = values_at_theta_star(
+            path, ident, lambda: self.measure(model),
+            f"forgetting meter: {self.kind} on {len(self.items)} probe sentences at θ*", "no values at θ*, no _delta metrics")
         marker = "fgt_" + next(iter(self.start_values or self.measure_keys()))
         events.on_validation(criterion, marker, lambda crit, args: self.log(unwrap_model(args[0])))
 
@@ -236,6 +227,23 @@ def at_init(bias, ln_weight, ln_bias) -> bool:
     """An LM head exactly at fairseq's init (bias 0, layer norm 1 and 0): a checkpoint without one
     (tools/convert_bert.py fills them so); a trained head never has all of these."""
     return not bool(bias.any()) and bool((ln_weight == 1).all()) and not bool(ln_bias.any())
+
+
+def values_at_theta_star(path: str, ident: dict, measure, what: str, without: str):
+    """The values ``what`` names, at θ*: from ``path`` when it was written for this run (``ident``: what they
+    depend on; a resume), else measured now, before update 1, and written there; None (a warning) for a run
+    resumed without the file."""
+    saved = read_state(path)
+    if saved is not None and saved.get("identity") == ident:
+        logger.info(f"{what} from {path}: {saved['start']}")
+        return saved["start"]
+    if events.update_number() == 0:
+        values = measure()
+        write_state(path, {"identity": ident, "start": values})
+        logger.info(f"{what} (before update 1): {values}")
+        return values
+    logger.warning(f"{what.split(':')[0]}: resumed at update {events.update_number()} without {path}: {without}")
+    return None
 
 
 def read_state(path: str) -> Optional[dict]:
