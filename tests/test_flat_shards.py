@@ -346,7 +346,7 @@ def headed(tiny, tmp_path_factory):
     return str(path)
 
 
-def cuda_run(tiny, save, start, optimizer="recadam", fsdp=False):
+def cuda_run(tiny, save, start, optimizer="recadam", fsdp=False, extra=()):
     """fairseq-train --fp16 on one GPU from ``start``; ``fsdp``: under FSDP, which needs a process group even
     at world size 1 (fairscale asks for one)."""
     from conftest import free_port
@@ -356,7 +356,7 @@ def cuda_run(tiny, save, start, optimizer="recadam", fsdp=False):
     dist = ["--ddp-backend", "fully_sharded", "--distributed-world-size", "1", "--distributed-rank", "0",
             "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-no-spawn",
             "--device-id", "0"] if fsdp else []
-    return tiny.train(save, *flags, "--fp16", *dist, "--restore-file", start, "--reset-optimizer",
+    return tiny.train(save, *flags, "--fp16", *dist, *extra, "--restore-file", start, "--reset-optimizer",
                       "--reset-dataloader", "--reset-meters", optimizer=optimizer, device="cuda", restore=False,
                       check=False)
 
@@ -378,7 +378,9 @@ def test_fsdp_on_cuda_fairseq_adam_runs_as_unsharded(tiny, headed, tmp_path):
 
     runs = {}
     for name, fsdp in (("plain", False), ("fsdp", True)):
-        rc, log = cuda_run(tiny, tmp_path / name, headed, "adam", fsdp=fsdp)
+        # the model only: fairscale 0.4.13 cannot gather FSDP's optimizer state at world size 1 (seen on an H100:
+        # gather_full_optim_state_dict reads _full_param_padded, which it makes for sharded parameters only)
+        rc, log = cuda_run(tiny, tmp_path / name, headed, "adam", fsdp=fsdp, extra=["--no-save-optimizer-state"])
         assert rc == 0, log[-4000:]
         # our own file; FSDP's adds its metadata (fsdp_metadata, the consolidated state's id maps)
         runs[name] = torch.load(tmp_path / name / "checkpoint_last.pt", map_location="cpu", weights_only=False)["model"]

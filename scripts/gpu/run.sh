@@ -106,7 +106,9 @@ for s in "$@"; do
     e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
-    e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
+    # RECADAM_E2E_METHODS="a b ...": a subset (each method's base is added), to split e2e over device calls
+    e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 ${RECADAM_E2E_METHODS:+--methods $RECADAM_E2E_METHODS} \
+               --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
     fsdp) stage fsdp fsdp.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_flat_shards.py ;;
     forgetting) stage forgetting forgetting.log env PYTHON="$PY" OUT="$OUT" bash scripts/gpu/forgetting.sh ;;
     esac
