@@ -364,3 +364,34 @@ def test_many_tensors_match_eager_on_gpu(counted, p_dtype):
     assert counted.many == 6  # the four anchored tensors, every step
     eager = train_per_tensor(False, problem, p_dtype=p_dtype)
     assert_close_to_eager(fast, eager, p_dtype)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_the_many_tensor_program(monkeypatch, counted):
+    """fused.CUDA_GRAPH: the per-tensor layout's program captured at step 1, then replayed while the gradients
+    stay where they are; bit for bit the compiled calls' results (the same kernels on the same tensors)."""
+    ps0, anchors, grads = per_tensor_problem()
+
+    def train(graph):
+        monkeypatch.setattr(fused_mod, "CUDA_GRAPH", graph)
+        ps = [torch.nn.Parameter(p.cuda()) for p in ps0]
+        opt = RecAdam([{"params": ps[:4], "pretrain_params": [a.cuda() for a in anchors]},
+                       {"params": ps[4:], "anneal_w": 0.0}], **dict(HP, weight_decay=0.01), fused=True)
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad.copy_(g)  # in place: the addresses the graph was captured with
+            opt.step()
+        torch.cuda.synchronize()
+        return [p.detach().cpu() for p in ps] + [opt.state[p][n].cpu() for p in ps for n in ("exp_avg", "exp_avg_sq")]
+
+    monkeypatch.setattr(fused_mod, "_graphs", {})
+    plain = train(False)
+    assert fused_mod._graphs == {}
+    graphed = train(True)
+    assert counted.many == 2 * len(grads)
+    assert [e[2] for e in fused_mod._graphs.values()] == [len(grads) - 1]  # one capture, replayed ever after
+    for a, b in zip(graphed, plain):
+        assert torch.equal(a, b)
+    assert not torch.equal(graphed[0], ps0[0])  # the weights moved
