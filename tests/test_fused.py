@@ -109,9 +109,12 @@ def assert_close_to_eager(fast, eager, p_dtype):
 def test_many_tensors_in_one_compiled_call(monkeypatch, counted, p_dtype):
     """Separate tensors sharing scalars take one compiled call: the same numbers as one call each."""
     monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
+    monkeypatch.setattr(fused_mod, "CUDA_GRAPH", True)  # CUDA only: on the CPU, the compiled call as ever
+    monkeypatch.setattr(fused_mod, "_graphs", {})
     problem = per_tensor_problem()
     many = train_per_tensor(True, problem, p_dtype=p_dtype)
     assert counted.many == 12 and len(counted) == 36  # 2 groups x 6 steps; 6 tensors x 6 steps
+    assert fused_mod._graphs == {}
     monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 10 ** 9)
     one = train_per_tensor(True, problem, p_dtype=p_dtype)
     assert counted.many == 12 and len(counted) == 72

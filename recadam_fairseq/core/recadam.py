@@ -222,7 +222,8 @@ class RecAdam(Optimizer):
             kernel (see ``fused.py``). None (default): when a group holds at least
             ``fused.AUTO_MIN_NUMEL`` elements and compiling works here, else the eager path
             (also after a failed compile, with a warning). True: always, and a failed compile
-            raises. False: never. Not part of the saved state.
+            raises. False: never. Not part of the saved state. Opt-in on CUDA: ``fused.CUDA_GRAPH``
+            replays a per-tensor layout's one program as a CUDA graph (see ``fused.py``).
         defer_anchors: allow groups without ``pretrain_params``; anchors are attached later
             with :meth:`set_anchor`, and tensors without one get plain Adam.
     """
