@@ -24,7 +24,7 @@ recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in b
 recadam-llrd and recadam-foreach-llrd (with --llrd) the same as recadam / recadam-foreach with
 layer-wise lr decay's per-layer scales (per tensor, or element runs of the flat tensor);
 recadam-combo and recadam-cudagraph (per-tensor layout, GPU) the multi-tensor program with inductor's
-horizontal fusion / replayed as a CUDA graph.
+horizontal fusion / replayed as a CUDA graph; recadam-cudagraph-all with the small tensors in it too.
 """
 
 import argparse
@@ -69,9 +69,10 @@ LLRD_GAMMA = 0.9
 DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
 COMBO = "recadam-combo"  # the multi-tensor program with inductor's horizontal fusion (per-tensor layout, GPU)
 GRAPHED = "recadam-cudagraph"  # the multi-tensor program replayed as a CUDA graph (per-tensor layout, GPU)
-IMPLS = DEFAULT_IMPLS + tuple(LLRD) + (COMBO, GRAPHED)
+GRAPHED_ALL = "recadam-cudagraph-all"  # the same with every tensor, the small ones too, in that program
+IMPLS = DEFAULT_IMPLS + tuple(LLRD) + (COMBO, GRAPHED, GRAPHED_ALL)
 RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor", COMBO,
-            GRAPHED) + tuple(LLRD)
+            GRAPHED, GRAPHED_ALL) + tuple(LLRD)
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
 
@@ -192,7 +193,7 @@ class Combo:
     """recadam whose multi-tensor program is compiled with inductor's combo kernels (horizontal fusion
     of the per-tensor kernels into few launches, Triton only): whether it pays is for the GPU to say."""
 
-    setting = ("MANY_OPTIONS", {"combo_kernels": True})
+    settings = dict(MANY_OPTIONS={"combo_kernels": True})  # fused.py's, around each step
 
     def __init__(self, w: Workload):
         self.opt = build_recadam(w)
@@ -200,13 +201,14 @@ class Combo:
     def step(self):
         from recadam_fairseq.core import fused
 
-        name, value = self.setting
-        saved = getattr(fused, name)
-        setattr(fused, name, value)
+        saved = {name: getattr(fused, name) for name in self.settings}
+        for name, value in self.settings.items():
+            setattr(fused, name, value)
         try:
             self.opt.step()
         finally:
-            setattr(fused, name, saved)
+            for name, value in saved.items():
+                setattr(fused, name, value)
 
 
 class Graphed(Combo):
@@ -214,7 +216,14 @@ class Graphed(Combo):
     the workload's gradients stay where they are, as a training loop's do when the allocator hands the
     backward pass the same blocks each step. The same as recadam on the CPU and on the flat layout."""
 
-    setting = ("CUDA_GRAPH", True)
+    settings = dict(CUDA_GRAPH=True)
+
+
+class GraphedAll(Combo):
+    """recadam-cudagraph with the small tensors in the graph too (no eager _foreach_ kernels, whose host time
+    is then what is left; each small tensor adds a graph node of GPU time instead)."""
+
+    settings = dict(CUDA_GRAPH=True, MIN_SEGMENT=1)
 
 
 def build_fairseq_adam(w: Workload):
@@ -240,6 +249,7 @@ BUILDERS: Dict[str, Callable] = {
     "recadam-per-call": PerCall,
     COMBO: Combo,
     GRAPHED: Graphed,
+    GRAPHED_ALL: GraphedAll,
     "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
@@ -451,7 +461,8 @@ How to read this:
   the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
   recadam-llrd / recadam-foreach-llrd (--llrd) those two with layer-wise lr decay's scales;
   recadam-combo (--impls) the multi-tensor program with inductor's combo kernels (GPU);
-  recadam-cudagraph (--impls) that program replayed as a CUDA graph (GPU; the same as recadam elsewhere);
+  recadam-cudagraph (--impls) that program replayed as a CUDA graph (GPU; the same as recadam elsewhere),
+  recadam-cudagraph-all (--impls) with the small tensors in it too;
   fairseq-adam and torch-adamw-* are the Adams to beat.
 - median ms: median wall time of one optimizer.step() over all timed steps of all rounds (after
   warm-up); rounds rotate the order of implementations so that other load hits all alike.
