@@ -156,7 +156,8 @@ def update_many(segments: Sequence[tuple], s: Tensor) -> None:
                     f"(once per model structure)")
         code = _update_many.__code__.replace(co_name=f"_recadam_update_many_{len(_many)}")
         kernel = _many[key] = torch.compile(types.FunctionType(code, _update_many.__globals__, code.co_name),
-                                            dynamic=False, fullgraph=True, options={**_MANY_BASE_OPTIONS, **MANY_OPTIONS})
+                                            dynamic=False, fullgraph=True,
+                                            options={**_MANY_BASE_OPTIONS, **MANY_OPTIONS})
     args = [list(x) for x in zip(*(seg[:5] for seg in segments))]
     if CUDA_GRAPH and s.is_cuda:
         _graphed(kernel, key, args, s)

@@ -172,12 +172,12 @@ class _EagerBucket:
 
 class _Plan:
     """A group's step as made by ``RecAdam._plan``: reused while the gradients (presence, dtype, contiguity),
-    the tensors' storage, their state's tensors and steps stay what they were (``holds``); the optimizer
-    drops its plans when an anchor, F, lr scale or state is set. At RoBERTa-base's ~200 tensors, remaking
-    it each step cost more host time than a GPU spends on the update."""
+    the tensors' storage, their state (the dict, its tensors and steps) stay what they were (``holds``);
+    the optimizer drops its plans when an anchor, F, lr scale or state is set. At RoBERTa-base's ~200
+    tensors, remaking it each step cost more host time than a GPU spends on the update."""
 
-    def __init__(self, key, sig, ptrs, states, compiled, eager, cacheable):
-        self.key, self.sig, self.ptrs, self.states = key, sig, ptrs, states
+    def __init__(self, key, sig, ptrs, used, states, compiled, eager, cacheable):
+        self.key, self.sig, self.ptrs, self.used, self.states = key, sig, ptrs, used, states
         self.compiled, self.eager, self.cacheable = compiled, eager, cacheable
         # each state's tensors in _LAYOUT_STATE's order, held (compared by identity: map keeps the loops in C)
         self._each = [st for st in states for _ in _LAYOUT_STATE]
@@ -186,13 +186,14 @@ class _Plan:
         self.steps = [st["step"] for st in states]
         self.advanced = 0  # steps taken since it was made
 
-    def holds(self, group: dict, grads: list, fused: bool) -> bool:
+    def holds(self, group: dict, grads: list, fused: bool, state: dict) -> bool:
         try:
             sig = _grad_signature(grads)
         except RuntimeError:  # e.g. a sparse layout's query: the slow path says what is wrong
             return False
         return (self.key == (fused, group["anneal_w"] > 0, _fused.MIN_SEGMENT, CHUNK) and sig == self.sig
                 and list(map(Tensor.data_ptr, group["params"])) == self.ptrs
+                and all(map(operator.is_, map(state.get, self.used), self.states))
                 and all(map(operator.is_, map(dict.get, self._each, self._names), self.held))
                 and list(map(_STEP, self.states)) == self.steps)
 
@@ -555,7 +556,7 @@ class RecAdam(Optimizer):
         fused = self._fused_here(group)
         grads = [p.grad for p in group["params"]]
         plan = self._plans.get(index)
-        if plan is not None and plan.holds(group, grads, fused):
+        if plan is not None and plan.holds(group, grads, fused, self.state):
             plan.advance()
         else:
             plan = self._plan(group, grads, fused)
@@ -597,7 +598,7 @@ class RecAdam(Optimizer):
                                                     for a, b, (cp, cm, cv, ca, cf) in sp)
         states = [self.state[p] for p in used]
         key = (fused, pulled, _fused.MIN_SEGMENT, CHUNK)
-        return _Plan(key, sig, [p.data_ptr() for p in group["params"]], states,
+        return _Plan(key, sig, [p.data_ptr() for p in group["params"]], used, states,
                      [_CompiledBucket(step, kind, entries) for (step, kind), entries in compiled.items()],
                      [_EagerBucket(step, kind, scale, entries) for (step, kind, scale), entries in eager.items()],
                      cacheable)
