@@ -429,6 +429,7 @@ def test_cuda_graph_replays_the_many_tensor_program(monkeypatch, counted):
         return [p.detach().cpu() for p in ps] + [opt.state[p][n].cpu() for p in ps for n in ("exp_avg", "exp_avg_sq")]
 
     monkeypatch.setattr(fused_mod, "_graphs", {})
+    monkeypatch.setattr(fused_mod, "_captures", {})
     plain = train(False)
     assert fused_mod._graphs == {}
     graphed = train(True)

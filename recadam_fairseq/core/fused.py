@@ -172,10 +172,14 @@ def update_many(segments: Sequence[tuple], s: Tensor) -> None:
 # compiled call would: the same kernels on the same addresses, with the scalars copied into the graph's own.
 # No tensor is held: the addresses of a call's arguments are the graph's key, so a replay only ever runs on
 # tensors alive at those addresses. Other addresses (a new optimizer, gradients allocated elsewhere) take
-# the compiled call and a new capture; past MAX_GRAPHS the oldest capture goes.
+# the compiled call and a new capture; past MAX_GRAPHS the oldest capture goes, and past MAX_CAPTURES of
+# one program (addresses that keep changing: a capture costs a device synchronisation) none is made.
 CUDA_GRAPH = False
 MAX_GRAPHS = 4
+MAX_CAPTURES = 16
+_captures: dict = {}  # program key -> captures made
 _graphs: dict = {}  # (program key, the arguments' addresses) -> [graph, its scalars tensor, replays]
+_uncapturable: set = set()  # program keys whose capture failed: not tried again
 
 
 def _graphed(kernel, key: tuple, args: list, s: Tensor) -> None:
@@ -187,10 +191,19 @@ def _graphed(kernel, key: tuple, args: list, s: Tensor) -> None:
         entry[2] += 1
         return
     kernel(*args, s)  # this step's update (and the compile, on the first call); the capture only records
-    s_graph = s.clone()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        kernel(*args, s_graph)
+    if key in _uncapturable or _captures.get(key, 0) >= MAX_CAPTURES:
+        return
+    _captures[key] = _captures.get(key, 0) + 1
+    try:
+        s_graph = s.clone()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            kernel(*args, s_graph)
+    except Exception as e:  # noqa: BLE001 - the update is done: a failed capture must not reach the eager fallback
+        _uncapturable.add(key)
+        logger.warning(f"RecAdam: the CUDA graph capture failed ({type(e).__name__}: {str(e)[:200]}); "
+                       f"the compiled call goes on without it")
+        return
     if len(_graphs) >= MAX_GRAPHS:
         _graphs.pop(next(iter(_graphs)))
     _graphs[where] = [graph, s_graph, 0]
