@@ -551,7 +551,7 @@ class RecAdam(Optimizer):
         return loss
 
     def _step_group(self, group: dict, index: int = -1) -> None:
-        """(a) this step's plan: the group's cached one while it holds (``_holds``), else made anew;
+        """(a) this step's plan: the group's cached one while it holds (``_Plan.holds``), else made anew;
         (b) run it: the compiled kernels, then the eager ones."""
         fused = self._fused_here(group)
         grads = [p.grad for p in group["params"]]
