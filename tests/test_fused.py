@@ -109,9 +109,12 @@ def assert_close_to_eager(fast, eager, p_dtype):
 def test_many_tensors_in_one_compiled_call(monkeypatch, counted, p_dtype):
     """Separate tensors sharing scalars take one compiled call: the same numbers as one call each."""
     monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
+    monkeypatch.setattr(fused_mod, "CUDA_GRAPH", True)  # CUDA only: on the CPU, the compiled call as ever
+    monkeypatch.setattr(fused_mod, "_graphs", {})
     problem = per_tensor_problem()
     many = train_per_tensor(True, problem, p_dtype=p_dtype)
     assert counted.many == 12 and len(counted) == 36  # 2 groups x 6 steps; 6 tensors x 6 steps
+    assert fused_mod._graphs == {}
     monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 10 ** 9)
     one = train_per_tensor(True, problem, p_dtype=p_dtype)
     assert counted.many == 12 and len(counted) == 72
@@ -313,6 +316,45 @@ def test_cached_layouts_follow_changes_between_steps(fused):
     assert not torch.equal(opt.state[ps[0]]["anchor"], anchors[0])
 
 
+@pytest.mark.parametrize("fused", [True, False])
+def test_cached_plans_follow_direct_state_changes(fused):
+    """The step reuses a group's plan across steps: a moment or a whole state replaced from outside, a step
+    count set, a parameter moved to new storage, a gradient missing, each must take effect at once, as in
+    an optimizer built at that point from the state (which has no plan yet)."""
+    ps0, anchors, grads = per_tensor_problem(dtype=torch.float64)
+
+    def build(ps):
+        return RecAdam([{"params": ps[:4], "pretrain_params": anchors}, {"params": ps[4:], "anneal_w": 0.0}],
+                       **HP, fused=fused)
+
+    ps = [torch.nn.Parameter(p.clone()) for p in ps0]
+    opt, st = build(ps), None
+    changes = [
+        lambda: st[ps[1]].__setitem__("exp_avg", st[ps[1]]["exp_avg"] * 0.5),
+        lambda: st.__setitem__(ps[2], dict(st[ps[2]], exp_avg_sq=st[ps[2]]["exp_avg_sq"] * 2)),
+        lambda: st[ps[0]].__setitem__("step", 10),
+        lambda: setattr(ps[3], "data", ps[3].data.clone()),
+        lambda: None,  # and no gradient for the last tensor
+    ]
+    for k, gs in enumerate(grads):
+        twin = None
+        if k >= 1:  # the plan made at step 1, then a change before each step
+            st = opt.state
+            changes[k - 1]()
+            twin_ps = [torch.nn.Parameter(p.detach().clone()) for p in ps]
+            twin = build(twin_ps)
+            twin.load_state_dict(copy.deepcopy(opt.state_dict()))
+        for qs in (ps, twin_ps) if twin else (ps,):
+            for i, (p, g) in enumerate(zip(qs, gs)):
+                p.grad = None if (k == 5 and i == 5) else g.clone()
+        opt.step()
+        if twin:
+            twin.step()
+            for a, b in zip(ps, twin_ps):
+                assert torch.equal(a, b), f"change {k - 1}"
+    assert opt.state[ps[0]]["step"] == 13 and opt.state[ps[5]]["step"] == 5
+
+
 @pytest.mark.parametrize("anchor_dtype", [torch.float32, torch.bfloat16])
 def test_anchor_distance_of_many_tensors_in_batches(monkeypatch, anchor_dtype):
     """A per-tensor layout: no compiled call per tensor (14 ms of host time on an H100 at RoBERTa-base's
@@ -364,3 +406,35 @@ def test_many_tensors_match_eager_on_gpu(counted, p_dtype):
     assert counted.many == 6  # the four anchored tensors, every step
     eager = train_per_tensor(False, problem, p_dtype=p_dtype)
     assert_close_to_eager(fast, eager, p_dtype)
+
+
+@pytest.mark.gpu
+def test_cuda_graph_replays_the_many_tensor_program(monkeypatch, counted):
+    """fused.CUDA_GRAPH: the per-tensor layout's program captured at step 1, then replayed while the gradients
+    stay where they are; bit for bit the compiled calls' results (the same kernels on the same tensors)."""
+    ps0, anchors, grads = per_tensor_problem()
+
+    def train(graph):
+        monkeypatch.setattr(fused_mod, "CUDA_GRAPH", graph)
+        ps = [torch.nn.Parameter(p.cuda()) for p in ps0]
+        opt = RecAdam([{"params": ps[:4], "pretrain_params": [a.cuda() for a in anchors]},
+                       {"params": ps[4:], "anneal_w": 0.0}], **dict(HP, weight_decay=0.01), fused=True)
+        for p in ps:
+            p.grad = torch.zeros_like(p)
+        for gs in grads:
+            for p, g in zip(ps, gs):
+                p.grad.copy_(g)  # in place: the addresses the graph was captured with
+            opt.step()
+        torch.cuda.synchronize()
+        return [p.detach().cpu() for p in ps] + [opt.state[p][n].cpu() for p in ps for n in ("exp_avg", "exp_avg_sq")]
+
+    monkeypatch.setattr(fused_mod, "_graphs", {})
+    monkeypatch.setattr(fused_mod, "_captures", {})
+    plain = train(False)
+    assert fused_mod._graphs == {}
+    graphed = train(True)
+    assert counted.many == 2 * len(grads)
+    assert [e[2] for e in fused_mod._graphs.values()] == [len(grads) - 1]  # one capture, replayed ever after
+    for a, b in zip(graphed, plain):
+        assert torch.equal(a, b)
+    assert not torch.equal(graphed[0], ps0[0])  # the weights moved

@@ -27,6 +27,7 @@ RecAdam's bit for bit. Segments with F take the eager path (the compiled kernel 
 """
 
 import math
+import operator
 import warnings
 from collections import defaultdict
 from itertools import chain
@@ -127,6 +128,82 @@ class Scaled(NamedTuple):
     lr_scale: float
 
 
+_STEP = operator.itemgetter("step")
+_FLAT = "flat"  # a plan's gradient span: the whole tensor, flattened
+
+
+def _grad_signature(grads: list) -> list:
+    """What a plan fixes of the gradients: which tensors have one, its dtype; False: not contiguous (or sparse)."""
+    return [None if g is None else g.is_contiguous() and g.dtype for g in grads]
+
+
+def _grads(grads: list, srcs: list) -> list:
+    """The gradient views a plan's (tensor index, span) name: the tensor itself, flattened, or elements [lo, hi)."""
+    return [grads[i] if span is None else grads[i].view(-1) if span is _FLAT else grads[i].view(-1)[span[0]:span[1]]
+            for i, span in srcs]
+
+
+def _materialize(entry: tuple, grads: list) -> Segment:
+    i, span, p, m, v, a, f = entry
+    return Segment(p, _grads(grads, [(i, span)])[0], m, v, a, f)
+
+
+class _CompiledBucket:
+    """A plan's segments of one Kind for the compiled kernels: columns, the gradients named by source."""
+
+    def __init__(self, step: int, kind: tuple, entries: list):
+        self.step, self.kind = step, kind
+        self.srcs = [(i, span) for i, span, *_ in entries]
+        self.scales = [e[2] for e in entries]
+        self.unique_scales = list(dict.fromkeys(self.scales))
+        self.ps, self.ms, self.vs, self.anchors = ([e[k] for e in entries] for k in (3, 4, 5, 6))
+        self.separate = len({p.untyped_storage().data_ptr() for p in self.ps}) == len(self.ps)
+        self.programs = {}  # (anchors dropped, scalars' dim) -> fused.many_key of the program
+
+
+class _EagerBucket:
+    """A plan's segments of one (Kind, lr scale) for the eager kernels, with their batches as columns."""
+
+    def __init__(self, step: int, kind: tuple, scale: float, entries: list):
+        self.step, self.kind, self.scale, self.entries = step, kind, scale, entries
+        self.batches = [([e[:2] for e in batch], tuple(zip(*(e[2:] for e in batch))))
+                        for batch in _batched(entries, at=2)]
+
+
+class _Plan:
+    """A group's step as made by ``RecAdam._plan``: reused while the gradients (presence, dtype, contiguity),
+    the tensors' storage, their state (the dict, its tensors and steps) stay what they were (``holds``);
+    the optimizer drops its plans when an anchor, F, lr scale or state is set. At RoBERTa-base's ~200
+    tensors, remaking it each step cost more host time than a GPU spends on the update."""
+
+    def __init__(self, key, sig, ptrs, used, states, compiled, eager, cacheable):
+        self.key, self.sig, self.ptrs, self.used, self.states = key, sig, ptrs, used, states
+        self.compiled, self.eager, self.cacheable = compiled, eager, cacheable
+        # each state's tensors in _LAYOUT_STATE's order, held (compared by identity: map keeps the loops in C)
+        self._each = [st for st in states for _ in _LAYOUT_STATE]
+        self._names = list(_LAYOUT_STATE) * len(states)
+        self.held = list(map(dict.get, self._each, self._names))
+        self.steps = [st["step"] for st in states]
+        self.advanced = 0  # steps taken since it was made
+
+    def holds(self, group: dict, grads: list, fused: bool, state: dict) -> bool:
+        try:
+            sig = _grad_signature(grads)
+        except RuntimeError:  # e.g. a sparse layout's query: the slow path says what is wrong
+            return False
+        return (self.key == (fused, group["anneal_w"] > 0, _fused.MIN_SEGMENT, CHUNK) and sig == self.sig
+                and list(map(Tensor.data_ptr, group["params"])) == self.ptrs
+                and all(map(operator.is_, map(state.get, self.used), self.states))
+                and all(map(operator.is_, map(dict.get, self._each, self._names), self.held))
+                and list(map(_STEP, self.states)) == self.steps)
+
+    def advance(self) -> None:
+        for st in self.states:
+            st["step"] += 1
+        self.steps = [t + 1 for t in self.steps]
+        self.advanced += 1
+
+
 class RecAdam(Optimizer):
     r"""RecAdam ("Recall and Learn", Chen et al., EMNLP 2020).
 
@@ -146,7 +223,8 @@ class RecAdam(Optimizer):
             kernel (see ``fused.py``). None (default): when a group holds at least
             ``fused.AUTO_MIN_NUMEL`` elements and compiling works here, else the eager path
             (also after a failed compile, with a warning). True: always, and a failed compile
-            raises. False: never. Not part of the saved state.
+            raises. False: never. Not part of the saved state. Opt-in on CUDA: ``fused.CUDA_GRAPH``
+            replays a per-tensor layout's one program as a CUDA graph (see ``fused.py``).
         defer_anchors: allow groups without ``pretrain_params``; anchors are attached later
             with :meth:`set_anchor`, and tensors without one get plain Adam.
     """
@@ -180,6 +258,7 @@ class RecAdam(Optimizer):
         self._many_keys = set()  # the multi-tensor programs this optimizer uses (fused.update_many)
         self._lr_scales = {}  # p -> its lr scale, a number or element runs (set_lr_scale); not saved state
         self._layouts = {}  # id(p) -> (key, what it was made from, its segments): _layout's cache, not saved
+        self._plans = {}  # group index -> _Plan: a whole group's step, reused while it holds (_plan_holds)
         defaults = dict(
             lr=lr, betas=tuple(betas), eps=eps, weight_decay=weight_decay,
             correct_bias=correct_bias, anneal_fun=anneal_fun, anneal_k=anneal_k,
@@ -235,6 +314,7 @@ class RecAdam(Optimizer):
         given (no copy) unless it lives on another device; it may have a lower precision.
         """
         self._layouts.pop(id(p), None)  # its cached views would keep the old anchor alive until the next step
+        self._plans.clear()
         state = self.state[p]
         state.pop("anchor", None)
         state.pop("anchor_runs", None)
@@ -282,6 +362,7 @@ class RecAdam(Optimizer):
         it may have a lower precision (the update reads it in fp32). Needs an anchor (:meth:`set_anchor`).
         """
         self._layouts.pop(id(p), None)
+        self._plans.clear()
         state = self.state[p]
         if fisher is None:
             state.pop("fisher", None)
@@ -311,6 +392,7 @@ class RecAdam(Optimizer):
         of the saved state: whoever sets it sets it again after a restart.
         """
         self._lr_scales.pop(p, None)
+        self._plans.clear()  # (the layouts compare the scale itself)
         if scale is None:
             return
         if not isinstance(scale, (list, tuple)):
@@ -357,6 +439,7 @@ class RecAdam(Optimizer):
         match the parameter raise ValueError: the state comes from another model.
         """
         self._layouts.clear()  # views of the old state's tensors
+        self._plans.clear()
         state_dict = dict(state_dict)
         kept, rest = {}, {}
         for k, s in state_dict["state"].items():
@@ -463,55 +546,92 @@ class RecAdam(Optimizer):
         if closure is not None:
             with torch.enable_grad():
                 loss = closure()
-        for group in self.param_groups:
-            self._step_group(group)
+        for i, group in enumerate(self.param_groups):
+            self._step_group(group, i)
         return loss
 
-    def _step_group(self, group: dict) -> None:
-        """(a) gather and group the segments, (b) run them: the compiled kernels, then the eager ones."""
-        compiled, eager = self._gather(group, self._fused_here(group))
-        for kind, entries in compiled.items():
-            self._run_compiled(group, kind, entries, eager)
-        kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
-        for (kind, scale), segs in eager.items():
-            scalars = self._scalars(group, kind.step, kind.anchored, scale)
-            for batch in _batched(segs):
-                kernel(*zip(*batch), **scalars)
+    def _step_group(self, group: dict, index: int = -1) -> None:
+        """(a) this step's plan: the group's cached one while it holds (``_Plan.holds``), else made anew;
+        (b) run it: the compiled kernels, then the eager ones."""
+        fused = self._fused_here(group)
+        grads = [p.grad for p in group["params"]]
+        plan = self._plans.get(index)
+        if plan is not None and plan.holds(group, grads, fused, self.state):
+            plan.advance()
+        else:
+            plan = self._plan(group, grads, fused)
+            if plan.cacheable and index >= 0:
+                self._plans[index] = plan
+            else:
+                self._plans.pop(index, None)
+        self._run(group, plan, grads)
 
     # ----------------------------------------------------------------- (a) this step's segments, grouped
-    def _gather(self, group: dict, fused: bool):
-        """This step's segments of the group's tensors with a gradient, grouped by what they share.
-
-        Returns (compiled: {Kind: [Scaled]}, the large contiguous segments, whole, for the compiled
-        kernels, each with its lr scale; eager: {(Kind, lr scale): [Segment]}, the rest, in pieces of at
-        most CHUNK elements unless a tensor is taken whole). Only the gradient's views are made anew
-        each step: the rest of each tensor's segments comes from ``_layout``'s cache.
-        """
+    def _plan(self, group: dict, grads: list, fused: bool) -> "_Plan":
+        """This step's segments of the group's tensors with a gradient, grouped by what they share: the
+        compiled kernels' buckets (large contiguous segments, whole, each with its lr scale), then the eager
+        ones (per Kind and lr scale, in pieces of at most CHUNK elements unless a tensor is taken whole).
+        The gradients are named by (tensor index, element span), so the plan serves later steps while it
+        holds; the rest of each tensor's segments comes from ``_layout``'s cache. Advances the steps.
+        ``grads``: the group's gradients (a non-contiguous one is replaced by a contiguous copy)."""
         compiled, eager = defaultdict(list), defaultdict(list)
-        pulled = group["anneal_w"] > 0
-        for p in group["params"]:
-            g = p.grad
+        pulled, cacheable, used = group["anneal_w"] > 0, True, []
+        sig = _grad_signature(grads)
+        for i, (p, g) in enumerate(zip(group["params"], grads)):
             if g is None:
                 continue
             if g.is_sparse:
                 raise RuntimeError("RecAdam does not support sparse gradients")
             if not g.is_contiguous():
-                g = g.contiguous()
+                g = grads[i] = g.contiguous()
+                cacheable = False  # a copy each step: not a plan's gradient
             step, layout = self._layout(p, g, fused, pulled)
-            flat = None
+            used.append(p)
             for route, lo, hi, kind, scale, (sp, sm, sv, sa, sf) in layout:
                 if route is _WHOLE:
-                    eager[step, kind, scale].append(Segment(sp, g, sm, sv, sa, sf))
-                    continue
-                flat = g.view(-1) if flat is None else flat
-                if route is _COMPILED:
-                    compiled[step, kind].append(Scaled(Segment(sp, flat[lo:hi], sm, sv, sa, sf), scale))
+                    eager[step, kind, scale].append((i, None, sp, sm, sv, sa, sf))
+                elif route is _COMPILED:
+                    compiled[step, kind].append((i, _FLAT if lo == 0 and hi == p.numel() else (lo, hi), scale,
+                                                 sp, sm, sv, sa))
                 else:  # _CHUNKS: sp holds [(start, end, (p, m, v, anchor, F) of the chunk)]
-                    eager[step, kind, scale].extend(Segment(cp, flat[a:b], cm, cv, ca, cf)
-                                             for a, b, (cp, cm, cv, ca, cf) in sp)
-        # the dict keys above are cheap to hash; the Kinds are made once per key
-        return ({Kind(step, *kind): segs for (step, kind), segs in compiled.items()},
-                defaultdict(list, {(Kind(step, *kind), scale): segs for (step, kind, scale), segs in eager.items()}))
+                    eager[step, kind, scale].extend((i, (a, b), cp, cm, cv, ca, cf)
+                                                    for a, b, (cp, cm, cv, ca, cf) in sp)
+        states = [self.state[p] for p in used]
+        key = (fused, pulled, _fused.MIN_SEGMENT, CHUNK)
+        return _Plan(key, sig, [p.data_ptr() for p in group["params"]], used, states,
+                     [_CompiledBucket(step, kind, entries) for (step, kind), entries in compiled.items()],
+                     [_EagerBucket(step, kind, scale, entries) for (step, kind, scale), entries in eager.items()],
+                     cacheable)
+
+    def _gather(self, group: dict, fused: bool):
+        """This step's segments as (compiled: {Kind: [Scaled]}, eager: {(Kind, lr scale): [Segment]})."""
+        grads = [p.grad for p in group["params"]]
+        plan = self._plan(group, grads, fused)
+        return ({Kind(b.step, *b.kind): [Scaled(Segment(p, g, m, v, a), c) for p, g, m, v, a, c in
+                                         zip(b.ps, _grads(grads, b.srcs), b.ms, b.vs, b.anchors, b.scales)]
+                 for b in plan.compiled},
+                {(Kind(b.step, *b.kind), b.scale): [_materialize(e, grads) for e in b.entries] for b in plan.eager})
+
+    # ----------------------------------------------------------------- (b) running a plan
+    def _run(self, group: dict, plan: "_Plan", grads: list) -> None:
+        extra = defaultdict(list)  # (Kind, lr scale) -> [Segment]: what failed to compile, for the eager path
+        for b in plan.compiled:
+            self._run_compiled(group, Kind(b.step + plan.advanced, *b.kind), b, grads, extra)
+        kernel = _foreach_update if group["foreach"] in (None, True) else _single_tensor_update
+        for b in plan.eager:
+            kind = Kind(b.step + plan.advanced, *b.kind)
+            scalars = self._scalars(group, kind.step, kind.anchored, b.scale)
+            more = extra.pop((kind, b.scale), None)
+            if more is None:  # the batches as made with the plan
+                for srcs, (ps, ms, vs, anchors, fishers) in b.batches:
+                    kernel(ps, _grads(grads, srcs), ms, vs, anchors, fishers, **scalars)
+            else:
+                for batch in _batched([_materialize(e, grads) for e in b.entries] + more):
+                    kernel(*zip(*batch), **scalars)
+        for (kind, scale), segs in extra.items():
+            scalars = self._scalars(group, kind.step, kind.anchored, scale)
+            for batch in _batched(segs):
+                kernel(*zip(*batch), **scalars)
 
     def _layout(self, p: Tensor, g: Tensor, fused: bool, pulled: bool):
         """(t, p's segments without the gradient): (route, start, end, Kind's fields but t, lr scale, the
@@ -567,44 +687,46 @@ class RecAdam(Optimizer):
         return state
 
     # ----------------------------------------------------------------- (b) the compiled kernels
-    def _run_compiled(self, group: dict, kind: Kind, entries: List[Scaled], eager: dict) -> None:
-        """Update ``entries`` (one Kind) with the compiled kernels: one program for separate tensors
+    def _run_compiled(self, group: dict, kind: Kind, b: "_CompiledBucket", grads: list, eager: dict) -> None:
+        """Update bucket ``b`` (one Kind) with the compiled kernels: one program for separate tensors
         (``_one_program``), else one call per segment. What fails to compile goes to ``eager``."""
-        segs, scales = [e.seg for e in entries], [e.lr_scale for e in entries]
-        table = {c: self._scalars(group, kind.step, kind.anchored, c) for c in dict.fromkeys(scales)}
-        if all(x["pull"] == 0.0 for x in table.values()):
-            segs = [seg._replace(anchor=None) for seg in segs]
-        dtype, s = segs[0].exp_avg.dtype, {}  # s: the scalars tensor of each lr scale, made when needed
-        s_many = self._one_program(segs, scales, table, dtype, kind.device)
+        table = {c: self._scalars(group, kind.step, kind.anchored, c) for c in b.unique_scales}
+        drop = all(x["pull"] == 0.0 for x in table.values())
+        segs = list(zip(b.ps, _grads(grads, b.srcs), b.ms, b.vs, [None] * len(b.ps) if drop else b.anchors))
+        dtype, s = b.ms[0].dtype, {}  # s: the scalars tensor of each lr scale, made when needed
+        s_many = self._one_program(b, segs, drop, table, dtype, kind.device)
         for i, seg in enumerate([segs] if s_many is not None else segs):
             try:
                 if s_many is not None:
                     _fused.update_many(seg, s_many)
                 else:
-                    if scales[i] not in s:
-                        s[scales[i]] = _fused.scalars(**table[scales[i]], dtype=dtype, device=kind.device)
-                    _fused.update_segments([seg], s[scales[i]])
+                    c = b.scales[i]
+                    if c not in s:
+                        s[c] = _fused.scalars(**table[c], dtype=dtype, device=kind.device)
+                    _fused.update_segments([seg], s[c])
             except Exception as e:  # noqa: BLE001 - a compiler missing or failing
                 self._compile_failed(e, "update")
-                for rest, c in zip(segs[i:], scales[i:]):
-                    eager[kind, c] += _chunked(rest)
+                for rest, c in zip(segs[i:], b.scales[i:]):
+                    eager[kind, c] += _chunked(Segment(*rest))
                 return
 
-    def _one_program(self, segs: List[Segment], scales: List[float], table: dict, dtype: torch.dtype,
-                     device: torch.device) -> Optional[Tensor]:
+    def _one_program(self, b: "_CompiledBucket", segs: List[tuple], drop: bool, table: dict,
+                     dtype: torch.dtype, device: torch.device) -> Optional[Tensor]:
         """The scalars of one compiled program updating all of ``segs``, or None: one call per segment.
 
         Only separate tensors (a per-tensor layout) take one program; each new set of them compiles a new
         one, so an optimizer keeps at most ``fused.MULTI_MAX_PROGRAMS`` (``_many_keys``). Several lr
         scales (layer-wise decay): one program still, with a row of scalars per tensor.
         """
-        if (len(segs) < _fused.MULTI_MIN_SEGMENTS
-                or len({seg.p.untyped_storage().data_ptr() for seg in segs}) != len(segs)):
+        if len(segs) < _fused.MULTI_MIN_SEGMENTS or not b.separate:
             return None
+        scales = b.scales
         rows = [table[c] for c in (scales[:1] if len(table) == 1 else scales)]
         s = (_fused.scalars(**rows[0], dtype=dtype, device=device) if len(rows) == 1
              else _fused.scalar_rows(rows, dtype, device))
-        program = _fused.many_key(segs) + (s.dim(),)
+        program = b.programs.get((drop, s.dim()))
+        if program is None:  # (the bucket fixes the dtypes and sizes)
+            program = b.programs[drop, s.dim()] = _fused.many_key(segs) + (s.dim(),)
         if program not in self._many_keys and len(self._many_keys) >= _fused.MULTI_MAX_PROGRAMS:
             return None
         self._many_keys.add(program)
@@ -705,14 +827,15 @@ def _chunked(seg: Segment) -> List[Segment]:
     return [Segment(*(None if x is None else x[lo:lo + CHUNK] for x in seg)) for lo in range(0, n, CHUNK)]
 
 
-def _batched(segs):
+def _batched(segs, at: int = 0):
+    """Consecutive segments in batches of at most CHUNK elements (a larger one alone); ``at``: where p is."""
     batch, size = [], 0
     for seg in segs:
-        if batch and size + seg[0].numel() > CHUNK:
+        if batch and size + seg[at].numel() > CHUNK:
             yield batch
             batch, size = [], 0
         batch.append(seg)
-        size += seg[0].numel()
+        size += seg[at].numel()
     if batch:
         yield batch
 

@@ -22,7 +22,9 @@ Implementations: recadam (the fused one-pass torch.compile'd update; compile tim
 it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
 recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16);
 recadam-llrd and recadam-foreach-llrd (with --llrd) the same as recadam / recadam-foreach with
-layer-wise lr decay's per-layer scales (per tensor, or element runs of the flat tensor).
+layer-wise lr decay's per-layer scales (per tensor, or element runs of the flat tensor);
+recadam-combo and recadam-cudagraph (per-tensor layout, GPU) the multi-tensor program with inductor's
+horizontal fusion / replayed as a CUDA graph; recadam-cudagraph-all with the small tensors in it too.
 """
 
 import argparse
@@ -66,8 +68,11 @@ LLRD = {"recadam-llrd": "recadam", "recadam-foreach-llrd": "recadam-foreach"}  #
 LLRD_GAMMA = 0.9
 DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
 COMBO = "recadam-combo"  # the multi-tensor program with inductor's horizontal fusion (per-tensor layout, GPU)
-IMPLS = DEFAULT_IMPLS + tuple(LLRD) + (COMBO,)
-RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor", COMBO) + tuple(LLRD)
+GRAPHED = "recadam-cudagraph"  # the multi-tensor program replayed as a CUDA graph (per-tensor layout, GPU)
+GRAPHED_ALL = "recadam-cudagraph-all"  # the same with every tensor, the small ones too, in that program
+IMPLS = DEFAULT_IMPLS + tuple(LLRD) + (COMBO, GRAPHED, GRAPHED_ALL)
+RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor", COMBO,
+            GRAPHED, GRAPHED_ALL) + tuple(LLRD)
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
 
@@ -188,17 +193,37 @@ class Combo:
     """recadam whose multi-tensor program is compiled with inductor's combo kernels (horizontal fusion
     of the per-tensor kernels into few launches, Triton only): whether it pays is for the GPU to say."""
 
+    settings = dict(MANY_OPTIONS={"combo_kernels": True})  # fused.py's, around each step
+
     def __init__(self, w: Workload):
         self.opt = build_recadam(w)
 
     def step(self):
         from recadam_fairseq.core import fused
 
-        saved, fused.MANY_OPTIONS = fused.MANY_OPTIONS, {"combo_kernels": True}
+        saved = {name: getattr(fused, name) for name in self.settings}
+        for name, value in self.settings.items():
+            setattr(fused, name, value)
         try:
             self.opt.step()
         finally:
-            fused.MANY_OPTIONS = saved
+            for name, value in saved.items():
+                setattr(fused, name, value)
+
+
+class Graphed(Combo):
+    """recadam whose multi-tensor program is captured once in a CUDA graph and replayed (fused.CUDA_GRAPH):
+    the workload's gradients stay where they are, as a training loop's do when the allocator hands the
+    backward pass the same blocks each step. The same as recadam on the CPU and on the flat layout."""
+
+    settings = dict(CUDA_GRAPH=True)
+
+
+class GraphedAll(Combo):
+    """recadam-cudagraph with the small tensors in the graph too (no eager _foreach_ kernels, whose host time
+    is then what is left; each small tensor adds a graph node of GPU time instead)."""
+
+    settings = dict(CUDA_GRAPH=True, MIN_SEGMENT=1)
 
 
 def build_fairseq_adam(w: Workload):
@@ -223,6 +248,8 @@ BUILDERS: Dict[str, Callable] = {
     "recadam": build_recadam,
     "recadam-per-call": PerCall,
     COMBO: Combo,
+    GRAPHED: Graphed,
+    GRAPHED_ALL: GraphedAll,
     "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
@@ -434,6 +461,8 @@ How to read this:
   the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
   recadam-llrd / recadam-foreach-llrd (--llrd) those two with layer-wise lr decay's scales;
   recadam-combo (--impls) the multi-tensor program with inductor's combo kernels (GPU);
+  recadam-cudagraph (--impls) that program replayed as a CUDA graph (GPU; the same as recadam elsewhere),
+  recadam-cudagraph-all (--impls) with the small tensors in it too;
   fairseq-adam and torch-adamw-* are the Adams to beat.
 - median ms: median wall time of one optimizer.step() over all timed steps of all rounds (after
   warm-up); rounds rotate the order of implementations so that other load hits all alike.

@@ -13,6 +13,7 @@
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
 #   bench        the optimizer-step benchmark on CUDA, flat layout, base and large -> bench.log, benchmark.{md,json}
 #   bench-per-tensor  the same, per-tensor layout, base shapes, with inductor's combo kernels (recadam-combo)
+#                and the multi-tensor program as a CUDA graph (recadam-cudagraph)
 #                                                                                -> bench-pt.log, benchmark-pt.{md,json}
 #   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
 #   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
@@ -100,8 +101,8 @@ for s in "$@"; do
     bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large --layouts flat \
                --out-md "$OUT/benchmark.md" --out-json "$OUT/benchmark.json" ;;
     bench-per-tensor) stage bench-per-tensor bench-pt.log $PY scripts/benchmark.py --device cuda --sizes base \
-               --layouts per-tensor --impls recadam recadam-combo recadam-foreach recadam-bf16-anchor fairseq-adam \
-               torch-adamw-foreach torch-adamw-fused \
+               --layouts per-tensor --impls recadam recadam-cudagraph recadam-combo recadam-foreach recadam-bf16-anchor \
+               fairseq-adam torch-adamw-foreach torch-adamw-fused \
                --out-md "$OUT/benchmark-pt.md" --out-json "$OUT/benchmark-pt.json" ;;
     e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
