@@ -10,11 +10,12 @@ fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recompu
 --eval-bleu-start's BLEU at θ* (with bleu_delta = bleu − start in the json log and TensorBoard, training
 unchanged by the flag, read back on resume); LLRD's scales
 and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
-anchored once); FSAM with ChildTuning-F over samsgd (never-kept elements stay at θ*) and SAM over RecAdam;
-WiSE-FT of a translation checkpoint; bad --eval-bleu settings, GLUE components and the methods that do not
-apply (ESAM, the coupled --ewc-fisher task, the roberta_ft flags) stop in one line before training (in-process,
-one fairseq-train launch for the error hook); scripts/seq2seq/finetune.sh resumes a killed run and ends
-with BLEU on both subsets and the forgetting in BLEU, which summarize.py --forgetting-budget reads.
+anchored once), with SAM and EWC's task F (recomputed here); FSAM with ChildTuning-F over samsgd
+(never-kept elements stay at θ*); WiSE-FT of a translation checkpoint; bad --eval-bleu settings, GLUE
+components and the methods that do not apply (ESAM, the coupled --ewc-fisher task, the roberta_ft flags) stop
+in one line before training (in-process; one fairseq-train launch for the error hook); scripts/seq2seq/finetune.sh
+resumes a killed run and ends with BLEU on both subsets and the forgetting in BLEU, which summarize.py
+--forgetting-budget reads.
 """
 
 import csv
@@ -110,23 +111,21 @@ def mt(pair):
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
     refused = {"wider"}  # the other bad input is checked in-process (test_bleu_settings_that_fail_late_...)
-    # the SAM family: FSAM with ChildTuning-F over samsgd (fairseq's Adam) and fairseq's criterion; SAM over RecAdam
-    # with the plug-in's criterion
-    sam = ["--label-smoothing", "0.1", "--rho", str(SAM_RHO)]
-    jobs["fsam_ctf"] = finetune_args(setup, root / "fsam_ctf", "--criterion", "label_smoothed_cross_entropy", *sam,
-                                     "--sam-type", "fisher-sam", "--keep-ratio", str(FSAM_KEEP), *CT_F, updates=2,
+    # FSAM with ChildTuning-F over samsgd (fairseq's Adam) and fairseq's criterion (SAM over RecAdam: the BART run)
+    jobs["fsam_ctf"] = finetune_args(setup, root / "fsam_ctf", "--criterion", "label_smoothed_cross_entropy",
+                                     "--label-smoothing", "0.1", "--sam-type", "fisher-sam", "--rho", str(SAM_RHO),
+                                     "--keep-ratio", str(FSAM_KEEP), *CT_F, updates=2,
                                      optimizer=["--optimizer", "samsgd"])
-    jobs["sam_recadam"] = finetune_args(setup, root / "sam_recadam", "--criterion",
-                                        "label_smoothed_cross_entropy_recadam", *sam, "--sam-type", "sam", updates=2)
-    # BART (tied embeddings, layernorm_embedding, its own init): pretrained 3 updates on A, fine-tuned on B,
-    # BLEU on both domains at the end
+    # BART (tied embeddings, layernorm_embedding, its own init): pretrained 3 updates on A, fine-tuned on B with
+    # SAM and EWC's F at θ* of the first 16 training sentences (--ewc-fisher task), BLEU on both domains at the end
     bart_pre = [os.path.join(setup, "a-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_BART_ARCH,
                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
                 "--lr", "1e-2", "--max-update", "3", "--max-tokens", "512", "--seed", "1", "--cpu",
                 "--num-workers", "0", "--save-dir", str(root / "bart_pre"), "--no-epoch-checkpoints",
                 "--disable-validation"]
     jobs["bart"] = finetune_args(setup, root / "bart", "--criterion", "label_smoothed_cross_entropy_recadam",
-                                 "--label-smoothing", "0.1", *BLEU, updates=4, validate=True,
+                                 "--label-smoothing", "0.1", *BLEU, "--sam-type", "sam", "--rho", str(SAM_RHO),
+                                 "--ewc-fisher", "task", "--ewc-fisher-examples", "16", updates=4, validate=True,
                                  arch=tiny_mt.TINY_BART_ARCH, pretrained=str(root / "bart_pre" / "checkpoint_last.pt"))
 
     def resumed():
@@ -152,7 +151,7 @@ def mt(pair):
 
     # two at a time; a run that needs another's checkpoint follows it in the same worker
     chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16", "rdrop_plain"), ("llrd_cd", "dist_one"),
-              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), ("fsam_ctf", "sam_recadam", "wider")]  # wider: rc 1, last
+              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), ("fsam_ctf",), ("wider",)]
     steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
              "bart_pre": lambda: train(root / "bart_pre", bart_pre), "dist_two": two_ranks}
 
@@ -251,9 +250,9 @@ def test_two_cpu_ranks_equal_one_rank_with_update_freq_two(mt):
 
 
 def test_bart_anchor_is_its_pretrained_checkpoint_and_it_learns(mt):
-    """fairseq's bart_base shape through fairseq-train: the encoder's, the decoder's and the output embeddings are
-    one tensor with one anchor; every other tensor (layernorm_embedding, learned positions) is anchored by name;
-    the fine-tuning moved every tensor, and BLEU is logged on both domains."""
+    """fairseq's bart_base shape through fairseq-train (with SAM and EWC's task F): the encoder's, the decoder's and
+    the output embeddings are one tensor with one anchor; every other tensor (layernorm_embedding, learned
+    positions) is anchored by name; the fine-tuning moved every tensor, and BLEU is logged on both domains."""
     ckpt = mt.root / "bart" / "checkpoint_last.pt"
     names = trainable_names(ckpt)
     pre = load_ckpt(mt.root / "bart_pre" / "checkpoint_last.pt")["model"]
@@ -391,8 +390,7 @@ def test_sam_fsam_and_childtuning_f_on_translation(mt):
     """samsgd with FSAM and ChildTuning-F, fairseq's criterion: an element ChildTuning-F never kept (its draw of
     (--seed, update), redrawn here) stays bit for bit at θ* (Adam moves it by m/√v with m = 0; SAM puts θ back
     exactly), and a kept one moves; FSAM's ε misses all but the top --keep-ratio of the eligible elements (not
-    biases, not embeddings). recadam with SAM, the plug-in's criterion: the anchors are the pretrained tensors, ε on every
-    element."""
+    biases, not embeddings). SAM over RecAdam (the BART run): ‖ε‖ = ρ, on every element."""
     from recadam_fairseq.core import child_tuning as ct
 
     pre = pretrained(mt)
@@ -411,20 +409,57 @@ def test_sam_fsam_and_childtuning_f_on_translation(mt):
     # FSAM: ε on the top ⌊keep_ratio·N⌋ of the N eligible elements and on every other tensor (biases, embeddings),
     # ρ·g/‖g‖ masked there, so ‖ε‖ < ρ; SAM: ε = ρ·g/‖g‖ on every element
     eligible = sum(pre[n].numel() for n in names if "bias" not in n and "embed" not in n)
-    for run, frac in (("fsam_ctf", (int(FSAM_KEEP * eligible) + total - eligible) / total), ("sam_recadam", 1.0)):
+    for run, frac, updates in (("fsam_ctf", (int(FSAM_KEEP * eligible) + total - eligible) / total, 2), ("bart", 1, 4)):
         rows = json_records(mt.runs[run][1], "train_inner")
-        assert len(rows) == 2, run
+        assert len(rows) == updates, run
         for r in rows:
             eps = float(r["sam_eps_norm"])
             assert float(r["sam_rho"]) == SAM_RHO and "sam_sharpness" in r, run
             assert eps == pytest.approx(SAM_RHO, abs=2e-6) if frac == 1 else 0 < eps < SAM_RHO - 1e-3, run
             assert float(r["sam_mask_frac"]) == pytest.approx(frac, abs=1e-6), run
-    ckpt = load_ckpt(mt.root / "sam_recadam" / "checkpoint_last.pt")
-    state = ckpt["last_optimizer_state"]["state"]
-    assert len(state) == len(names) and {s["step"] for s in state.values()} == {2}
-    for i, n in enumerate(names):
-        assert torch.equal(state[i]["anchor"], pre[n]), n
-    assert any(not torch.equal(ckpt["model"][n], pre[n]) for n in names)
+
+
+def test_recadam_ewc_with_the_task_fisher_on_translation(mt):
+    """--optimizer recadam --ewc-fisher task (decoupled) on translation, the BART run: F in the optimizer state is
+    (1/N)·Σ_i g_i² over the first N = 16 sentences of fairseq's epoch-1 batches (--seed 5, --max-tokens 512), g_i
+    the gradient at θ* of sentence i's summed token NLL (no label smoothing), recomputed here one sentence at a
+    time, normalised to mean 1."""
+    import torch.nn.functional as F
+    from fairseq import utils
+
+    ckpt = mt.root / "bart" / "checkpoint_last.pt"
+    model, task = load_model(ckpt)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (tied ones once)
+    model.load_state_dict(load_ckpt(mt.root / "bart_pre" / "checkpoint_last.pt")["model"])
+    model.eval()
+    task.load_dataset("train")
+    data = task.dataset("train")
+    first = next(iter(task.get_batch_iterator(
+        data, max_tokens=512, max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
+                                                                        512),
+        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=5, epoch=1).next_epoch_itr(shuffle=True)))
+    ids = first["id"][:16].tolist()  # the batch's order (fairseq's collater sorts it by source length)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    pad, threads = task.target_dictionary.pad(), torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model's passes: threads cost more than they give on a shared machine
+    try:
+        for i in ids:
+            sample = data.collater([data[i]])
+            logits = model(**sample["net_input"])[0].float()
+            nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1), ignore_index=pad,
+                                  reduction="sum")
+            for acc, g in zip(sums, torch.autograd.grad(nll, params, allow_unused=True)):
+                if g is not None:
+                    acc += g.double() ** 2
+    finally:
+        torch.set_num_threads(threads)
+    assert len(set(ids)) == 16 and "empirical Fisher of 16 training examples at θ*" in mt.runs["bart"][1]
+    mean = sum(float(x.sum()) for x in sums) / sum(x.numel() for x in sums)  # (1/N) cancels
+    state = load_ckpt(ckpt)["last_optimizer_state"]["state"]
+    for i, name in enumerate(names):
+        assert torch.allclose(state[i]["fisher"], (sums[i] / mean).float(), rtol=1e-3, atol=1e-5), name
+    assert max(float(state[i]["fisher"].max()) for i in state) > 10  # not F ≡ 1
 
 
 def test_wise_ft_of_a_translation_checkpoint(mt, tmp_path):
