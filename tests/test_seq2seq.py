@@ -10,9 +10,12 @@ fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recompu
 --eval-bleu-start's BLEU at θ* (with bleu_delta = bleu − start in the json log and TensorBoard, training
 unchanged by the flag, read back on resume); LLRD's scales
 and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
-anchored once); bad --eval-bleu settings and GLUE components stop in one line before training;
-scripts/seq2seq/finetune.sh resumes a killed run and ends with BLEU on both subsets and the forgetting in
-BLEU, which summarize.py --forgetting-budget reads.
+anchored once), with SAM and EWC's task F (recomputed here); FSAM with ChildTuning-F over samsgd
+(never-kept elements stay at θ*); WiSE-FT of a translation checkpoint; bad --eval-bleu settings, GLUE
+components and the methods that do not apply (ESAM, the coupled --ewc-fisher task, the roberta_ft flags) stop
+in one line before training (in-process; one fairseq-train launch for the error hook); scripts/seq2seq/finetune.sh
+resumes a killed run and ends with BLEU on both subsets and the forgetting in BLEU, which summarize.py
+--forgetting-budget reads.
 """
 
 import csv
@@ -47,12 +50,17 @@ RDROP = ["--criterion", "label_smoothed_cross_entropy_rdrop", "--label-smoothing
          "--save-interval-updates", "2"]
 
 
+RECADAM = ["--optimizer", "recadam", "--recadam-pretrain-cof", "500", "--recadam-anneal-k", "0.5",
+           "--recadam-anneal-t0", "4"]
+CT_F = ["--child-tuning", "F", "--child-tuning-ratio", "0.5"]
+SAM_RHO, FSAM_KEEP = 0.05, 0.1
+
+
 def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tiny_mt.TINY_ARCH,
-                  pretrained=None, data=None):
+                  pretrained=None, data=None, optimizer=tuple(RECADAM)):
     return [data or os.path.join(setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, *arch,
             "--finetune-from-model", pretrained or os.path.join(setup, "pretrained.pt"), "--user-dir", USER_DIR,
-            "--optimizer", "recadam", "--recadam-pretrain-cof", "500", "--recadam-anneal-k", "0.5",
-            "--recadam-anneal-t0", "4", "--lr", "1e-3", "--lr-scheduler", "fixed",
+            *optimizer, "--lr", "1e-3", "--lr-scheduler", "fixed",
             "--max-tokens", "512", "--max-update", str(updates), "--seed", "5", "--cpu", "--num-workers", "0",
             "--save-dir", str(save), "--no-epoch-checkpoints", "--log-format", "json", "--log-interval", "1",
             *([] if validate else ["--disable-validation"]), *extra]
@@ -102,29 +110,22 @@ def mt(pair):
     # the pretrained checkpoint under a wider --arch: one line before training
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
-    # bad input, one line each before training: BLEU on BPE pieces (the tiny pair's data under a dictionary whose
-    # target side is marked as subword-nmt's), a detokenizer fairseq does not know, a GLUE criterion
-    bpe = root / "bpe-bin"
-    shutil.copytree(os.path.join(setup, "b-bin"), bpe)
-    for side in ("src", "tgt"):  # the same symbols, marked: the binarized ids still fit
-        lines = (bpe / f"dict.{side}.txt").read_text().splitlines()
-        (bpe / f"dict.{side}.txt").write_text("".join(f"{w}@@ {c}\n" if w.startswith("v") else f"{w} {c}\n"
-                                                      for w, c in (ln.split() for ln in lines)))
-    crit = ["--criterion", "label_smoothed_cross_entropy_recadam"]
-    jobs["bpe"] = finetune_args(setup, root / "bpe", *crit, "--eval-bleu", updates=1, validate=True, data=str(bpe))
-    jobs["detok"] = finetune_args(setup, root / "detok", *crit, "--eval-bleu", "--eval-bleu-detok", "nonsense",
-                                  updates=1, validate=True)
-    jobs["glue_crit"] = finetune_args(setup, root / "glue_crit", "--criterion", "sentence_prediction_r3f", updates=1)
-    refused = {"wider", "bpe", "detok", "glue_crit"}
-    # BART (tied embeddings, layernorm_embedding, its own init): pretrained 3 updates on A, fine-tuned on B,
-    # BLEU on both domains at the end
+    refused = {"wider"}  # the other bad input is checked in-process (test_bleu_settings_that_fail_late_...)
+    # FSAM with ChildTuning-F over samsgd (fairseq's Adam) and fairseq's criterion (SAM over RecAdam: the BART run)
+    jobs["fsam_ctf"] = finetune_args(setup, root / "fsam_ctf", "--criterion", "label_smoothed_cross_entropy",
+                                     "--label-smoothing", "0.1", "--sam-type", "fisher-sam", "--rho", str(SAM_RHO),
+                                     "--keep-ratio", str(FSAM_KEEP), *CT_F, updates=2,
+                                     optimizer=["--optimizer", "samsgd"])
+    # BART (tied embeddings, layernorm_embedding, its own init): pretrained 3 updates on A, fine-tuned on B with
+    # SAM and EWC's F at θ* of the first 16 training sentences (--ewc-fisher task), BLEU on both domains at the end
     bart_pre = [os.path.join(setup, "a-bin"), "--task", "translation", *tiny_mt.LANGS, *tiny_mt.TINY_BART_ARCH,
                 "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1", "--optimizer", "adam",
                 "--lr", "1e-2", "--max-update", "3", "--max-tokens", "512", "--seed", "1", "--cpu",
                 "--num-workers", "0", "--save-dir", str(root / "bart_pre"), "--no-epoch-checkpoints",
                 "--disable-validation"]
     jobs["bart"] = finetune_args(setup, root / "bart", "--criterion", "label_smoothed_cross_entropy_recadam",
-                                 "--label-smoothing", "0.1", *BLEU, updates=4, validate=True,
+                                 "--label-smoothing", "0.1", *BLEU, "--sam-type", "sam", "--rho", str(SAM_RHO),
+                                 "--ewc-fisher", "task", "--ewc-fisher-examples", "16", updates=4, validate=True,
                                  arch=tiny_mt.TINY_BART_ARCH, pretrained=str(root / "bart_pre" / "checkpoint_last.pt"))
 
     def resumed():
@@ -150,7 +151,7 @@ def mt(pair):
 
     # two at a time; a run that needs another's checkpoint follows it in the same worker
     chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16", "rdrop_plain"), ("llrd_cd", "dist_one"),
-              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), *((k,) for k in refused)]
+              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), ("fsam_ctf",), ("wider",)]
     steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
              "bart_pre": lambda: train(root / "bart_pre", bart_pre), "dist_two": two_ranks}
 
@@ -249,9 +250,9 @@ def test_two_cpu_ranks_equal_one_rank_with_update_freq_two(mt):
 
 
 def test_bart_anchor_is_its_pretrained_checkpoint_and_it_learns(mt):
-    """fairseq's bart_base shape through fairseq-train: the encoder's, the decoder's and the output embeddings are
-    one tensor with one anchor; every other tensor (layernorm_embedding, learned positions) is anchored by name;
-    the fine-tuning moved every tensor, and BLEU is logged on both domains."""
+    """fairseq's bart_base shape through fairseq-train (with SAM and EWC's task F): the encoder's, the decoder's and
+    the output embeddings are one tensor with one anchor; every other tensor (layernorm_embedding, learned
+    positions) is anchored by name; the fine-tuning moved every tensor, and BLEU is logged on both domains."""
     ckpt = mt.root / "bart" / "checkpoint_last.pt"
     names = trainable_names(ckpt)
     pre = load_ckpt(mt.root / "bart_pre" / "checkpoint_last.pt")["model"]
@@ -385,6 +386,102 @@ def test_llrd_and_childtuning_d_over_encoder_and_decoder_layers(mt):
     assert {n.split(".")[0] for n in names if ".layers." in n and (now[n] != pre[n]).any()} == {"encoder", "decoder"}
 
 
+def test_sam_fsam_and_childtuning_f_on_translation(mt):
+    """samsgd with FSAM and ChildTuning-F, fairseq's criterion: an element ChildTuning-F never kept (its draw of
+    (--seed, update), redrawn here) stays bit for bit at θ* (Adam moves it by m/√v with m = 0; SAM puts θ back
+    exactly), and a kept one moves; FSAM's ε misses all but the top --keep-ratio of the eligible elements (not
+    biases, not embeddings). SAM over RecAdam (the BART run): ‖ε‖ = ρ, on every element."""
+    from recadam_fairseq.core import child_tuning as ct
+
+    pre = pretrained(mt)
+    ckpt = mt.root / "fsam_ctf" / "checkpoint_last.pt"
+    names = trainable_names(ckpt)
+    now = load_ckpt(ckpt)["model"]
+    gens = [torch.Generator().manual_seed(ct.draw_seed(5, u)) for u in (0, 1)]  # --seed 5; updates done: 0, 1
+    kept_once = moved = total = 0
+    for n in names:  # the draws: the optimizer's tensors in order, one uniform per element, kept where u < p
+        kept = (torch.rand(pre[n].numel(), generator=gens[0]) < 0.5) | (torch.rand(pre[n].numel(), generator=gens[1])
+                                                                         < 0.5)
+        d = (now[n] != pre[n]).reshape(-1)
+        assert not (d & ~kept).any(), n
+        kept_once, moved, total = kept_once + int(kept.sum()), moved + int(d.sum()), total + d.numel()
+    assert 0.73 < kept_once / total < 0.77 and moved > 0.95 * kept_once  # 1 − (1/2)², and every kept one moved
+    # FSAM: ε on the top ⌊keep_ratio·N⌋ of the N eligible elements and on every other tensor (biases, embeddings),
+    # ρ·g/‖g‖ masked there, so ‖ε‖ < ρ; SAM: ε = ρ·g/‖g‖ on every element
+    eligible = sum(pre[n].numel() for n in names if "bias" not in n and "embed" not in n)
+    for run, frac, updates in (("fsam_ctf", (int(FSAM_KEEP * eligible) + total - eligible) / total, 2), ("bart", 1, 4)):
+        rows = json_records(mt.runs[run][1], "train_inner")
+        assert len(rows) == updates, run
+        for r in rows:
+            eps = float(r["sam_eps_norm"])
+            assert float(r["sam_rho"]) == SAM_RHO and "sam_sharpness" in r, run
+            assert eps == pytest.approx(SAM_RHO, abs=2e-6) if frac == 1 else 0 < eps < SAM_RHO - 1e-3, run
+            assert float(r["sam_mask_frac"]) == pytest.approx(frac, abs=1e-6), run
+
+
+def test_recadam_ewc_with_the_task_fisher_on_translation(mt):
+    """--optimizer recadam --ewc-fisher task (decoupled) on translation, the BART run: F in the optimizer state is
+    (1/N)·Σ_i g_i² over the first N = 16 sentences of fairseq's epoch-1 batches (--seed 5, --max-tokens 512), g_i
+    the gradient at θ* of sentence i's summed token NLL (no label smoothing), recomputed here one sentence at a
+    time, normalised to mean 1."""
+    import torch.nn.functional as F
+    from fairseq import utils
+
+    ckpt = mt.root / "bart" / "checkpoint_last.pt"
+    model, task = load_model(ckpt)
+    names = [n for n, p in model.named_parameters() if p.requires_grad]  # the optimizer's order (tied ones once)
+    model.load_state_dict(load_ckpt(mt.root / "bart_pre" / "checkpoint_last.pt")["model"])
+    model.eval()
+    task.load_dataset("train")
+    data = task.dataset("train")
+    first = next(iter(task.get_batch_iterator(
+        data, max_tokens=512, max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(),
+                                                                        512),
+        ignore_invalid_inputs=True, required_batch_size_multiple=8, seed=5, epoch=1).next_epoch_itr(shuffle=True)))
+    ids = first["id"][:16].tolist()  # the batch's order (fairseq's collater sorts it by source length)
+    params = [p for p in model.parameters() if p.requires_grad]
+    sums = [torch.zeros_like(p, dtype=torch.float64) for p in params]
+    pad, threads = task.target_dictionary.pad(), torch.get_num_threads()
+    torch.set_num_threads(1)  # a tiny model's passes: threads cost more than they give on a shared machine
+    try:
+        for i in ids:
+            sample = data.collater([data[i]])
+            logits = model(**sample["net_input"])[0].float()
+            nll = F.cross_entropy(logits.reshape(-1, logits.size(-1)), sample["target"].reshape(-1), ignore_index=pad,
+                                  reduction="sum")
+            for acc, g in zip(sums, torch.autograd.grad(nll, params, allow_unused=True)):
+                if g is not None:
+                    acc += g.double() ** 2
+    finally:
+        torch.set_num_threads(threads)
+    assert len(set(ids)) == 16 and "empirical Fisher of 16 training examples at θ*" in mt.runs["bart"][1]
+    mean = sum(float(x.sum()) for x in sums) / sum(x.numel() for x in sums)  # (1/N) cancels
+    state = load_ckpt(ckpt)["last_optimizer_state"]["state"]
+    for i, name in enumerate(names):
+        assert torch.allclose(state[i]["fisher"], (sums[i] / mean).float(), rtol=1e-3, atol=1e-5), name
+    assert max(float(state[i]["fisher"].max()) for i in state) > 10  # not F ≡ 1
+
+
+def test_wise_ft_of_a_translation_checkpoint(mt, tmp_path):
+    """scripts/interpolate.py on the R-Drop run's checkpoint: every tensor (1 − α)·θ* + α·θ_ft, the tied output
+    projection with the shared embeddings; fairseq loads it as a translation model."""
+    from recadam_fairseq.tools import interpolate as wise
+
+    ft_path, out = mt.root / "rdrop" / "checkpoint_last.pt", tmp_path / "wise.pt"
+    assert wise.main([str(ft_path), "--pretrained", os.path.join(mt.setup, "pretrained.pt"), "--alpha", "0.25",
+                      "--out", str(out)]) == 0
+    ft, pre, mixed = load_ckpt(ft_path)["model"], pretrained(mt), load_ckpt(out)["model"]
+    assert sorted(mixed) == sorted(ft) and sorted(pre) == sorted(ft)
+    for k, v in ft.items():
+        want = 0.75 * pre[k].double() + 0.25 * v.double()
+        assert mixed[k].dtype == v.dtype, k  # (equal_nan: a sinusoidal embedding's uninitialised _float_tensor)
+        assert torch.allclose(mixed[k].double(), want, rtol=0, atol=1e-6, equal_nan=True), k
+    assert max((mixed[k] - ft[k]).abs().max().item() for k in ft) > 1e-4  # not θ_ft
+    model, _ = load_model(out)
+    assert model.decoder.output_projection.weight is model.encoder.embed_tokens.weight
+    assert torch.equal(model.encoder.embed_tokens.weight.detach(), mixed["encoder.embed_tokens.weight"])
+
+
 def test_a_checkpoint_of_another_architecture_stops_in_one_line(mt):
     msg = one_error_line(mt.runs["wider"][1])
     assert msg == (f"{os.path.join(mt.setup, 'pretrained.pt')}: the checkpoint does not fit the model --arch and its "
@@ -435,24 +532,35 @@ def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
     assert torch.equal(log["target_loss"], target.data) and torch.equal(log["loss"], loss.data)
 
 
-def test_bleu_settings_that_fail_late_or_mislead_stop_in_one_line(mt):
-    """Through fairseq-train: the plug-in's seq2seq criterion reads the target dictionary (BPE without
-    --eval-bleu-remove-bpe); the error hook turns fairseq's failure to build --eval-bleu's detokenizer into the flag;
-    a GLUE criterion names its seq2seq twin. Nothing is saved."""
-    bpe = os.path.join(mt.root, "bpe-bin", "dict.tgt.txt")
-    assert one_error_line(mt.runs["bpe"][1]) == (
-        f"--eval-bleu: the target dictionary ({bpe}) is subword-nmt BPE (48 of 96 symbols marked) and no "
-        f"--eval-bleu-remove-bpe undoes it, so BLEU would count subword pieces; add --eval-bleu-remove-bpe subword_nmt")
-    assert one_error_line(mt.runs["detok"][1]) == ("--eval-bleu-detok nonsense: not a detokenizer fairseq knows; "
-                                                   "choose one of moses, nltk, space")
-    assert one_error_line(mt.runs["glue_crit"][1]) == (
+def test_bleu_settings_that_fail_late_or_mislead_stop_in_one_line(pair, tmp_path):
+    """What fairseq-train prints as its one line (the error hook prints a ConfigError's text), in-process: the
+    plug-in's seq2seq criterion reads the target dictionary (BPE without --eval-bleu-remove-bpe); a GLUE
+    criterion names its seq2seq twin. (An unknown --eval-bleu-detok: test_eval_bleu_start_up_failures_...)"""
+    from recadam_fairseq.core.errors import ConfigError
+
+    # the tiny pair's dictionaries with the target words marked as subword-nmt's (setup_task reads only these)
+    bpe = tmp_path / "bpe-bin"
+    bpe.mkdir()
+    for side in ("src", "tgt"):
+        lines = open(os.path.join(pair.setup, "b-bin", f"dict.{side}.txt")).read().splitlines()
+        (bpe / f"dict.{side}.txt").write_text("".join(f"{w}@@ {c}\n" if w.startswith("v") else f"{w} {c}\n"
+                                                      for w, c in (ln.split() for ln in lines)))
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_recadam", "--eval-bleu",
+                       data=str(bpe))
+    with pytest.raises(ConfigError) as e:
+        task.build_criterion(cfg.criterion)
+    assert str(e.value) == (
+        f"--eval-bleu: the target dictionary ({bpe / 'dict.tgt.txt'}) is subword-nmt BPE (48 of 96 symbols marked) "
+        f"and no --eval-bleu-remove-bpe undoes it, so BLEU would count subword pieces; add --eval-bleu-remove-bpe subword_nmt")
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "sentence_prediction_r3f")
+    with pytest.raises(ConfigError) as e:
+        task.build_criterion(cfg.criterion)
+    assert str(e.value) == (
         "--criterion sentence_prediction_r3f is a sentence-classification (GLUE) criterion; on --task translation "
         "use label_smoothed_cross_entropy_r3f")
-    for k in ("bpe", "detok", "glue_crit"):
-        assert mt.runs[k][0] == 1 and not any(f.endswith(".pt") for f in os.listdir(mt.root / k)), k
 
 
-def _start(pair, *flags):
+def _start(pair, *flags, data=None):
     """fairseq-train's start in-process on the tiny pair: (cfg, task), the model not built yet."""
     from fairseq import tasks
 
@@ -460,8 +568,8 @@ def _start(pair, *flags):
     from conftest import parse_config
 
     recadam_fairseq.register()  # the plug-in's models (roberta_ft_*): its package may be imported already
-    cfg = parse_config(os.path.join(pair.setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS, "--user-dir", USER_DIR,
-                       *flags)
+    cfg = parse_config(data or os.path.join(pair.setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS,
+                       "--user-dir", USER_DIR, *flags)
     return cfg, tasks.setup_task(cfg.task)
 
 
@@ -470,6 +578,8 @@ def _start(pair, *flags):
                                         "double quotes at character 1); give a JSON object such as '{\"beam\": 4}'"),
     (["--eval-bleu-detok-args", "[1"], "--eval-bleu-detok-args '[1': not JSON (Expecting ',' delimiter at character "
                                        "2); give a JSON object"),
+    (["--eval-bleu-detok", "nonsense"], "--eval-bleu-detok nonsense: not a detokenizer fairseq knows; choose one of "
+                                        "moses, nltk, space"),
     (["--eval-bleu-detok", "moses"], "--eval-bleu-detok moses: Please install Moses tokenizer with: pip install "
                                      "sacremoses (fairseq detokenizes the translations and references before BLEU); "
                                      "--eval-bleu-detok space skips detokenizing, for text that was not tokenized"),
@@ -528,6 +638,43 @@ def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
     assert subwords.marking(["\u2581the", "re", "\u2581it"]) == subwords.Marking("SentencePiece", 2, 3, ("sentencepiece",))
     assert subwords.marking(["th@@", "e", "it"]).undo == ("subword_nmt", "@@ ", "@@")
     assert subwords.marking(["w@@"] + ["w"] * 10) is None and subwords.marking([]) is None
+
+
+def test_methods_that_do_not_apply_to_translation_stop_in_one_line(pair, capsys):
+    """ESAM (its selection needs one loss per example) at the criterion's first training call, with samsgd built
+    as fairseq-train builds it; the coupled objective's --ewc-fisher task when its criterion is built; Mixout, LoRA
+    and re-init (flags of the roberta_ft models) in fairseq's own parser."""
+    from fairseq.optim import build_optimizer
+
+    from recadam_fairseq.core.errors import ConfigError
+
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_recadam",
+                       "--optimizer", "samsgd", "--sam-type", "esam", "--lr", "1e-3")
+    model, crit = task.build_model(cfg.model), task.build_criterion(cfg.criterion)
+    build_optimizer(cfg.optimizer, [p for p in model.parameters() if p.requires_grad])  # SAM's first-call hook
+    src, tgt = torch.tensor([[5, 6, 2]]), torch.tensor([[7, 2]])
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.tensor([3]),
+                            "prev_output_tokens": torch.tensor([[2, 7]])}, "target": tgt, "ntokens": 2,
+              "nsentences": 1}
+    model.train()
+    with pytest.raises(ConfigError) as e:
+        crit(model, sample)
+    assert str(e.value) == (
+        "--sam-type esam: ESAM's data selection needs one loss per example, which the single-task sentence_prediction "
+        "criteria give (fairseq's sentence_prediction, sentence_prediction_recadam, sentence_prediction_r3f); "
+        "--criterion LabelSmoothedCrossEntropyRecAdamCriterion does not. Use --sam-type sam/gsam/fisher-sam/fisher-gsam")
+    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_recadam",
+                       "--recadam-objective", "coupled", "--ewc-fisher", "task")
+    with pytest.raises(ConfigError) as e:
+        task.build_criterion(cfg.criterion)
+    assert str(e.value) == ("--ewc-fisher task: needs one loss per example, which label_smoothed_cross_entropy_recadam "
+                            "does not give; write the Fisher once with scripts/fisher.py and pass the file")
+    for flags in (["--mixout", "0.9"], ["--lora-rank", "8"], ["--reinit-layers", "2"]):
+        capsys.readouterr()
+        with pytest.raises(SystemExit) as e:
+            _start(pair, *tiny_mt.TINY_ARCH, *flags)
+        err = capsys.readouterr().err.splitlines()
+        assert e.value.code == 2 and err[-1].endswith(f": error: unrecognized arguments: {' '.join(flags)}"), err
 
 
 def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_path):
