@@ -49,15 +49,37 @@ def test_shared_flags_exist_once_and_reach_both_components():
 
 
 # --------------------------------------------------------------------------- real runs
-def test_reported_metrics_agree_with_the_checkpoints(tiny, tmp_path):
-    save = tmp_path / "run"
-    k, t0, gamma = 0.5, 6.0, 500.0
-    rc, log = tiny.train(save, *CRIT, "--recadam-anneal-k", str(k), "--recadam-anneal-t0", str(t0),
-                         "--recadam-pretrain-cof", str(gamma), "--log-format", "json", "--log-interval", "4",
-                         "--save-interval-updates", "4", "--keep-interval-updates", "-1",
-                         "--best-checkpoint-metric", "mcc", "--maximize-best-checkpoint-metric",
-                         "--validate-interval-updates", "4", validate=True)
-    inner = json_records(log, "train_inner")
+K, T0, GAMMA = 0.5, 6.0, 500.0
+
+
+@pytest.fixture(scope="module")
+def json_runs(tiny, tmp_path_factory):
+    """recadam (with the forgetting meter's probe) and adam, json logs every 2 updates, validation and
+    interval checkpoints every 4: for the metrics test and the plot test."""
+    from recadam_fairseq.tools import binarize_probe
+
+    root = tmp_path_factory.mktemp("json")
+    probe = str(root / "probe")  # the forgetting meter's panel: the recadam run has it
+    binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
+                         os.path.join(tiny.root, "lm-bin", "dict.txt"), "--out", probe])
+    runs = {}
+    for name, flags, opt in (("recadam", ["--recadam-anneal-k", str(K), "--recadam-anneal-t0", str(T0),
+                                          "--recadam-pretrain-cof", str(GAMMA), "--forgetting-probe", probe,
+                                          "--save-interval-updates", "4", "--keep-interval-updates", "-1",
+                                          "--best-checkpoint-metric", "mcc", "--maximize-best-checkpoint-metric"],
+                              "recadam"),
+                             ("adam", [], "adam")):
+        rc, log = tiny.train(root / name, *CRIT, *flags, "--log-format", "json", "--log-interval", "2",
+                             "--validate-interval-updates", "4", optimizer=opt, validate=True)
+        (root / name / "json.log").write_text(log)
+        runs[name] = (root / name, log)
+    return runs
+
+
+def test_reported_metrics_agree_with_the_checkpoints(json_runs):
+    save, log = json_runs["recadam"]
+    k, t0, gamma = K, T0, GAMMA
+    inner = [x for x in json_records(log, "train_inner") if int(x["num_updates"]) % 4 == 0]  # the saved updates
     assert [int(x["num_updates"]) for x in inner] == [4, 8, 12]
     for x in inner:
         n = int(x["num_updates"])
@@ -142,21 +164,10 @@ def test_coupled_objective_will_not_resume_toward_finetuned_weights(tiny, tmp_pa
     assert rc != 0 and "FINE-TUNED" in log and "--recadam-pretrained-path" in log
 
 
-def test_plot_run_renders_real_logs(tiny, tmp_path):
+def test_plot_run_renders_real_logs(json_runs, tmp_path):
     from conftest import plot_run
-    from recadam_fairseq.tools import binarize_probe
 
-    probe = str(tmp_path / "probe")  # the forgetting meter's panel: the recadam run has it
-    binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
-                         os.path.join(tiny.root, "lm-bin", "dict.txt"), "--out", probe])
-    logs = []
-    for name, flags, opt in (("recadam", ["--recadam-pretrain-cof", "500", "--recadam-anneal-t0", "6",
-                                          "--forgetting-probe", probe], "recadam"),
-                             ("adam", [], "adam")):
-        rc, log = tiny.train(tmp_path / name, *CRIT, *flags, "--log-format", "json", "--log-interval", "2",
-                             "--validate-interval-updates", "4", optimizer=opt, validate=True)
-        (tmp_path / name / "json.log").write_text(log)
-        logs.append(str(tmp_path / name / "json.log"))
+    logs = [str(json_runs[name][0] / "json.log") for name in ("recadam", "adam")]
     out = tmp_path / "runs.png"
     fig = plot_run.plot(logs, ["recadam", "adam"], str(out))
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
