@@ -732,6 +732,8 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
         if budget == max(forgot.values()):
             assert (row["metric"], float(row["best"]), int(row["best_update"])) == ("bleu", bleu["valid"][at], at)
             assert float(row["forgetting"]) == pytest.approx(forgot[at]) and row["forgetting_metric"] == "BLEU on test"
+            md = (tmp_path / "sum" / "summary.md").read_text()  # not GLUE's page: no GLUE average, BLEU named
+            assert md.startswith("# Dev results\n") and "GLUE avg" not in md and " | bleu | " in md, md
         else:
             assert row["best"] == "" and row["note"].startswith("every validation forgot more than --forgetting-budget")
     # the catalogue's seq2seq criterion and RecAdam's knobs, the checkpoint's architecture, in command.sh

@@ -302,8 +302,8 @@ def summarize(runs):
         rows.append(t)
         if t == "MNLI" and any((MM, m) in cells for m in methods):
             rows.append(MM)
-    for m in methods:
-        scores = [cells[(t, m)]["mean"] for t in tasks if (t, m) in cells]
+    for m in methods:  # GLUE's average: of GLUE tasks only (a translation run's BLEU is not averaged in)
+        scores = [cells[(t, m)]["mean"] for t in tasks if (t, m) in cells and t in glue_tasks.TASKS]
         if scores:
             cells[("GLUE avg", m)] = {"mean": statistics.fmean(scores), "std": None, "n": len(scores),
                                       "config": f"{len(scores)} tasks", "k": "", "t0": "", "metric": ""}
@@ -395,8 +395,11 @@ def main(argv=None):
     # summary.csv: task x method
     fields = ["task", "metric"] + [f"{m}_{x}" for m in methods for x in ("mean", "std", "n", "config")]
     table = []
-    for row in rows + ["GLUE avg"]:
-        line = {"task": row, "metric": {MM: "accuracy", "GLUE avg": ""}.get(row, primary_metric(row))}
+    avg = ["GLUE avg"] if any(("GLUE avg", m) in cells for m in methods) else []
+    for row in rows + avg:
+        metric = next((cells[(row, m)]["metric"] for m in methods if (row, m) in cells), None)
+        line = {"task": row, "metric": {MM: "accuracy", "GLUE avg": ""}.get(
+            row, primary_metric(row) if row in glue_tasks.TASKS or metric is None else metric)}
         for m in methods:
             c = cells.get((row, m))
             if c:
@@ -408,12 +411,14 @@ def main(argv=None):
     # summary.md
     n_done = sum(r["status"] == "done" for r in runs)
     unfinished = [r for r in runs if r["status"] != "done"]
-    md = ["# GLUE dev results", "",
+    glue_only = all(t in glue_tasks.TASKS for t in tasks)
+    md = ["# GLUE dev results" if glue_only else "# Dev results", "",
           f"`{root}`: {len(runs)} run{'s' if len(runs) != 1 else ''}, {n_done} finished, {len(unfinished)} unfinished"
           + (" (counted: --include-unfinished)" if args.include_unfinished and unfinished else ""), "",
           "Best dev score over each run's validations (CoLA: mcc; MRPC, QQP: f1; STS-B: pearson; the others: "
-          "accuracy; MNLI: matched, MNLI-mm: mismatched, not in the average), mean ± std over seeds of the best "
-          "config per task and method (by mean).", ""]
+          "accuracy; MNLI: matched, MNLI-mm: mismatched, not in the average" + ("" if glue_only else
+          "; other tasks: the metric the run names, such as translation's bleu, not in GLUE's average")
+          + "), mean ± std over seeds of the best config per task and method (by mean).", ""]
     if methods:
         md += ["| task | metric | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
         for line in table:
@@ -422,7 +427,7 @@ def main(argv=None):
             for m in methods:
                 c = cells.get((row, m))
                 if row == "GLUE avg":
-                    n_all = len(tasks)
+                    n_all = sum(t in glue_tasks.TASKS for t in tasks)
                     texts.append("–" if c is None else f"{c['mean']:.2f}" + ("" if c["n"] == n_all else f" ({c['n']}/{n_all} tasks)"))
                 else:
                     texts.append(cell_text(c))
