@@ -107,6 +107,10 @@ def mt(pair):
                                  "--label-smoothing", "0.1", "--recadam-anneal-w", "0", "--layer-lr-decay", "0.9",
                                  "--child-tuning", "D", "--child-tuning-ratio", "0.3", updates=1),
     }
+    # the coupled objective (fairseq's adam, the penalty in the loss), an interval checkpoint at update 2
+    jobs["coupled"] = finetune_args(setup, root / "coupled", "--criterion", "label_smoothed_cross_entropy_recadam",
+                                    "--label-smoothing", "0.1", "--recadam-objective", "coupled", "--optimizer", "adam",
+                                    "--save-interval-updates", "2", "--keep-interval-updates", "-1", updates=3)
     # the pretrained checkpoint under a wider --arch: one line before training
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
@@ -151,7 +155,7 @@ def mt(pair):
 
     # two at a time; a run that needs another's checkpoint follows it in the same worker
     chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16", "rdrop_plain"), ("llrd_cd", "dist_one"),
-              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), ("fsam_ctf",), ("wider",)]
+              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), ("fsam_ctf", "coupled"), ("wider",)]
     steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
              "bart_pre": lambda: train(root / "bart_pre", bart_pre), "dist_two": two_ranks}
 
@@ -489,6 +493,26 @@ def test_a_checkpoint_of_another_architecture_stops_in_one_line(mt):
                    f"torch.Size([100, 32]) from checkpoint, the shape in current model is torch.Size([100, 64])); "
                    f"give the checkpoint's architecture flags")
     assert not os.listdir(mt.root / "wider")  # nothing saved
+
+
+def test_the_coupled_objective_through_fairseq_train(mt):
+    """fairseq's adam with the coupled criterion: θ* from --finetune-from-model; λ(t) as annealed; the distance the
+    criterion logs at update 3 is Σ(θ−θ*)² of the weights update 2 saved (the tied embeddings once)."""
+    import math
+
+    log = mt.runs["coupled"][1]
+    assert "recadam (coupled objective): pretrained weights θ* from " in log, log[-3000:]
+    inner = {int(x["num_updates"]): x for x in json_records(log, "train_inner")}
+    assert sorted(inner) == [1, 2, 3]
+    for n, x in inner.items():
+        assert float(x["recadam_lambda"]) == pytest.approx(1 / (1 + math.exp(-0.5 * (n - 4))), rel=1e-5)
+    assert float(inner[1]["recadam_dist"]) == 0  # update 1's forward sees θ*
+    pre = pretrained(mt)
+    at2 = load_ckpt(os.path.join(mt.root, "coupled", "checkpoint_1_2.pt"))["model"]
+    tied = {"decoder.embed_tokens.weight", "decoder.output_projection.weight"}  # --share-all-embeddings
+    dist = sum(((at2[k].double() - pre[k].double()) ** 2).sum().item() for k in pre
+               if pre[k].is_floating_point() and k not in tied)
+    assert dist > 0 and float(inner[3]["recadam_dist"]) == pytest.approx(dist, rel=1e-4)
 
 
 def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
