@@ -632,6 +632,10 @@ def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
     cfg, task = _start(pair, "--arch", "roberta_ft_base")
     with pytest.raises(ConfigError, match=r"^--arch roberta_ft_base: the roberta_ft models are RoBERTa encoders"):
         task.build_model(cfg.model)
+    cfg, task = _start(pair, "--arch", "ca_mtl_roberta")
+    with pytest.raises(ConfigError, match=r"^--arch ca_mtl_roberta: CA-MTL is a RoBERTa encoder for sentence "
+                                          r"classification; --task translation needs an encoder-decoder"):
+        task.build_model(cfg.model)
     check_bleu(task, "loss", False)  # no --eval-bleu, not its metric: nothing to check
     with pytest.raises(ConfigError, match=r"^--best-checkpoint-metric bleu: fairseq computes BLEU only with --eval-bleu"):
         check_bleu(task, "bleu", True)

@@ -25,6 +25,7 @@ from fairseq.models.transformer import TransformerConfig, TransformerEncoder
 from fairseq.modules.checkpoint_activations import checkpoint_wrapper
 from fairseq.modules.transformer_layer import TransformerEncoderLayerBase
 from fairseq.modules.transformer_sentence_encoder import init_bert_params
+from fairseq.tasks.translation import TranslationTask
 from fairseq.utils import safe_getattr, safe_hasattr
 from torch import Tensor
 
@@ -257,6 +258,10 @@ class CaMtlRobertaModel(RobertaModel):
     def build_model(cls, args, task):
         """RobertaModel.build_model with the conditioned encoder; tasks from ``task.mt_task_names``."""
         from omegaconf import OmegaConf
+
+        if isinstance(task, TranslationTask):  # else a TypeError deep in RoBERTa's positional embeddings
+            raise ConfigError(f"--arch {args.arch}: CA-MTL is a RoBERTa encoder for sentence classification; "
+                              f"--task translation needs an encoder-decoder (transformer*, bart_*)")
 
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
