@@ -112,7 +112,9 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
     per_example = (per_example_loss_of(criterion) or masked_lm_per_example(criterion)
                    or seq2seq_per_example(criterion))
     if per_example is None:
-        raise ConfigError(f"--ewc-fisher task: criterion {type(criterion).__name__} gives no per-example loss; use "
+        from .optim.sam_support import criterion_name
+
+        raise ConfigError(f"--ewc-fisher task: --criterion {criterion_name(criterion)} gives no per-example loss; use "
                           f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask), "
                           f"masked_lm, label_smoothed_cross_entropy (translation), or a Fisher file of scripts/fisher.py")
     named = trainable_named_parameters(inner)

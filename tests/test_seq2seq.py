@@ -690,7 +690,7 @@ def test_methods_that_do_not_apply_to_translation_stop_in_one_line(pair, capsys)
     assert str(e.value) == (
         "--sam-type esam: ESAM's data selection needs one loss per example, which the single-task sentence_prediction "
         "criteria give (fairseq's sentence_prediction, sentence_prediction_recadam, sentence_prediction_r3f); "
-        "--criterion LabelSmoothedCrossEntropyRecAdamCriterion does not. Use --sam-type sam/gsam/fisher-sam/fisher-gsam")
+        "--criterion label_smoothed_cross_entropy_recadam does not. Use --sam-type sam/gsam/fisher-sam/fisher-gsam")
     cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_recadam",
                        "--recadam-objective", "coupled", "--ewc-fisher", "task")
     with pytest.raises(ConfigError) as e:

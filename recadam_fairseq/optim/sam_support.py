@@ -49,6 +49,13 @@ def add_sam(optimizer: events.LoopOptimizer, cfg, seed: int = 1) -> Optional[SAM
     return controller
 
 
+def criterion_name(criterion) -> str:
+    """The --criterion name fairseq registered the criterion's class under (its class name if none)."""
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    return next((n for n, c in CRITERION_REGISTRY.items() if c is type(criterion)), type(criterion).__name__)
+
+
 def connect(controller: SAMController) -> None:
     """Meet the criterion and the model at the criterion's first training call; follow its forwards from then on."""
 
@@ -58,7 +65,7 @@ def connect(controller: SAMController) -> None:
             raise ConfigError(
                 f"--sam-type {controller.sam_type}: ESAM's data selection needs one loss per example, which the "
                 f"single-task sentence_prediction criteria give (fairseq's sentence_prediction, "
-                f"sentence_prediction_recadam, sentence_prediction_r3f); --criterion {type(criterion).__name__} "
+                f"sentence_prediction_recadam, sentence_prediction_r3f); --criterion {criterion_name(criterion)} "
                 f"does not. Use --sam-type sam/gsam/fisher-sam/fisher-gsam")
         controller.attach(args[0], per_example, events.loss_scale, select_examples)
         events.forward_hooks(criterion, controller.before_forward, controller.after_forward)
