@@ -24,7 +24,7 @@ from .core import ewc
 from .core.anchor import trainable_named_parameters
 from .core.errors import ConfigError
 from .core.wrappers import unwrap_model
-from .criterions.glue_core import per_example_loss_of
+from .criterions.glue_core import criterion_name, per_example_loss_of
 
 logger = logging.getLogger(__name__)
 
@@ -112,8 +112,6 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
     per_example = (per_example_loss_of(criterion) or masked_lm_per_example(criterion)
                    or seq2seq_per_example(criterion))
     if per_example is None:
-        from .optim.sam_support import criterion_name
-
         raise ConfigError(f"--ewc-fisher task: --criterion {criterion_name(criterion)} gives no per-example loss; use "
                           f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask), "
                           f"masked_lm, label_smoothed_cross_entropy (translation), or a Fisher file of scripts/fisher.py")

@@ -88,6 +88,14 @@ def per_example_loss_of(criterion):
     return None
 
 
+def criterion_name(criterion) -> str:
+    """The --criterion name fairseq registered the criterion's class under (its class name if none): what a
+    one-line error about a criterion (no per-example loss, above) names."""
+    from fairseq.criterions import CRITERION_REGISTRY
+
+    return next((n for n, c in CRITERION_REGISTRY.items() if c is type(criterion)), type(criterion).__name__)
+
+
 # --------------------------------------------------------------------------- what a batch logs
 def label_values(label_dict, k: int):
     """Label id -> the integer its label names (GLUE's "0"/"1"), or None unless they are 0..k-1."""

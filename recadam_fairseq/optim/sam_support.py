@@ -18,7 +18,7 @@ from ..config import SAMHyperparams, lr_values
 from ..core.errors import ConfigError
 from ..core.sam import validate_sam_hparams
 from ..core.sam_controller import SAMController, subset
-from ..criterions.glue_core import per_example_loss_of
+from ..criterions.glue_core import criterion_name, per_example_loss_of
 from ..report import log_sam_metrics
 
 logger = logging.getLogger(__name__)
@@ -47,13 +47,6 @@ def add_sam(optimizer: events.LoopOptimizer, cfg, seed: int = 1) -> Optional[SAM
     optimizer.listen(STATE_KEY, controller)
     connect(controller)
     return controller
-
-
-def criterion_name(criterion) -> str:
-    """The --criterion name fairseq registered the criterion's class under (its class name if none)."""
-    from fairseq.criterions import CRITERION_REGISTRY
-
-    return next((n for n, c in CRITERION_REGISTRY.items() if c is type(criterion)), type(criterion).__name__)
 
 
 def connect(controller: SAMController) -> None:
