@@ -148,10 +148,10 @@ def test_fisher_segments_stay_on_the_eager_path():
     opt.set_anchor(q, torch.ones(big))
     opt.set_fisher(q, torch.ones(big))
     p.grad, q.grad = torch.ones(big), torch.ones(big)
-    compiled, eager = opt._gather(opt.param_groups[0], True)
-    assert [e.seg.p.numel() for segs in compiled.values() for e in segs] == [big]
-    assert all(e.seg.fisher is None for segs in compiled.values() for e in segs)
-    assert [s.fisher is not None for segs in eager.values() for s in segs] == [True]
+    plan = opt._plan(opt.param_groups[0], [p.grad, q.grad], True)
+    # compiled: p alone, whole; eager: q (tensor 1), with its F
+    assert [(x.data_ptr(), x.numel()) for b in plan.compiled for x in b.ps] == [(p.data_ptr(), big)]
+    assert [(i, f is not None) for b in plan.eager for i, *_, f in b.entries] == [(1, True)]
 
 
 def test_fisher_state_round_trip_and_bad_values():

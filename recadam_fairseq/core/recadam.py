@@ -123,11 +123,6 @@ class Kind(NamedTuple):
     device: torch.device
 
 
-class Scaled(NamedTuple):
-    seg: Segment
-    lr_scale: float
-
-
 _STEP = operator.itemgetter("step")
 _FLAT = "flat"  # a plan's gradient span: the whole tensor, flattened
 
@@ -550,7 +545,7 @@ class RecAdam(Optimizer):
             self._step_group(group, i)
         return loss
 
-    def _step_group(self, group: dict, index: int = -1) -> None:
+    def _step_group(self, group: dict, index: int) -> None:
         """(a) this step's plan: the group's cached one while it holds (``_Plan.holds``), else made anew;
         (b) run it: the compiled kernels, then the eager ones."""
         fused = self._fused_here(group)
@@ -560,7 +555,7 @@ class RecAdam(Optimizer):
             plan.advance()
         else:
             plan = self._plan(group, grads, fused)
-            if plan.cacheable and index >= 0:
+            if plan.cacheable:
                 self._plans[index] = plan
             else:
                 self._plans.pop(index, None)
@@ -602,15 +597,6 @@ class RecAdam(Optimizer):
                      [_CompiledBucket(step, kind, entries) for (step, kind), entries in compiled.items()],
                      [_EagerBucket(step, kind, scale, entries) for (step, kind, scale), entries in eager.items()],
                      cacheable)
-
-    def _gather(self, group: dict, fused: bool):
-        """This step's segments as (compiled: {Kind: [Scaled]}, eager: {(Kind, lr scale): [Segment]})."""
-        grads = [p.grad for p in group["params"]]
-        plan = self._plan(group, grads, fused)
-        return ({Kind(b.step, *b.kind): [Scaled(Segment(p, g, m, v, a), c) for p, g, m, v, a, c in
-                                         zip(b.ps, _grads(grads, b.srcs), b.ms, b.vs, b.anchors, b.scales)]
-                 for b in plan.compiled},
-                {(Kind(b.step, *b.kind), b.scale): [_materialize(e, grads) for e in b.entries] for b in plan.eager})
 
     # ----------------------------------------------------------------- (b) running a plan
     def _run(self, group: dict, plan: "_Plan", grads: list) -> None:
