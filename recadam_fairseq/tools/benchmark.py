@@ -189,11 +189,10 @@ class PerCall:
             fused.MULTI_MIN_SEGMENTS = saved
 
 
-class Combo:
-    """recadam whose multi-tensor program is compiled with inductor's combo kernels (horizontal fusion
-    of the per-tensor kernels into few launches, Triton only): whether it pays is for the GPU to say."""
+class FusedSettings:
+    """recadam with some of fused.py's module settings (``settings``) set around each step."""
 
-    settings = dict(MANY_OPTIONS={"combo_kernels": True})  # fused.py's, around each step
+    settings: dict = {}
 
     def __init__(self, w: Workload):
         self.opt = build_recadam(w)
@@ -211,7 +210,14 @@ class Combo:
                 setattr(fused, name, value)
 
 
-class Graphed(Combo):
+class Combo(FusedSettings):
+    """recadam whose multi-tensor program is compiled with inductor's combo kernels (horizontal fusion
+    of the per-tensor kernels into few launches, Triton only): whether it pays is for the GPU to say."""
+
+    settings = dict(MANY_OPTIONS={"combo_kernels": True})
+
+
+class Graphed(FusedSettings):
     """recadam whose multi-tensor program is captured once in a CUDA graph and replayed (fused.CUDA_GRAPH):
     the workload's gradients stay where they are, as a training loop's do when the allocator hands the
     backward pass the same blocks each step. The same as recadam on the CPU and on the flat layout."""
@@ -219,7 +225,7 @@ class Graphed(Combo):
     settings = dict(CUDA_GRAPH=True)
 
 
-class GraphedAll(Combo):
+class GraphedAll(FusedSettings):
     """recadam-cudagraph with the small tensors in the graph too (no eager _foreach_ kernels, whose host time
     is then what is left; each small tensor adds a graph node of GPU time instead)."""
 
