@@ -240,10 +240,10 @@ _SINGLE: Tuple[Method, ...] = (
     Method("ewc", "EWC: the coupled objective with the penalty weighted by the task's diagonal Fisher at θ*, "
            "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS,
            criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
-           criterion_fixed=("--ewc-fisher", "task"), base="recadam-coupled", page="ewc.md"),
+           criterion_fixed=("--ewc-fisher", "task"), base="recadam-coupled", multitask=True, page="ewc.md"),
     Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "
            "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS, optimizer_fixed=("--ewc-fisher", "task"),
-           base="recadam", page="ewc.md"),
+           base="recadam", multitask=True, page="ewc.md"),
     Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
            knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
            refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md"),

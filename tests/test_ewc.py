@@ -265,7 +265,7 @@ def runs(tiny, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ewc")
     task_file = str(root / "fisher.pt")
-    assert tool.main(["--out", task_file, "--examples", "16", "--", tiny.cls_bin, *TRAIN_ARGS,
+    assert tool.main(["--out", task_file, "--examples", "32", "--", tiny.cls_bin, *TRAIN_ARGS,
                       "--restore-file", tiny.pretrained]) == 0
     raw = torch.load(task_file)
     ones = str(root / "ones.pt")
@@ -325,6 +325,21 @@ def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
             assert torch.equal(v, sb[i][n]) if torch.is_tensor(v) else v == sb[i][n]
     plain = load_ckpt(runs["root"] / "plain" / "checkpoint_last.pt")["model"]
     assert any(not torch.equal(v, straight["model"][k]) for k, v in plain.items())  # F changed the run
+
+
+def test_fisher_file_is_the_task_runs_f(runs):
+    """scripts/fisher.py at the run's --seed (a new classifier head drawn as fairseq-train draws it) writes the F that
+    --ewc-fisher task computes in that run: normalised, bit for bit."""
+    run = load_ckpt(runs["root"] / "task" / "checkpoint_last.pt")
+    names = [n for n, p in run["model"].items() if n in torch.load(runs["task_file"])["fisher"]]
+    raw = torch.load(runs["task_file"])
+    assert raw["examples"] == 32
+    got = [st["fisher"] for st in run["last_optimizer_state"]["state"].values() if "fisher" in st]
+    anchored = [n for n in names if "classification_heads" not in n]
+    want, _ = ewc.normalise(raw["fisher"], anchored, "--ewc-fisher")
+    assert len(got) == len(anchored)
+    for g, n in zip(got, anchored):
+        assert torch.equal(g, want[n].reshape(g.shape)), n
 
 
 def test_two_ranks_sum_their_examples_fisher(runs):

@@ -822,14 +822,16 @@ def _probe_and_target_sentences(data, task):
 
 @pytest.fixture(scope="module")
 def tasks_pipeline(tmp_path_factory, converted):
-    """run.py on tweets and nli (adam, 2 updates) and the multi-task setting on all three tasks (CA-MTL
-    with RecAdam, 3 updates), in one work directory, on tiny subsets of the real data."""
+    """run.py on tweets (adam) and nli (RecAdam-EWC, its Fisher of 8 examples), 2 updates, and the multi-task
+    setting on all three tasks (CA-MTL with RecAdam, 3 updates), in one work directory, on tiny subsets of the
+    real data."""
     work = tmp_path_factory.mktemp("tasks")
     common = ["--work", str(work), "--sdist-dir", sdists(tmp_path_factory), "--pretrained-dir", converted,
               "--train-size", "32", "--test-size", "24", "--snli-pairs", "16", "--batch-size", "16",
               "--log-interval", "1", "--seeds", "3", "--early-every", "0", "--interpolate", "0.5"]
-    res = {t: cli.main(common + ["--task", t, "--results", str(work / t), "--updates", "2",
-                                        "--methods", "adam"]) for t in ("tweets", "nli")}
+    res = {t: cli.main(common + ["--task", t, "--results", str(work / t), "--updates", "2", "--methods", m,
+                                 "--fisher-examples", "8"])
+           for t, m in (("tweets", "adam"), ("nli", "recadam-ewc:k=0.5,t0=1"))}
     res["multi"] = cli.main(common + ["--task", "multi", "--results", str(work / "multi"), "--updates", "3",
                                              "--methods", "recadam-ca-mtl:k=0.5,t0=1,freeze=3"])
     return work, res
@@ -861,6 +863,16 @@ def test_task_data_and_run(tasks_pipeline, task):
     assert abs(run["fairseq_valid_accuracy"] - run["target_accuracy"]) <= 0.0011
     assert [p["alpha"] for p in run["interpolated"]] == [0.5]
     assert res[task]["complete"] and f"**{task}**" not in (work / f"{task}.md").read_text()
+    if task == "nli":  # EWC's F: one file of scripts/fisher.py for the task's EWC runs, recorded with the results
+        record = res[task]["data"]["ewc_fisher"]
+        out = record["command"][record["command"].index("--out") + 1]
+        assert record["command"][:5] == ["fisher.py", "--out", out, "--examples", "8"]
+        assert cmd[cmd.index("--ewc-fisher") + 1] == out == str(work / "runs-nli" / "ewc-fisher" / "fisher-8.pt")
+        assert torch.load(out)["examples"] == 8
+        log = (work / "runs-nli" / run["name"] / "seed3" / "train.log").read_text()
+        assert f"ewc: F from --ewc-fisher {out}" in log
+    else:
+        assert "ewc_fisher" not in res[task]["data"]
 
 
 def test_multitask_setting(tasks_pipeline):

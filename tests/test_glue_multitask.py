@@ -862,3 +862,30 @@ def test_own_task_errors(mt, own, tmp_path):
     task = setup(mt, data=tmp_path, mt_tasks="snli3,cola,Movie-Sent")
     assert task.mt_task_names == ["snli3", "CoLA", "Movie-Sent"] and task.num_classes == [3, 2, 2]
     assert task.head_names == ["snli3", "cola", "movie_sent"]
+
+
+def test_per_example_losses_are_each_example_alone_and_feed_ewc_task_fisher(mt):
+    """glue_multitask's per-example losses (EWC's --ewc-fisher task) on a batch mixing the four heads, STS-B's
+    regression included, in float64: each is that example's loss computed alone through the criterion, and
+    they sum to the batch's; task_fisher takes them (a Fisher of 12 examples, finite, not all zero)."""
+    from recadam_fairseq.fisher_source import task_fisher
+    from recadam_fairseq.tools import fisher as tool
+
+    cfg, task, model, criterion = tool.setup(mt_args(mt, mt.root / "unused"))
+    model = model.double().eval()
+    data = task.dataset("train")  # 3 examples of each task in one batch (the sampler's batches hold one task)
+    batch = data.collater([data[int(o) + j] for j in range(3) for o in data.offsets])
+    assert batch["task_ids"].tolist() == list(range(len(TASKS))) * 3  # interleaved: positions matter
+    losses = criterion.per_example_loss(model, batch)
+    F = torch.nn.functional
+    for i, idx in enumerate(batch["id"].tolist()):
+        one = data.collater([data[idx]])
+        t = int(one["task_ids"][0])
+        logits = model.classification_heads[HEADS[t]](model(**one["net_input"], features_only=True)[0])
+        y = one["target"].view(-1)
+        want = F.mse_loss(logits.view(-1), y.double()) if HEADS[t] == "sts_b" else F.cross_entropy(logits, y.long())
+        torch.testing.assert_close(losses[i], want, rtol=1e-12, atol=0)
+    torch.testing.assert_close(losses.sum().float(), criterion(model, batch)[2]["target_loss"])  # fp32 there
+    fisher, n = task_fisher(criterion, model, tool.batches_cfg(cfg), 12)
+    assert n == 12 and all(torch.isfinite(f).all() for f in fisher.values())
+    assert sum(float(f.sum()) for f in fisher.values()) > 0

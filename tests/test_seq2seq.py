@@ -10,9 +10,10 @@ fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recompu
 --eval-bleu-start's BLEU at θ* (with bleu_delta = bleu − start in the json log and TensorBoard, training
 unchanged by the flag, read back on resume); LLRD's scales
 and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
-anchored once), with SAM and EWC's task F (recomputed here); FSAM with ChildTuning-F over samsgd
+anchored once), with SAM and EWC's task F (recomputed here); the coupled objective with EWC's task F (the
+file of scripts/fisher.py); FSAM with ChildTuning-F over samsgd
 (never-kept elements stay at θ*); WiSE-FT of a translation checkpoint; bad --eval-bleu settings, GLUE
-components and the methods that do not apply (ESAM, the coupled --ewc-fisher task, the roberta_ft flags) stop
+components and the methods that do not apply (ESAM, the roberta_ft flags) stop
 in one line before training (in-process; one fairseq-train launch for the error hook); scripts/seq2seq/finetune.sh
 resumes a killed run and ends with BLEU on both subsets and the forgetting in BLEU, which summarize.py
 --forgetting-budget reads.
@@ -54,6 +55,9 @@ RECADAM = ["--optimizer", "recadam", "--recadam-pretrain-cof", "500", "--recadam
            "--recadam-anneal-t0", "4"]
 CT_F = ["--child-tuning", "F", "--child-tuning-ratio", "0.5"]
 SAM_RHO, FSAM_KEEP = 0.05, 0.1
+
+
+COUPLED_EWC = ("--ewc-fisher", "task", "--ewc-fisher-examples", "16")
 
 
 def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tiny_mt.TINY_ARCH,
@@ -107,10 +111,11 @@ def mt(pair):
                                  "--label-smoothing", "0.1", "--recadam-anneal-w", "0", "--layer-lr-decay", "0.9",
                                  "--child-tuning", "D", "--child-tuning-ratio", "0.3", updates=1),
     }
-    # the coupled objective (fairseq's adam, the penalty in the loss), an interval checkpoint at update 2
+    # the coupled objective with EWC's task F (fairseq's adam, the penalty in the loss), a checkpoint at update 2
     jobs["coupled"] = finetune_args(setup, root / "coupled", "--criterion", "label_smoothed_cross_entropy_recadam",
                                     "--label-smoothing", "0.1", "--recadam-objective", "coupled", "--optimizer", "adam",
-                                    "--save-interval-updates", "2", "--keep-interval-updates", "-1", updates=3)
+                                    *COUPLED_EWC, "--save-interval-updates", "2", "--keep-interval-updates", "-1",
+                                    updates=3)
     # the pretrained checkpoint under a wider --arch: one line before training
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
@@ -496,9 +501,13 @@ def test_a_checkpoint_of_another_architecture_stops_in_one_line(mt):
 
 
 def test_the_coupled_objective_through_fairseq_train(mt):
-    """fairseq's adam with the coupled criterion: θ* from --finetune-from-model; λ(t) as annealed; the distance the
-    criterion logs at update 3 is Σ(θ−θ*)² of the weights update 2 saved (the tied embeddings once)."""
+    """fairseq's adam with the coupled criterion and EWC's --ewc-fisher task: θ* from --finetune-from-model; λ(t) as
+    annealed; the distance the criterion logs at update 3 is Σ F·(θ−θ*)² of the weights update 2 saved (the tied
+    embeddings once), F the file scripts/fisher.py writes for the same data, seed and 16 sentences, normalised."""
     import math
+
+    from recadam_fairseq.core import ewc
+    from recadam_fairseq.tools import fisher as tool
 
     log = mt.runs["coupled"][1]
     assert "recadam (coupled objective): pretrained weights θ* from " in log, log[-3000:]
@@ -507,12 +516,22 @@ def test_the_coupled_objective_through_fairseq_train(mt):
     for n, x in inner.items():
         assert float(x["recadam_lambda"]) == pytest.approx(1 / (1 + math.exp(-0.5 * (n - 4))), rel=1e-5)
     assert float(inner[1]["recadam_dist"]) == 0  # update 1's forward sees θ*
+    assert "ewc: F from --ewc-fisher task (empirical Fisher of 16 training examples at θ*)" in log
     pre = pretrained(mt)
     at2 = load_ckpt(os.path.join(mt.root, "coupled", "checkpoint_1_2.pt"))["model"]
     tied = {"decoder.embed_tokens.weight", "decoder.output_projection.weight"}  # --share-all-embeddings
-    dist = sum(((at2[k].double() - pre[k].double()) ** 2).sum().item() for k in pre
-               if pre[k].is_floating_point() and k not in tied)
+    out = os.path.join(mt.root, "coupled-fisher.pt")
+    args = finetune_args(mt.setup, mt.root / "unused", "--criterion", "label_smoothed_cross_entropy",
+                         "--label-smoothing", "0.1", "--restore-file", os.path.join(mt.setup, "pretrained.pt"))
+    assert tool.main(["--out", out, "--examples", "16", "--", *args]) == 0
+    raw = torch.load(out)["fisher"]  # every trainable tensor, each once
+    names = list(raw)
+    assert set(names) < set(pre) and not tied & set(names)
+    f, _ = ewc.normalise(raw, names, "file")
+    dist = sum((f[k].double() * (at2[k].double() - pre[k].double()) ** 2).sum().item() for k in names)
+    plain = sum(((at2[k].double() - pre[k].double()) ** 2).sum().item() for k in names)
     assert dist > 0 and float(inner[3]["recadam_dist"]) == pytest.approx(dist, rel=1e-4)
+    assert abs(dist - plain) > 1e-2 * plain  # F weighed it
 
 
 def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
@@ -670,8 +689,7 @@ def test_checks_before_training_of_bleu_and_of_the_roberta_models(pair):
 
 def test_methods_that_do_not_apply_to_translation_stop_in_one_line(pair, capsys):
     """ESAM (its selection needs one loss per example) at the criterion's first training call, with samsgd built
-    as fairseq-train builds it; the coupled objective's --ewc-fisher task when its criterion is built; Mixout, LoRA
-    and re-init (flags of the roberta_ft models) in fairseq's own parser."""
+    as fairseq-train builds it; Mixout, LoRA and re-init (flags of the roberta_ft models) in fairseq's own parser."""
     from fairseq.optim import build_optimizer
 
     from recadam_fairseq.core.errors import ConfigError
@@ -691,12 +709,6 @@ def test_methods_that_do_not_apply_to_translation_stop_in_one_line(pair, capsys)
         "--sam-type esam: ESAM's data selection needs one loss per example, which the single-task sentence_prediction "
         "criteria give (fairseq's sentence_prediction, sentence_prediction_recadam, sentence_prediction_r3f); "
         "--criterion label_smoothed_cross_entropy_recadam does not. Use --sam-type sam/gsam/fisher-sam/fisher-gsam")
-    cfg, task = _start(pair, *tiny_mt.TINY_ARCH, "--criterion", "label_smoothed_cross_entropy_recadam",
-                       "--recadam-objective", "coupled", "--ewc-fisher", "task")
-    with pytest.raises(ConfigError) as e:
-        task.build_criterion(cfg.criterion)
-    assert str(e.value) == ("--ewc-fisher task: needs one loss per example, which label_smoothed_cross_entropy_recadam "
-                            "does not give; write the Fisher once with scripts/fisher.py and pass the file")
     for flags in (["--mixout", "0.9"], ["--lora-rank", "8"], ["--reinit-layers", "2"]):
         capsys.readouterr()
         with pytest.raises(SystemExit) as e:

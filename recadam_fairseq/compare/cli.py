@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from recadam_fairseq.compare import data, methods, plan, prepare, pretrained
+from recadam_fairseq.compare import data, ewc_fisher, methods, plan, prepare, pretrained
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.files import ROOT, read_json, task_dirs
 from recadam_fairseq.compare.methods import fmt
@@ -127,6 +127,9 @@ def build_parser():
     ap.add_argument("--interpolate", type=float, nargs="*", default=list(DEFAULT_ALPHAS), metavar="ALPHA",
                     help="also measure every run's final checkpoint mixed with the pretrained weights, "
                          "(1 − α)·θ* + α·θ (WiSE-FT, docs/wise-ft.md), at these α in [0, 1); no value: off")
+    ap.add_argument("--fisher-examples", type=int, default=1024,
+                    help="ewc, recadam-ewc: the examples of the target's training set in EWC's Fisher at θ*, one file "
+                         "per task shared by their runs (recadam_fairseq/compare/ewc_fisher.py); 0: all")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep the measured checkpoints")
     ap.add_argument("--report-only", action="store_true",
                     help="start no run: write the table and plot from the runs finished so far (a partial table says so)")
@@ -164,6 +167,8 @@ def parse_args(argv=None):
         args.early_every = args.updates // 5
     if args.early_every < 0 or args.early_every >= args.updates and args.early_every:
         ap.error(f"--early-every {args.early_every}: must be in 1..{args.updates - 1} (--updates), or 0")
+    if args.fisher_examples < 0:
+        ap.error(f"--fisher-examples {args.fisher_examples}: must be >= 0 (0: the whole training set)")
     if args.jobs < 1:
         ap.error("--jobs must be >= 1")
     if args.pretrained_dir and not os.path.isfile(os.path.join(args.pretrained_dir, "model.pt")):
@@ -241,6 +246,9 @@ def main(argv=None):
     try:
         for s in grid:  # every spec builds its command before anything runs
             methods.flags(s, ctx.num_layers, ctx.mt_task, ctx.multitask)
+        ctx = ewc_fisher.ensure(ctx, grid, lambda text: print(text, flush=True))
+        if ctx.fisher:
+            info = dict(info, ewc_fisher=read_json(ctx.fisher[:-len(".pt")] + ".json"))
         runs = run_all(ctx, grid, on_done=write)
     except (methods.MethodError, RunError) as e:
         sys.exit(f"run.py: error: {e}")

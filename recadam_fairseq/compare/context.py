@@ -28,6 +28,7 @@ class RunContext:
     mt_task: str = methods.MT_TASK  # glue_multitask's --mt-tasks
     num_classes: Optional[int] = 2
     multitask: bool = False
+    fisher: Optional[str] = None  # EWC's Fisher file of the target data (ewc_fisher.py), for --ewc-fisher task
 
     def with_options(self, **changes) -> "RunContext":
         """The same context with some options changed (a copy: this one stays as it is)."""

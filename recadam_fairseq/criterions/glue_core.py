@@ -67,7 +67,11 @@ def summed_loss(logits, targets, regression: bool) -> torch.Tensor:
 def per_example_loss(model, sample, head: str, regression: bool) -> torch.Tensor:
     """The same loss, one value per example (their sum is the criterion's), in at least fp32."""
     logits = head_logits(model, sample["net_input"], head)
-    targets = targets_of(model, sample, logits)
+    return example_losses(logits, targets_of(model, sample, logits), regression)
+
+
+def example_losses(logits, targets, regression: bool) -> torch.Tensor:
+    """:func:`summed_loss` without the sum: one value per row of ``logits``, in at least fp32."""
     dt = torch.promote_types(logits.dtype, torch.float32)
     if regression:
         return F.mse_loss(logits.view(-1).to(dt), targets.to(dt), reduction="none")

@@ -99,6 +99,16 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         log["loss"] = loss.detach()
         return loss, sample_size, log
 
+    def per_example_loss(self, model, sample):
+        """One loss per example in the batch's order (their sum is forward's task loss): EWC's task Fisher."""
+        features = self.task.forward_features(model, sample)
+        target, out = sample["target"], None
+        for t, pos, logits in self.task.head_logits(model, features, sample["task_ids"]):
+            y = target[pos].float() if self.task.regression[t] else target[pos].long()
+            losses = glue_core.example_losses(logits, y, self.task.regression[t])
+            out = (losses.new_zeros(len(target)) if out is None else out).index_put((pos,), losses)
+        return out
+
     def _task_size(self, t: int) -> int:
         """Task t's largest loaded split: a regression vector every batch and rank agrees on (and that also
         fits the training batch fairseq substitutes on a rank whose shard ran out)."""

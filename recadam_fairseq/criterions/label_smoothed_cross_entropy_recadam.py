@@ -4,8 +4,8 @@ sequence-to-sequence models (translation, BART), with any optimizer.
 fairseq's label-smoothed cross-entropy (R-Drop's term too where ``--rdrop-alpha`` > 0: this is
 ``label_smoothed_cross_entropy_rdrop`` with α off by default) as Loss_T, and with
 ``--recadam-objective coupled`` the loss λ(t)·Loss_T + (w−λ(t))·γ/2·Σ F·(θ−θ*)² of
-``coupled_term.py``, F ≡ 1 unless ``--ewc-fisher`` names a Fisher file (EWC; ``task`` needs one loss
-per example, which this criterion does not give). ``decoupled``, the default, leaves the pull to
+``coupled_term.py``, F ≡ 1 unless ``--ewc-fisher`` gives one (EWC: a file, or ``task``, whose per-example loss
+is each target sentence's negative log-likelihood, ``fisher_source.seq2seq_per_example``). ``decoupled``, the default, leaves the pull to
 ``--optimizer recadam``: then this is fairseq's criterion (with R-Drop's term where α > 0).
 """
 
@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from fairseq.criterions import register_criterion
 
 from ..config import EWCHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal, redefault
-from ..core.errors import ConfigError
 from ..report import log_target_loss
 from . import coupled_term
 from .label_smoothed_cross_entropy_rdrop import LabelSmoothedCrossEntropyRDropConfig, LabelSmoothedCrossEntropyRDropCriterion
@@ -35,10 +34,6 @@ class LabelSmoothedCrossEntropyRecAdamCriterion(LabelSmoothedCrossEntropyRDropCr
         self.coupled = None
         if str(cfg.recadam_objective) == "coupled":
             check_anneal(cfg)
-            if str(cfg.ewc_fisher) == "task":
-                raise ConfigError("--ewc-fisher task: needs one loss per example, which "
-                                  "label_smoothed_cross_entropy_recadam does not give; write the Fisher once with "
-                                  "scripts/fisher.py and pass the file")
             self.coupled = coupled_term.CoupledObjective(cfg, self)
 
     def train(self, mode: bool = True):

@@ -26,7 +26,8 @@ from recadam_fairseq.core.errors import ConfigError
 
 def setup(fairseq_args):
     """(cfg, task, model with --restore-file's weights, criterion) as fairseq-train builds them."""
-    from fairseq import checkpoint_utils, options, tasks
+    import numpy as np
+    from fairseq import checkpoint_utils, options, tasks, utils
     from fairseq.dataclass.utils import convert_namespace_to_omegaconf
 
     import recadam_fairseq
@@ -36,6 +37,10 @@ def setup(fairseq_args):
     restore = cfg.checkpoint.restore_file
     if not restore or restore == "checkpoint_last.pt":
         raise ConfigError("give the pretrained weights θ* with --restore-file PRETRAINED.pt (after --)")
+    # seeded as fairseq-train seeds before building the model: a new head (the classifier's, which θ* lacks)
+    # starts as that run's, so F equals its --ewc-fisher task at the same --seed
+    np.random.seed(cfg.common.seed)
+    utils.set_torch_seed(cfg.common.seed)
     task = tasks.setup_task(cfg.task)
     task.load_dataset(cfg.dataset.train_subset)
     model = task.build_model(cfg.model)
