@@ -9,6 +9,7 @@ all 7 hidden states, real sentences): the only modelling difference is the Layer
 1 − cos < 1e-5 (measured 2e-7).
 """
 
+import dataclasses
 import json
 import os
 import re
@@ -21,7 +22,7 @@ import torch
 
 from conftest import ROOT, load_ckpt
 
-from recadam_fairseq.compare import cli, measure, methods, plan, plot, prepare, report, runner, stats, summary
+from recadam_fairseq.compare import cli, ewc_fisher, measure, methods, plan, plot, prepare, report, runner, stats, summary
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.data import data_settings
 from recadam_fairseq.compare.files import task_dirs
@@ -141,6 +142,14 @@ def test_method_flags():
     for m in ("rdrop", "recadam-rdrop"):
         assert f[m]["criterion"] == ["--criterion", "sentence_prediction_rdrop", "--rdrop-alpha", "1"]
     assert f["recadam-rdrop"]["optimizer"][1] == "recadam" and f["rdrop"]["optimizer"] == ["--optimizer", "adam"]
+    # EWC: the coupled criterion's flags (ewc), the optimizer's (recadam-ewc); in the multi-task setting the
+    # criterion is glue_multitask with the same flags
+    assert f["ewc"]["criterion"][:4] == ["--criterion", "sentence_prediction_recadam", "--recadam-objective", "coupled"]
+    assert f["ewc"]["criterion"][-2:] == f["recadam-ewc"]["optimizer"][-2:] == ["--ewc-fisher", "task"]
+    multi = {m: methods.flags(methods.parse(m), 6, "movie,tweets,nli", multitask=True) for m in ("ewc", "recadam-ewc")}
+    assert multi["ewc"]["criterion"] == ["--criterion", "glue_multitask"] + f["ewc"]["criterion"][2:]
+    assert multi["recadam-ewc"]["criterion"] == ["--criterion", "glue_multitask"]
+    assert multi["recadam-ewc"]["optimizer"] == f["recadam-ewc"]["optimizer"]
     assert methods.setting_name(methods.parse("recadam-childtune-d:k=0.1,t0=25,ratio=0.1")) == \
         "recadam-childtune-d-k0.1-t25-g5000-p0.1"
     for spec, message in (("mixout:1", "the mixout probability must be in [0, 1)"),
@@ -252,6 +261,7 @@ def test_defaults_follow_updates(tmp_path, capsys):
     ("forgetting", []),  # make forgetting
     ("forgetting-adam-400", ["--work", os.path.join(ROOT, "forgetting-out", "adam-400"), "--methods", "adam",
                              "--updates", "400", "--early-every", "100", "--jobs", "1"]),
+    ("forgetting-coupled-gamma", ["--methods", "recadam-coupled:0.1:50:5", "recadam-coupled:0.1:50:50", "--jobs", "1"]),
 ])
 def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, argv):
     """The recorded runs of docs/*.json are reused only while the defaults rebuild their fairseq-train
@@ -272,6 +282,8 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
                      prior={(r["name"], r["seed"]): r for r in recorded["runs"]}, arch=tuple(arch), num_layers=6,
                      pretrained=os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"), snli=None,
                      sentiment=os.path.join(data, "sentiment-bin"), glue=os.path.join(data, "glue"))
+    if ewc_fisher.wanted(ctx, grid):  # the EWC runs name the task's Fisher file
+        ctx = dataclasses.replace(ctx, fisher=ewc_fisher.path(ctx))
     by_name = {methods.setting_name(s): s for s in grid}
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
         (methods.setting_name(s), seed) for s, seed in plan.planned_runs(args, grid))

@@ -37,13 +37,18 @@ def command(ctx, out):
             "--examples", str(ctx.opts.fisher_examples), "--", *train]
 
 
+def path(ctx) -> str:
+    """The task's Fisher file (its runs directory, named for --fisher-examples)."""
+    return os.path.join(ctx.runs_dir, "ewc-fisher", f"fisher-{ctx.opts.fisher_examples}.pt")
+
+
 def ensure(ctx, grid, say):
     """``ctx`` with ``fisher`` set to the file when the grid has EWC settings (computed now unless recorded with
     the same command and data; under --report-only only named), else ``ctx`` itself."""
     if not wanted(ctx, grid):
         return ctx
-    out_dir = os.path.join(ctx.runs_dir, "ewc-fisher")
-    out = os.path.join(out_dir, f"fisher-{ctx.opts.fisher_examples}.pt")
+    out = path(ctx)
+    out_dir = os.path.dirname(out)
     cmd = command(ctx, out)
     record = {"command": [os.path.basename(cmd[1])] + cmd[2:], "data": ctx.data_key}
     record_path = out[:-len(".pt")] + ".json"

@@ -178,7 +178,7 @@ def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = Fa
             raise MethodError(f"--methods {setting_name(s)}: {n} frozen layers, the encoder has {num_layers}")
         out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task] + (
             ["--mt-sampling", "uniform"] if multitask else [])
-        out["criterion"] = ["--criterion", "glue_multitask"]
+        out["criterion"] = ["--criterion", "glue_multitask", *f["criterion"]]  # its flags: the GLUE criteria's
     return out
 
 
