@@ -329,7 +329,8 @@ def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
 
 def test_fisher_file_is_the_task_runs_f(runs):
     """scripts/fisher.py at the run's --seed (a new classifier head drawn as fairseq-train draws it) writes the F that
-    --ewc-fisher task computes in that run: normalised, bit for bit."""
+    --ewc-fisher task computes in that run, normalised: equal up to float32 rounding (the file is written in this
+    test's process, whose torch thread count, and so the order of the sums, may differ from the run's)."""
     run = load_ckpt(runs["root"] / "task" / "checkpoint_last.pt")
     names = [n for n, p in run["model"].items() if n in torch.load(runs["task_file"])["fisher"]]
     raw = torch.load(runs["task_file"])
@@ -339,7 +340,7 @@ def test_fisher_file_is_the_task_runs_f(runs):
     want, _ = ewc.normalise(raw["fisher"], anchored, "--ewc-fisher")
     assert len(got) == len(anchored)
     for g, n in zip(got, anchored):
-        assert torch.equal(g, want[n].reshape(g.shape)), n
+        torch.testing.assert_close(g, want[n].reshape(g.shape), rtol=1e-5, atol=1e-7, msg=n)
 
 
 def test_two_ranks_sum_their_examples_fisher(runs):

@@ -585,7 +585,7 @@ def test_multitask_script_dry_run(mt, tmp_path):
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
                          env=dict(env, METHOD="r3f"), capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
-        "multitask.sh: error: METHOD r3f is not one of this script's; choose one of adam recadam"), bad.stderr
+        "multitask.sh: error: METHOD r3f is not one of this script's; choose one of adam recadam ewc recadam-ewc"), bad.stderr
     # FREEZE is checked against the model the checkpoint holds (2 layers), naming FREEZE, before anything is written
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
                          env=dict(env, ARCH="", FREEZE="0-5", SAVE_DIR=str(tmp_path / "x")), capture_output=True,
