@@ -9,7 +9,6 @@ all 7 hidden states, real sentences): the only modelling difference is the Layer
 1 − cos < 1e-5 (measured 2e-7).
 """
 
-import dataclasses
 import json
 import os
 import re
@@ -282,8 +281,7 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
                      prior={(r["name"], r["seed"]): r for r in recorded["runs"]}, arch=tuple(arch), num_layers=6,
                      pretrained=os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"), snli=None,
                      sentiment=os.path.join(data, "sentiment-bin"), glue=os.path.join(data, "glue"))
-    if ewc_fisher.wanted(ctx, grid):  # the EWC runs name the task's Fisher file
-        ctx = dataclasses.replace(ctx, fisher=ewc_fisher.path(ctx))
+    ctx = ewc_fisher.named(ctx, grid)  # the EWC runs name the task's Fisher file
     by_name = {methods.setting_name(s): s for s in grid}
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
         (methods.setting_name(s), seed) for s, seed in plan.planned_runs(args, grid))

@@ -248,7 +248,7 @@ def main(argv=None):
             methods.flags(s, ctx.num_layers, ctx.mt_task, ctx.multitask)
         ctx = ewc_fisher.ensure(ctx, grid, lambda text: print(text, flush=True))
         if ctx.fisher:
-            info = dict(info, ewc_fisher=read_json(ctx.fisher[:-len(".pt")] + ".json"))
+            info = dict(info, ewc_fisher=read_json(ewc_fisher.beside(ctx.fisher, ".json")))
         runs = run_all(ctx, grid, on_done=write)
     except (methods.MethodError, RunError) as e:
         sys.exit(f"run.py: error: {e}")

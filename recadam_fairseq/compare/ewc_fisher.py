@@ -6,7 +6,7 @@ updates. The comparison computes it once instead, with ``scripts/fisher.py`` ove
 ``adam`` at seed 1 (the same data, model, criterion and θ*; the file is the same empirical Fisher that
 ``task`` computes), and its EWC runs take ``--ewc-fisher FILE``: every seed and γ of ewc and recadam-ewc
 sees one F, as a user's sweep with the file would (docs/ewc.md). The file, named for its number of examples
-(``--fisher-examples``), is computed again when its command or the data changes (``fisher.json`` records
+(``--fisher-examples``), is computed again when its command or the data changes (its ``.json`` beside it records
 both)."""
 
 import dataclasses
@@ -22,12 +22,8 @@ from recadam_fairseq.compare.runner import RunError, train_command
 
 def wanted(ctx, grid) -> bool:
     """A setting of the grid reads the task's Fisher."""
-    return any(_task_flag(methods.flags(s, ctx.num_layers, ctx.mt_task, ctx.multitask)) for s in grid)
-
-
-def _task_flag(f) -> bool:
-    flat = f["optimizer"] + f["criterion"]
-    return "--ewc-fisher" in flat and flat[flat.index("--ewc-fisher") + 1] == "task"
+    return any(methods.task_fisher_at(f["optimizer"] + f["criterion"]) is not None
+               for f in (methods.flags(s, ctx.num_layers, ctx.mt_task, ctx.multitask) for s in grid))
 
 
 def command(ctx, out):
@@ -37,30 +33,38 @@ def command(ctx, out):
             "--examples", str(ctx.opts.fisher_examples), "--", *train]
 
 
-def path(ctx) -> str:
-    """The task's Fisher file (its runs directory, named for --fisher-examples)."""
-    return os.path.join(ctx.runs_dir, "ewc-fisher", f"fisher-{ctx.opts.fisher_examples}.pt")
+def beside(fisher: str, ext: str) -> str:
+    """The file next to the Fisher file: its record (``.json``: command, data, seconds) or its log (``.log``)."""
+    return os.path.splitext(fisher)[0] + ext
+
+
+def named(ctx, grid):
+    """``ctx`` with ``fisher`` set to the task's file (its runs directory, named for --fisher-examples) when the
+    grid has EWC settings, else ``ctx`` itself; nothing is computed."""
+    if not wanted(ctx, grid):
+        return ctx
+    return dataclasses.replace(ctx, fisher=os.path.join(ctx.runs_dir, "ewc-fisher",
+                                                        f"fisher-{ctx.opts.fisher_examples}.pt"))
 
 
 def ensure(ctx, grid, say):
-    """``ctx`` with ``fisher`` set to the file when the grid has EWC settings (computed now unless recorded with
-    the same command and data; under --report-only only named), else ``ctx`` itself."""
-    if not wanted(ctx, grid):
+    """:func:`named`'s ``ctx``, its file computed now unless recorded with the same command and data (under
+    --report-only never)."""
+    ctx = named(ctx, grid)
+    out = ctx.fisher
+    if out is None or ctx.opts.report_only:
         return ctx
-    out = path(ctx)
-    out_dir = os.path.dirname(out)
     cmd = command(ctx, out)
     record = {"command": [os.path.basename(cmd[1])] + cmd[2:], "data": ctx.data_key}
-    record_path = out[:-len(".pt")] + ".json"
-    old = read_json(record_path)
-    if not (os.path.isfile(out) and old and {k: old.get(k) for k in record} == record) and not ctx.opts.report_only:
-        os.makedirs(out_dir, exist_ok=True)
+    old = read_json(beside(out, ".json"))
+    if not (os.path.isfile(out) and old and {k: old.get(k) for k in record} == record):
+        os.makedirs(os.path.dirname(out), exist_ok=True)
         say(f"== EWC's Fisher of the target data at θ* ({ctx.opts.fisher_examples or 'all'} examples) -> {rel(out)}")
         t = time.time()
         env = dict(os.environ, OMP_NUM_THREADS=str(ctx.opts.threads), MKL_NUM_THREADS=str(ctx.opts.threads))
-        with open(out[:-len(".pt")] + ".log", "w") as log:
+        with open(beside(out, ".log"), "w") as log:
             proc = subprocess.run(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=ROOT)
         if proc.returncode != 0:
-            raise RunError(f"scripts/fisher.py failed ({proc.returncode}); {out[:-len('.pt')]}.log")
-        write_json(record_path, dict(record, seconds=round(time.time() - t, 1)))
-    return dataclasses.replace(ctx, fisher=out)
+            raise RunError(f"scripts/fisher.py failed ({proc.returncode}); {beside(out, '.log')}")
+        write_json(beside(out, ".json"), dict(record, seconds=round(time.time() - t, 1)))
+    return ctx

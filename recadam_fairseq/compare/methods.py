@@ -38,7 +38,7 @@ once through ``--task glue_multitask`` (uniform task sampling), and only the met
 MULTITASK_METHODS are allowed.
 """
 
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from .. import catalogue
 
@@ -106,6 +106,12 @@ def parse(spec: str, gamma: float = 5000.0) -> dict:
             raise MethodError(f"--methods {spec!r}: {key} must be >= 0, got {given[key]}")
         out[key] = value
     return out
+
+
+def task_fisher_at(args: List[str]) -> Optional[int]:
+    """The index of ``task`` in ``--ewc-fisher task`` among ``args`` (EWC's F computed by the run), else None."""
+    i = args.index("--ewc-fisher") + 1 if "--ewc-fisher" in args else None
+    return i if i is not None and args[i] == "task" else None
 
 
 def setting_name(s: dict) -> str:

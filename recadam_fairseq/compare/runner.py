@@ -58,8 +58,8 @@ def train_command(ctx, setting, seed, save_dir):
     cmd += (["--cpu"] if ctx.opts.device == "cpu" else []) + [
             "--num-workers", "0", "--save-dir", save_dir, "--no-save-optimizer-state",
             "--validate-interval", "1000000", "--log-format", "json", "--log-interval", str(ctx.opts.log_interval)]
-    if ctx.fisher and "--ewc-fisher" in cmd and cmd[cmd.index("--ewc-fisher") + 1] == "task":
-        cmd[cmd.index("--ewc-fisher") + 1] = ctx.fisher  # one F for every EWC run (ewc_fisher.py)
+    if ctx.fisher and (i := methods.task_fisher_at(cmd)) is not None:
+        cmd[i] = ctx.fisher  # one F for every EWC run (ewc_fisher.py)
     return [rel(c) if c in (save_dir, ctx.pretrained, data, ctx.fisher) else c for c in cmd]
 
 
