@@ -132,10 +132,15 @@ def run_jobs(jobs, workers=2):
     return out
 
 
-def assert_one_line_error(run, save_dir, message):
-    """A tiny.train(..., check=False) run stopped before training with the one line ``message``."""
+def assert_one_line_error(run, save_dir, message, kept=None):
+    """A tiny.train(..., check=False) run stopped before training with the one line ``message``, writing no
+    checkpoint; ``kept``: {file name: its bytes before the run} of checkpoints already there, left as they were."""
     rc, log = run
     assert rc == 1 and "Traceback" not in log, log[-3000:]
     assert [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")] == [
         "train_entry.py: error: " + message]
-    assert not [f for f in os.listdir(save_dir) if f.endswith(".pt")]
+    kept = kept or {}
+    assert sorted(f for f in os.listdir(save_dir) if f.endswith(".pt")) == sorted(kept)
+    for name, data in kept.items():
+        with open(os.path.join(save_dir, name), "rb") as f:
+            assert f.read() == data, name

@@ -39,16 +39,25 @@ def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     with open(PERFORMANCE, encoding="utf-8") as f:
         doc.write_text(f.read(), encoding="utf-8")
     rc = bench.main(["--quick", "--layouts", "flat", "--rounds", "1", "--impls", "recadam", "recadam-foreach",
-                     "torch-adamw-fused", "--out-md", str(md), "--out-json", str(js), "--doc", str(doc)])
+                     "recadam-ewc", "torch-adamw-fused", "--out-md", str(md), "--out-json", str(js), "--doc", str(doc)])
     assert rc == 0
     assert json.loads(js.read_text())["complete"] is True
     rows = {r["impl"]: r for r in json.loads(js.read_text())["rows"]}
-    assert set(rows) == {"recadam", "recadam-foreach", "torch-adamw-fused", "copy", "anchor_distance()"}
-    for name in ("recadam", "recadam-foreach"):
+    assert set(rows) == {"recadam", "recadam-foreach", "recadam-ewc", "torch-adamw-fused", "copy", "anchor_distance()"}
+    for name, words in (("recadam", 1), ("recadam-foreach", 1), ("recadam-ewc", 2)):
         r = rows[name]
         assert r["median_ms"] > 0 and r["ratio_vs_fastest_adam"] > 0
-        # RecAdam moves 8 words per element (Adam's 7 plus θ*): the bandwidth column uses them
-        assert abs(r["gbps"] * r["median_ms"] / 1e3 * 1e9 - (7 * 4 * r["numel"] + 4 * r["anchored"])) < 1e-3 * r["numel"]
+        # RecAdam moves Adam's 7 words per element plus θ* (and EWC's F) per anchored one: the bandwidth column
+        # uses them
+        moved = 7 * 4 * r["numel"] + words * 4 * r["anchored"]
+        assert abs(r["gbps"] * r["median_ms"] / 1e3 * 1e9 - moved) < 1e-3 * r["numel"]
+    # state held between steps, from the optimizers' own tensors: Adam m, v; RecAdam + θ*; EWC + F, one fp32
+    # word per anchored element each (the step counters' bytes aside)
+    mb = 4 / 2**20
+    r = rows["recadam"]
+    assert rows["torch-adamw-fused"]["state_mb"] == pytest.approx(2 * r["numel"] * mb, abs=1e-3)
+    assert r["state_mb"] == pytest.approx((2 * r["numel"] + r["anchored"]) * mb, abs=1e-3)
+    assert rows["recadam-ewc"]["state_mb"] - r["state_mb"] == pytest.approx(r["anchored"] * mb, abs=1e-3)
     # the fused update allocates no chunk temporaries; the eager one holds a few 2M-element buffers
     assert rows["recadam"]["peak_extra_mb"] < 1 < rows["recadam-foreach"]["peak_extra_mb"]
     text = md.read_text()

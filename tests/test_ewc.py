@@ -255,6 +255,32 @@ def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
     assert sum(float(w.sum()) for w in want) > 0
 
 
+def test_task_fisher_of_an_fp16_model_unscales_and_halves_on_overflow(tiny, monkeypatch):
+    """--fp16's model is half: per-example gradients are taken of loss × a scale (removed from g² again),
+    halved when one overflows. Started at 2^40 (the first example overflows fp16 until the scale is halved
+    25 times; it stays down for the others), F of 16 examples equals the fp32 model's up to fp16 rounding
+    (per tensor, 2% in L2); a scale removed once too often after a halving is a factor of 4."""
+    import recadam_fairseq.fisher_source as source
+    from recadam_fairseq.tools import fisher as tool
+
+    cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
+    want, n = source.task_fisher(criterion, model, tool.batches_cfg(cfg), 16)
+    monkeypatch.setattr(source, "FP16_SCALE", 2.0 ** 40)
+    calls, add = [], ewc.FisherSum.add
+
+    def recorded(self, grads, scale=1.0):
+        calls.append((scale, add(self, grads, scale)))
+        return calls[-1][1]
+
+    monkeypatch.setattr(ewc.FisherSum, "add", recorded)
+    got, n16 = source.task_fisher(criterion, model.half(), tool.batches_cfg(cfg), 16)
+    assert n == n16 == 16
+    assert calls[0] == (2.0 ** 40, False) and sum(ok for _, ok in calls) == 16 and calls[-1][0] < 2.0 ** 20
+    for name, w in want.items():
+        assert got[name].dtype == torch.float32 and bool(torch.isfinite(got[name]).all()), name
+        assert float((got[name] - w).norm()) <= 0.02 * float(w.norm()) + 1e-12, name
+
+
 # --------------------------------------------------------------------------- end to end, one batch of launches
 RECADAM = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500"]
 
@@ -279,6 +305,9 @@ def runs(tiny, tmp_path_factory):
         "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--save-interval-updates", "3"],
                  {"updates": 6}),
         "bad": (RECADAM + ["--ewc-fisher", bad], {"check": False}),
+        # --fp16's flat layout: F laid out on the anchored runs of the one fp32 master tensor
+        "plain16": (RECADAM + ["--fp16"], {"updates": 3}),
+        "ones16": (RECADAM + ["--fp16", "--ewc-fisher", ones], {"updates": 3}),
     }
 
     def job(key):
@@ -289,6 +318,10 @@ def runs(tiny, tmp_path_factory):
         return {"two": launch(tiny, root / "two", 2, "--ewc-fisher", "task", "--ewc-fisher-examples", "16",
                               "--batch-size", "16", updates=1)}
 
+    os.makedirs(root / "bad")  # a run being relaunched with a bad file: its checkpoint stays as it was
+    shutil.copy(tiny.pretrained, root / "bad" / "checkpoint_last.pt")
+    with open(tiny.pretrained, "rb") as f:
+        kept = {"checkpoint_last.pt": f.read()}
     out = run_jobs([job(k) for k in plan] + [two_ranks])
     # resume the task run from its update-3 checkpoint to 6: F comes from the optimizer state
     resumed = root / "resumed"
@@ -296,15 +329,24 @@ def runs(tiny, tmp_path_factory):
     shutil.copy(root / "task" / "checkpoint_1_3.pt", resumed / "checkpoint_last.pt")
     out["resumed"] = tiny.train(resumed, *plan["task"][0], "--restore-file", str(resumed / "checkpoint_last.pt"),
                                 restore=False, updates=6)
-    out["root"], out["task_file"], out["ones_file"], out["bad_name"] = root, task_file, ones, name
+    out["root"], out["task_file"], out["ones_file"], out["bad_name"], out["kept"] = root, task_file, ones, name, kept
     return out
 
 
-def test_file_of_ones_trains_as_recadam_bit_for_bit(runs):
-    a = load_ckpt(runs["root"] / "plain" / "checkpoint_last.pt")
-    b = load_ckpt(runs["root"] / "ones" / "checkpoint_last.pt")
+@pytest.mark.parametrize("suffix", ["", "16"])
+def test_file_of_ones_trains_as_recadam_bit_for_bit(runs, suffix):
+    """fp32, and --fp16 (flat): F ≡ 1 from a file trains as RecAdam, weights and moments equal."""
+    a = load_ckpt(runs["root"] / f"plain{suffix}" / "checkpoint_last.pt")
+    b = load_ckpt(runs["root"] / f"ones{suffix}" / "checkpoint_last.pt")
     assert all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
-    assert "ewc: F from --ewc-fisher" in runs["ones"][1] and "max/mean 1," in runs["ones"][1]
+    sa, sb = a["last_optimizer_state"]["state"], b["last_optimizer_state"]["state"]
+    for i in sa:
+        for n in ("exp_avg", "exp_avg_sq", "anchor"):
+            assert (n in sa[i]) == (n in sb[i]) and (n not in sa[i] or torch.equal(sa[i][n], sb[i][n])), (i, n)
+    assert "ewc: F from --ewc-fisher" in runs[f"ones{suffix}"][1] and "max/mean 1," in runs[f"ones{suffix}"][1]
+    if suffix:  # one flat master tensor: F is one tensor over its anchored runs
+        (f,) = [st["fisher"] for st in sb.values() if "fisher" in st]
+        assert f.dim() == 1 and bool((f == 1).all()) and len(sb) == 1
 
 
 def test_task_fisher_run_resumes_bit_for_bit_and_keeps_f(runs):
@@ -389,7 +431,7 @@ def test_coupled_objective_with_f_of_ones_is_the_coupled_objective_bit_for_bit(t
 def test_fisher_file_of_another_shape_is_one_line(runs):
     assert_one_line_error(runs["bad"], runs["root"] / "bad",
                           f"--ewc-fisher {runs['root'] / 'bad.pt'}: F of {runs['bad_name']} has shape (3,), the "
-                          f"model's parameter (128, 64)")
+                          f"model's parameter (128, 64)", kept=runs["kept"])
 
 
 def test_flags_and_files_refused_before_training(tmp_path):

@@ -23,7 +23,7 @@ from conftest import ROOT, load_ckpt
 
 from recadam_fairseq.compare import cli, ewc_fisher, measure, methods, plan, plot, prepare, report, runner, stats, summary
 from recadam_fairseq.compare.context import RunContext
-from recadam_fairseq.compare.data import data_settings
+from recadam_fairseq.compare.data import data_settings, task_layout
 from recadam_fairseq.compare.files import task_dirs
 from recadam_fairseq.tools import convert_bert as conv
 from recadam_fairseq.tools import interpolate as wise
@@ -261,6 +261,8 @@ def test_defaults_follow_updates(tmp_path, capsys):
     ("forgetting-adam-400", ["--work", os.path.join(ROOT, "forgetting-out", "adam-400"), "--methods", "adam",
                              "--updates", "400", "--early-every", "100", "--jobs", "1"]),
     ("forgetting-coupled-gamma", ["--methods", "recadam-coupled:0.1:50:5", "recadam-coupled:0.1:50:50", "--jobs", "1"]),
+    ("forgetting-coupled-gamma-tweets", ["--task", "tweets", "--methods", "recadam-coupled:0.1:50:5"]),
+    ("forgetting-coupled-gamma-nli", ["--task", "nli", "--methods", "recadam-coupled:0.1:50:5"]),
 ])
 def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, argv):
     """The recorded runs of docs/*.json are reused only while the defaults rebuild their fairseq-train
@@ -279,15 +281,15 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     data, runs_dir = task_dirs(args.work, args.task)
     ctx = RunContext(opts=args, runs_dir=runs_dir, data_key=json.dumps(data_settings(args), sort_keys=True),
                      prior={(r["name"], r["seed"]): r for r in recorded["runs"]}, arch=tuple(arch), num_layers=6,
-                     pretrained=os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"), snli=None,
-                     sentiment=os.path.join(data, "sentiment-bin"), glue=os.path.join(data, "glue"))
+                     pretrained=os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"),
+                     **task_layout(args, data, {}, create=False))
     ctx = ewc_fisher.named(ctx, grid)  # the EWC runs name the task's Fisher file
     by_name = {methods.setting_name(s): s for s in grid}
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
         (methods.setting_name(s), seed) for s, seed in plan.planned_runs(args, grid))
     for run in recorded["runs"]:
         s = by_name[run["name"]]
-        save_dir = os.path.join(args.work, "runs", run["name"], f"seed{run['seed']}")
+        save_dir = os.path.join(runs_dir, run["name"], f"seed{run['seed']}")
         assert ["fairseq-train"] + runner.train_command(ctx, s, run["seed"], save_dir) == run["command"]
         assert plan.early_points(args, s) == [e["updates"] for e in run["early"]]
     # ... so --report-only finds every one done, with the default --interpolate (runs recorded before the

@@ -182,8 +182,13 @@ def test_pairs_meter_is_the_zero_shot_auc_by_hand(tiny, runs):
         start = json.load(f)["start"]
     assert start["pairs_auc"] == pytest.approx(want, abs=1e-6)
     rec = valid_records(runs["log_pairs"][1])[4]
-    assert 0 <= float(rec["valid_fgt_pairs_auc"]) <= 1
     assert float(rec["valid_fgt_pairs_auc_delta"]) == pytest.approx(float(rec["valid_fgt_pairs_auc"]) - want, abs=2e-5)
+    # at update 4: the comparison's measure.py on that checkpoint (its SNLI AUC, here on this probe) logs the same
+    from recadam_fairseq.compare import measure
+
+    at4, _ = measure.load(str(runs["root"] / "pairs" / "checkpoint_1_4.pt"), tiny.cls_bin)
+    auc4 = measure.snli_auc(at4, runs["pairs"])["auc"]
+    assert float(rec["valid_fgt_pairs_auc"]) == pytest.approx(auc4, abs=2e-5) and abs(auc4 - want) > 1e-3
     # the probe binarized from the pair file: rows back to its sentences
     lines = [ln.split("\t") for ln in read_lines(runs["root"] / "pairs.tsv")]
     d_lines = [" ".join(d[int(t)] for t in s[:-1]) for s in sentences(runs["pairs"])]

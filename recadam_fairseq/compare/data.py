@@ -44,18 +44,20 @@ def ensure_data(opts, task, pre_dir):
     return data, info
 
 
-def task_layout(opts, data, dirs):
+def task_layout(opts, data, dirs, create=True):
     """The target's data directory, its class count, the probe, and the glue_multitask layout (freeze,
     ca-mtl): the movie task in SST-2's slot (as its runs were recorded), the others under their own names;
-    for the multi-task setting every task's (``targets``), under its own name. ``dirs``: {task: data dir}."""
+    for the multi-task setting every task's (``targets``), under its own name. ``dirs``: {task: data dir}.
+    ``create=False`` (one task): the paths only, nothing written."""
     if opts.task == MULTI:
         targets = {t: os.path.join(d, "sentiment-bin" if t == "movie" else f"{t}-bin") for t, d in dirs.items()}
         glue = prepare.multi_layout(task_dirs(opts.work, MULTI)[0], targets)
         return {"targets": {t: os.path.join(glue, f"{t}-bin") for t in targets}, "snli": os.path.join(data, "snli-bin"),
                 "glue": glue, "mt_task": ",".join(targets), "num_classes": None, "multitask": True}
+    glue = os.path.join(data, "glue")
     if opts.task == "movie":
         return {"sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"),
-                "glue": prepare.glue_layout(data), "mt_task": methods.MT_TASK, "num_classes": 2}
+                "glue": prepare.glue_layout(data) if create else glue, "mt_task": methods.MT_TASK, "num_classes": 2}
     return {"sentiment": os.path.join(data, f"{opts.task}-bin"), "snli": os.path.join(data, "snli-bin"),
-            "glue": prepare.own_layout(data, opts.task), "mt_task": opts.task,
+            "glue": prepare.own_layout(data, opts.task) if create else glue, "mt_task": opts.task,
             "num_classes": len(prepare.TARGETS[opts.task].classes)}

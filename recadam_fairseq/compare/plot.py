@@ -260,8 +260,10 @@ def adam_panel(ax, rows, updates):
 def key_panel(ax, plt, rows, final):
     """The legend of what every panel shares."""
     ax.axis("off")
-    handles = [plt.Line2D([], [], color=ADAM, marker="o", label="adam (each point: mean ± std over seeds)")]
     adam = by_update(rows)
+    handles = [plt.Line2D([], [], color=ADAM if adam else "grey", marker="o",
+                          label=("adam (each point: mean ± std over seeds)" if adam
+                                 else "each point: mean ± std over seeds"))]
     if len(adam) > 1:
         handles.append(plt.Line2D([], [], color="grey", ls=":", marker=".", label="adam, the same runs after "
                                   + ", ".join(str(r["stopped_at"]) for r in adam[:-1]) + " updates"))
@@ -298,7 +300,8 @@ def figure(rows, base, updates):
     key_panel(fig.add_subplot(gs[len(fams) + (len(by_update(rows)) > 1)]), plt, rows, final)
     fig.supxlabel(f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)")
     fig.supylabel("target accuracy (held-out)")
-    fig.suptitle("target accuracy vs forgetting, one panel per family of methods (its page in docs/), Adam in each")
+    fig.suptitle("target accuracy vs forgetting, one panel per family of methods (its page in docs/)"
+                 + (", Adam in each" if by_update(rows) else ""))
     lay_out(fig, panels, labels)
     return fig, panels, (first.get_xlim(), first.get_ylim())
 

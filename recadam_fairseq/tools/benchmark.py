@@ -20,7 +20,8 @@ of ``--doc`` (make bench: docs/performance.md); ``--readme`` is a deprecated ali
 
 Implementations: recadam (the fused one-pass torch.compile'd update; compile time excluded,
 it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
-recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16);
+recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16),
+recadam-ewc (EWC's per-element pull γ·F·(θ−θ*): one more state tensor F, on the eager path);
 recadam-llrd and recadam-foreach-llrd (with --llrd) the same as recadam / recadam-foreach with
 layer-wise lr decay's per-layer scales (per tensor, or element runs of the flat tensor);
 recadam-combo and recadam-cudagraph (per-tensor layout, GPU) the multi-tensor program with inductor's
@@ -66,12 +67,14 @@ RECADAM_HP = dict(anneal_fun="sigmoid", anneal_k=0.1, anneal_t0=1000.0, anneal_w
 ADAMS = ("fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
 LLRD = {"recadam-llrd": "recadam", "recadam-foreach-llrd": "recadam-foreach"}  # timed against
 LLRD_GAMMA = 0.9
-DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor") + ADAMS
+EWC = "recadam-ewc"  # RecAdam with a heavy-tailed F (set_fisher): F segments run the eager step
+DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor",
+                 EWC) + ADAMS
 COMBO = "recadam-combo"  # the multi-tensor program with inductor's horizontal fusion (per-tensor layout, GPU)
 GRAPHED = "recadam-cudagraph"  # the multi-tensor program replayed as a CUDA graph (per-tensor layout, GPU)
 GRAPHED_ALL = "recadam-cudagraph-all"  # the same with every tensor, the small ones too, in that program
 IMPLS = DEFAULT_IMPLS + tuple(LLRD) + (COMBO, GRAPHED, GRAPHED_ALL)
-RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor", COMBO,
+RECADAMS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor", EWC, COMBO,
             GRAPHED, GRAPHED_ALL) + tuple(LLRD)
 COPY, DISTANCE = "copy", "anchor_distance()"
 WORD = 4  # bytes of an fp32 element
@@ -160,12 +163,22 @@ def build_workload(layout: str, size: str, device: torch.device, seed: int = 0) 
 
 
 # ----------------------------------------------------------------------------- implementations
+def heavy_tailed_fisher(anchor: torch.Tensor, seed: int = 0) -> torch.Tensor:
+    """A stand-in for a diagonal Fisher: positive, mean 1, its largest entries ~10^3–10^4 times the mean
+    (a cubed exponential), as the task Fishers of docs/ewc.md are."""
+    gen = torch.Generator(device=anchor.device).manual_seed(seed)
+    f = torch.empty(anchor.shape, device=anchor.device).exponential_(generator=gen).pow_(3)
+    return f.div_(f.mean())
+
+
 def build_recadam(w: Workload, foreach: bool = True, fused: bool = True, anchor_dtype=None,
-                  llrd: bool = False) -> RecAdam:
+                  llrd: bool = False, fisher: bool = False) -> RecAdam:
     opt = RecAdam(w.params, **ADAM_HP, **RECADAM_HP, foreach=foreach, fused=fused and foreach, defer_anchors=True)
-    for p, a in zip(w.params, w.anchors):
+    for i, (p, a) in enumerate(zip(w.params, w.anchors)):
         if a is not None:
             opt.set_anchor(p, a if anchor_dtype is None else a.to(anchor_dtype), w.runs)
+            if fisher:
+                opt.set_fisher(p, heavy_tailed_fisher(a, seed=i))
     if llrd:
         for p, scale in zip(w.params, llrd_scales(w)):
             opt.set_lr_scale(p, scale)
@@ -259,6 +272,7 @@ BUILDERS: Dict[str, Callable] = {
     "recadam-foreach": lambda w: build_recadam(w, fused=False),
     "recadam-single": lambda w: build_recadam(w, foreach=False),
     "recadam-bf16-anchor": lambda w: build_recadam(w, anchor_dtype=torch.bfloat16),
+    EWC: lambda w: build_recadam(w, fisher=True),
     "recadam-llrd": lambda w: build_recadam(w, llrd=True),
     "recadam-foreach-llrd": lambda w: build_recadam(w, fused=False, llrd=True),
     "fairseq-adam": build_fairseq_adam,
@@ -270,12 +284,12 @@ BUILDERS: Dict[str, Callable] = {
 
 def bytes_per_step(name: str, w: Workload) -> int:
     """Bytes a step must move at least: Adam reads p, g, m, v and writes p, m, v (7 words per
-    element); RecAdam also reads θ* on anchored elements; a copy reads and writes one word."""
+    element); RecAdam also reads θ* on anchored elements (and EWC's F); a copy reads and writes one word."""
     if name == COPY:
         return 2 * WORD * w.numel
     if name == DISTANCE:  # reads θ and θ* on anchored elements
         return 2 * WORD * w.anchored
-    anchor_bytes = {"recadam-bf16-anchor": 2}.get(name, WORD if name in RECADAMS else 0)
+    anchor_bytes = {"recadam-bf16-anchor": 2, EWC: 2 * WORD}.get(name, WORD if name in RECADAMS else 0)
     return 7 * WORD * w.numel + anchor_bytes * w.anchored
 
 
@@ -327,6 +341,20 @@ def peak_extra_bytes(fn: Callable, device: torch.device):
         return total, "profiler-self-alloc-sum"
 
 
+def state_bytes(opt) -> Optional[int]:
+    """Bytes of the tensors an optimizer keeps between steps (moments, θ*, EWC's F), each storage once;
+    None for what keeps no optimizer state (the copy)."""
+    state = getattr(getattr(opt, "opt", opt), "state", None)
+    if state is None:
+        return None
+    seen = {}
+    for st in state.values():
+        for v in st.values():
+            if torch.is_tensor(v):
+                seen[v.untyped_storage().data_ptr()] = v.untyped_storage().nbytes()
+    return sum(seen.values())
+
+
 def available_bytes(device: torch.device) -> int:
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0]
@@ -350,6 +378,7 @@ class Samples:
     peak_method: Optional[str] = None
     skipped: Optional[str] = None
     first_step: Optional[float] = None  # the very first step (for the fused update: its compile)
+    state: Optional[int] = None  # bytes of optimizer state (state_bytes)
 
 
 def benchmark_workload(w: Workload, impls: List[str], args, device) -> Dict[str, Samples]:
@@ -379,6 +408,7 @@ def benchmark_workload(w: Workload, impls: List[str], args, device) -> Dict[str,
             res.times += time_calls(opt.step, n, sync)
             if res.peak is None:  # a step of its own: the profiler slows what it watches
                 res.peak, res.peak_method = peak_extra_bytes(opt.step, device)
+                res.state = state_bytes(opt)
             if name == "recadam":  # the metric fairseq computes on log steps
                 dist = results[DISTANCE]
                 dist.times += time_calls(lambda: opt.anchor_distance().item(), n, sync)
@@ -413,6 +443,7 @@ def summarize(w: Workload, results: Dict[str, Samples]) -> List[dict]:
             gbps=gbps,
             copy_fraction=gbps / copy_gbps if copy_gbps else None,
             peak_extra_mb=None if s.peak is None else s.peak / 2**20,
+            state_mb=None if s.state is None else s.state / 2**20,
             peak_method=s.peak_method,
         )
         if name == DISTANCE and "recadam" in medians:
@@ -427,17 +458,17 @@ def fmt(x, spec: str, none: str = "—") -> str:
 
 def markdown_table(rows: List[dict]) -> str:
     head = ["layout", "size (elements)", "impl", "median ms", "IQR %", "vs fastest Adam",
-            "GB/s", "of copy BW", "peak extra MB"]
+            "GB/s", "of copy BW", "peak extra MB", "state MB"]
     lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
     for r in rows:
         size = f"{r['size']} ({r['numel'] / 1e6:.2f}M)"
         if "skipped" in r:
-            cells = [r["layout"], size, r["impl"], f"skipped ({r['skipped']})"] + [""] * 5
+            cells = [r["layout"], size, r["impl"], f"skipped ({r['skipped']})"] + [""] * 6
         else:
             ratio = fmt(r["ratio_vs_fastest_adam"], ".2f")
             cells = [r["layout"], size, r["impl"], f"{r['median_ms']:.3f}", f"{r['iqr_pct']:.0f}",
                      ratio if ratio == "—" else ratio + "x", f"{r['gbps']:.2f}",
-                     fmt(r["copy_fraction"], ".2f"), fmt(r["peak_extra_mb"], ".1f")]
+                     fmt(r["copy_fraction"], ".2f"), fmt(r["peak_extra_mb"], ".1f"), fmt(r.get("state_mb"), ".1f")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -464,7 +495,8 @@ How to read this:
   reported below the table; separate tensors of one group in one compiled call),
   recadam-per-call the same with one compiled call per tensor (the per-tensor layout's cost
   before the multi-tensor call), recadam-foreach the eager multi-tensor reference, recadam-single
-  the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16;
+  the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16,
+  recadam-ewc EWC's pull with a heavy-tailed F (one more state word per anchored element; the eager step);
   recadam-llrd / recadam-foreach-llrd (--llrd) those two with layer-wise lr decay's scales;
   recadam-combo (--impls) the multi-tensor program with inductor's combo kernels (GPU);
   recadam-cudagraph (--impls) that program replayed as a CUDA graph (GPU; the same as recadam elsewhere),
@@ -477,7 +509,7 @@ How to read this:
   torch-adamw-fused at the same layout and size. RecAdam must move 8/7 of Adam's bytes
   (it also reads θ*), so ~1.14x is its bound against an equally efficient Adam (~1.07x bf16 θ*).
 - GB/s: bytes the update must move (Adam 7 words per element: read p, g, m, v, write p, m, v;
-  RecAdam +1 word per anchored element, +1/2 with a bf16 θ*; copy 2 words; anchor_distance()
+  RecAdam +1 word per anchored element, +1/2 with a bf16 θ*, recadam-ewc +2 (θ* and F); copy 2 words; anchor_distance()
   2 words per anchored element) over the median time. Temporaries are not counted, so an
   implementation that makes extra passes shows a lower fraction of the copy's bandwidth.
 - of copy BW: that bandwidth over a dst.copy_(src) of the same element count measured in the
@@ -487,6 +519,7 @@ How to read this:
   (8 MB a tensor) may fit in the last-level cache; base and large stream from memory.
 - peak extra MB: the most memory held during one step beyond what was held before it
   (the moments already exist): the step's temporaries. Method: {method}.
+- state MB: the optimizer's state tensors, held between steps (Adam: m, v; RecAdam: + θ*; EWC: + F).
 - anchor_distance(): Σ(θ−θ*)² that fairseq computes on log steps only; its cost relative to a
   recadam step is given below the table."""
 
@@ -529,6 +562,26 @@ def llrd_notes(rows: List[dict]) -> List[str]:
         if base:
             out.append(f"{layout}/{size}: {impl} {r['median_ms']:.2f} ms = {r['median_ms'] / base['median_ms']:.2f}x "
                        f"{base['impl']} ({base['median_ms']:.2f} ms): layer-wise lr decay (γ {LLRD_GAMMA}) vs none")
+    return out
+
+
+def ewc_notes(rows: List[dict]) -> List[str]:
+    """EWC's step and state against the eager RecAdam step it runs (F segments skip the fused kernel)."""
+    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    out = []
+    for (layout, size, impl), r in by.items():
+        base, fast = by.get((layout, size, "recadam-foreach")), by.get((layout, size, "recadam"))
+        if impl != EWC or not base:
+            continue
+        note = (f"{layout}/{size}: recadam-ewc {r['median_ms']:.2f} ms = {r['median_ms'] / base['median_ms']:.2f}x "
+                f"recadam-foreach (the eager step it runs)")
+        if fast:
+            note += f", {r['median_ms'] / fast['median_ms']:.2f}x recadam"
+        if r.get("state_mb") is not None and base.get("state_mb") is not None:
+            note += (f"; state {r['state_mb']:.1f} MB against {base['state_mb']:.1f} MB: F adds "
+                     f"{r['state_mb'] - base['state_mb']:.1f} MB ({r['anchored'] * WORD / 2**20:.1f} MB = one fp32 word "
+                     f"per anchored element)")
+        out.append(note)
     return out
 
 
@@ -742,7 +795,7 @@ def main(argv=None) -> int:
             todo.remove((size, layout))
             if todo:
                 save(rows, notes, [], partial="not yet run: " + ", ".join(f"{lay}/{sz}" for sz, lay in todo))
-    notes = llrd_notes(rows) + distance_notes(rows) + notes
+    notes = llrd_notes(rows) + ewc_notes(rows) + distance_notes(rows) + notes
     e2e = []
     if args.e2e:
         print(f"end to end: fairseq-train, {args.e2e} updates x {args.e2e_rounds} runs per optimizer", flush=True)
