@@ -58,6 +58,9 @@ def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     assert rows["torch-adamw-fused"]["state_mb"] == pytest.approx(2 * r["numel"] * mb, abs=1e-3)
     assert r["state_mb"] == pytest.approx((2 * r["numel"] + r["anchored"]) * mb, abs=1e-3)
     assert rows["recadam-ewc"]["state_mb"] - r["state_mb"] == pytest.approx(r["anchored"] * mb, abs=1e-3)
+    assert (f"flat/tiny: recadam-ewc {rows['recadam-ewc']['median_ms']:.2f} ms = "
+            f"{rows['recadam-ewc']['median_ms'] / rows['recadam-foreach']['median_ms']:.2f}x recadam-foreach") in md.read_text()
+    assert f"F adds {r['anchored'] * mb:.1f} MB" in md.read_text()
     # the fused update allocates no chunk temporaries; the eager one holds a few 2M-element buffers
     assert rows["recadam"]["peak_extra_mb"] < 1 < rows["recadam-foreach"]["peak_extra_mb"]
     text = md.read_text()

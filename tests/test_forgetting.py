@@ -383,6 +383,18 @@ def _edge_markers(ax, marker):
     return [tuple(line.get_xydata()[0]) for line in ax.lines if line.get_marker() == marker]
 
 
+def test_figure_of_a_table_without_adam_names_no_adam():
+    """A control table (docs/forgetting-coupled-gamma*.md) has no Adam row: neither the title nor the key names one."""
+    rows = _summary([("recadam-coupled:0.1:50:5", 0.85, 0.87, []), ("recadam-coupled:0.1:50:50", 0.84, 0.88, [])])
+    fig, panels, _ = plot.figure(rows, {"snli_auc": 0.88}, 200)
+    assert list(panels) == ["recadam"] and "Adam" not in fig._suptitle.get_text()
+    key = [t.get_text() for ax in fig.axes if ax.get_legend() and not ax.axison for t in ax.get_legend().get_texts()]
+    assert key[0] == "each point: mean ± std over seeds" and not any("adam" in k for k in key)
+    with_adam = plot.figure(_summary([("adam", 0.86, 0.83, []), ("recadam-coupled:0.1:50:5", 0.85, 0.87, [])]),
+                            {"snli_auc": 0.88}, 200)[0]
+    assert with_adam._suptitle.get_text().endswith(", Adam in each")
+
+
 def test_figure_has_a_panel_per_family_and_marks_the_far_out_at_the_edge():
     """One panel per family present (the catalogue's page: RecAdam + R3F with R3F), Adam in each, no
     two methods of a panel in one colour; re-init's forgetting, far outside the others', is a marker

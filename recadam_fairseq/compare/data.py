@@ -50,11 +50,13 @@ def task_layout(opts, data, dirs, create=True):
     for the multi-task setting every task's (``targets``), under its own name. ``dirs``: {task: data dir}.
     ``create=False`` (one task): the paths only, nothing written."""
     if opts.task == MULTI:
+        if not create:
+            raise ValueError("task_layout(create=False): one task only (the multi-task layout is made as it is read)")
         targets = {t: os.path.join(d, "sentiment-bin" if t == "movie" else f"{t}-bin") for t, d in dirs.items()}
         glue = prepare.multi_layout(task_dirs(opts.work, MULTI)[0], targets)
         return {"targets": {t: os.path.join(glue, f"{t}-bin") for t in targets}, "snli": os.path.join(data, "snli-bin"),
                 "glue": glue, "mt_task": ",".join(targets), "num_classes": None, "multitask": True}
-    glue = os.path.join(data, "glue")
+    glue = prepare.glue_dir(data)
     if opts.task == "movie":
         return {"sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"),
                 "glue": prepare.glue_layout(data) if create else glue, "mt_task": methods.MT_TASK, "num_classes": 2}

@@ -1,6 +1,7 @@
 """The figures: a task's accuracy against forgetting (each method's frontier, the WiSE-FT curves, Adam along
 its runs) and the summary's gaps to Adam on every task, both as small multiples: one panel per family of
-methods (the catalogue's page in docs/; RecAdam + X is in X's), Adam drawn in each for reference.
+methods (the catalogue's page in docs/; RecAdam + X is in X's), Adam drawn in each for reference (where the
+table has Adam: a control table may not).
 matplotlib is imported only here, when drawing."""
 
 import math
@@ -280,28 +281,29 @@ def key_panel(ax, plt, rows, final):
 
 
 def figure(rows, base, updates):
-    """The task's figure: one panel per family present (Adam in each), Adam along its runs, the key.
+    """The task's figure: one panel per family present (Adam in each, if any), Adam along its runs, the key.
     Returns the figure, {family: its panel} and the panels' (xlim, ylim); None without matplotlib."""
     plt = pyplot()
     if plt is None:
         return None
     final = [r for r in rows if not r.get("stopped_at")]
+    adam = by_update(rows)
     fams = families(r["method"] for r in final)
     xlim, ylim, off = chart_limits(rows)
-    fig, gs = grid(plt, len(fams) + 1 + (len(by_update(rows)) > 1))
+    fig, gs = grid(plt, len(fams) + 1 + (len(adam) > 1))
     panels, labels, first = {}, {}, None
     for i, (name, names) in enumerate(fams.items()):
         ax = panels[name] = fig.add_subplot(gs[i], sharex=first, sharey=first)
         first = first or ax
         ax.set_title(name if name == "adam" else f"{name} family", fontsize=10)
         labels[name] = method_panel(ax, rows, final, names, off, (xlim or ax.get_xlim(), ylim or ax.get_ylim()))
-    if len(by_update(rows)) > 1:
+    if len(adam) > 1:
         adam_panel(fig.add_subplot(gs[len(fams)]), rows, updates)
-    key_panel(fig.add_subplot(gs[len(fams) + (len(by_update(rows)) > 1)]), plt, rows, final)
+    key_panel(fig.add_subplot(gs[len(fams) + (len(adam) > 1)]), plt, rows, final)
     fig.supxlabel(f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)")
     fig.supylabel("target accuracy (held-out)")
     fig.suptitle("target accuracy vs forgetting, one panel per family of methods (its page in docs/)"
-                 + (", Adam in each" if by_update(rows) else ""))
+                 + (", Adam in each" if adam else ""))
     lay_out(fig, panels, labels)
     return fig, panels, (first.get_xlim(), first.get_ylim())
 

@@ -360,6 +360,11 @@ def prepare_target(task: str, sdist_dir: str, model_dir: str, dict_txt: str, out
     return info
 
 
+def glue_dir(data: str) -> str:
+    """Where a task's glue_multitask layout lies (glue_layout, own_layout)."""
+    return os.path.join(data, "glue")
+
+
 def glue_layout(data: str, task: str = "SST-2") -> str:
     """``data/glue/<task>-bin`` -> ``../sentiment-bin`` with a ``labels.json``, the layout
     ``--task glue_multitask --mt-tasks <task>`` reads (the freeze and ca-mtl methods): the same
@@ -372,7 +377,7 @@ def glue_layout(data: str, task: str = "SST-2") -> str:
     with open(os.path.join(src, "labels.json"), "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
         f.write("\n")
-    glue = os.path.join(data, "glue")
+    glue = glue_dir(data)
     os.makedirs(glue, exist_ok=True)
     link = os.path.join(glue, f"{task}-bin")
     if not os.path.islink(link):
@@ -393,7 +398,7 @@ def write_labels_json(dest: str, task: str):
 def own_layout(data: str, task: str) -> str:
     """``data/glue/<task>-bin`` -> ``../<task>-bin`` (with its labels.json): the layout
     ``--task glue_multitask --mt-tasks <task>`` reads for a task outside GLUE."""
-    glue = os.path.join(data, "glue")
+    glue = glue_dir(data)
     os.makedirs(glue, exist_ok=True)
     link = os.path.join(glue, f"{task}-bin")
     if not os.path.islink(link):

@@ -6,7 +6,7 @@ each round builds one implementation's state, warms it up, times a few steps and
 the order rotates from round to round, so that load from other processes hits all alike. The
 table gives the median step time, the ratio to the fastest Adam, the achieved bandwidth (bytes
 the update must move, over the median time) also as a fraction of a plain copy's bandwidth
-measured in the same rounds, and the peak extra memory of one step.
+measured in the same rounds, the peak extra memory of one step and the optimizer state it holds.
 
     python scripts/benchmark.py --quick                 # tiny only, a few seconds of timing
     python scripts/benchmark.py --sizes tiny base       # the CPU default
@@ -164,8 +164,8 @@ def build_workload(layout: str, size: str, device: torch.device, seed: int = 0) 
 
 # ----------------------------------------------------------------------------- implementations
 def heavy_tailed_fisher(anchor: torch.Tensor, seed: int = 0) -> torch.Tensor:
-    """A stand-in for a diagonal Fisher: positive, mean 1, its largest entries ~10^3–10^4 times the mean
-    (a cubed exponential), as the task Fishers of docs/ewc.md are."""
+    """A stand-in for a diagonal Fisher: positive, mean 1, heavy-tailed (a cubed exponential: its largest
+    entries ~10^3 times the mean; docs/ewc.md's task Fishers reach 10^5, which the step's cost ignores)."""
     gen = torch.Generator(device=anchor.device).manual_seed(seed)
     f = torch.empty(anchor.shape, device=anchor.device).exponential_(generator=gen).pow_(3)
     return f.div_(f.mean())
