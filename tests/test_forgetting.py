@@ -261,8 +261,8 @@ def test_defaults_follow_updates(tmp_path, capsys):
     ("forgetting-adam-400", ["--work", os.path.join(ROOT, "forgetting-out", "adam-400"), "--methods", "adam",
                              "--updates", "400", "--early-every", "100", "--jobs", "1"]),
     ("forgetting-coupled-gamma", ["--methods", "recadam-coupled:0.1:50:5", "recadam-coupled:0.1:50:50", "--jobs", "1"]),
-    ("forgetting-coupled-gamma-tweets", ["--task", "tweets", "--methods", "recadam-coupled:0.1:50:5"]),
-    ("forgetting-coupled-gamma-nli", ["--task", "nli", "--methods", "recadam-coupled:0.1:50:5"]),
+    ("forgetting-ewc-identity-tweets", ["--task", "tweets", "--methods", "recadam-coupled:0.1:50:5", "recadam:0.1:50:500"]),
+    ("forgetting-ewc-identity-nli", ["--task", "nli", "--methods", "recadam-coupled:0.1:50:5", "recadam:0.1:50:500"]),
 ])
 def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, argv):
     """The recorded runs of docs/*.json are reused only while the defaults rebuild their fairseq-train
