@@ -311,7 +311,7 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     wise = len(plain) < len(recorded["runs"])
     assert any("interpolated" in r for r in rows) == wise and ("WiSE-FT" in md.splitlines()[0]) == wise
     # measuring them at the default α needs their final checkpoints, which are gone: they would run again
-    if not plain:  # every run measured with them (the coupled-γ control)
+    if not plain:  # every run measured with them (the EWC controls)
         return
     run = plain[0]
     assert runner.reinterpolate(ctx.with_options(interpolate=[0.25, 0.5, 0.75]), by_name[run["name"]], run,
@@ -384,7 +384,8 @@ def _edge_markers(ax, marker):
 
 
 def test_figure_of_a_table_without_adam_names_no_adam():
-    """A control table (docs/forgetting-coupled-gamma*.md) has no Adam row: neither the title nor the key names one."""
+    """A control table (docs/forgetting-coupled-gamma.md, forgetting-ewc-identity-*.md) has no Adam row: neither the
+    title nor the key names one."""
     rows = _summary([("recadam-coupled:0.1:50:5", 0.85, 0.87, []), ("recadam-coupled:0.1:50:50", 0.84, 0.88, [])])
     fig, panels, _ = plot.figure(rows, {"snli_auc": 0.88}, 200)
     assert list(panels) == ["recadam"] and "Adam" not in fig._suptitle.get_text()

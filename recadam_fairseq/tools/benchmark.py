@@ -553,9 +553,14 @@ def compile_notes(w: Workload, results: Dict[str, Samples]) -> List[str]:
             f"once per process; inductor's on-disk cache shortens later runs), then {1e3 * statistics.median(res.times):.1f} ms"]
 
 
+def measured(rows: List[dict]) -> Dict[tuple, dict]:
+    """{(layout, size, impl): row} of the rows with timings (not skipped)."""
+    return {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+
+
 def llrd_notes(rows: List[dict]) -> List[str]:
     """The step with --layer-lr-decay's scales over the same step without them."""
-    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    by = measured(rows)
     out = []
     for (layout, size, impl), r in by.items():
         base = by.get((layout, size, LLRD.get(impl)))
@@ -567,11 +572,11 @@ def llrd_notes(rows: List[dict]) -> List[str]:
 
 def ewc_notes(rows: List[dict]) -> List[str]:
     """EWC's step and state against the eager RecAdam step it runs (F segments skip the fused kernel)."""
-    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    by = measured(rows)
     out = []
     for (layout, size, impl), r in by.items():
         base, fast = by.get((layout, size, "recadam-foreach")), by.get((layout, size, "recadam"))
-        if impl != EWC or not base:
+        if impl != EWC or not base:  # the note compares with the eager step: no note without it
             continue
         note = (f"{layout}/{size}: recadam-ewc {r['median_ms']:.2f} ms = {r['median_ms'] / base['median_ms']:.2f}x "
                 f"recadam-foreach (the eager step it runs)")
@@ -599,7 +604,7 @@ def summary_table(info: dict, rows: List[dict], e2e: List[dict], full_table: str
                   link: Optional[str] = None) -> str:
     """The summary for docs/performance.md: step time (ratio to the fastest Adam) per layout and size.
     ``full_table`` names the full report (--out-md); ``link`` is its path relative to the page."""
-    by = {(r["layout"], r["size"], r["impl"]): r for r in rows if "median_ms" in r}
+    by = measured(rows)
     cases = list(dict.fromkeys((r["layout"], r["size"], r["numel"]) for r in rows))
     head = ["layout", "size"] + list(SUMMARY_IMPLS) + ["peak temporaries: recadam / fairseq-adam"]
     lines = [f"Measured by `make bench` on {info['machine']} ({info['device']}, {info['threads']} thread(s), "
