@@ -13,6 +13,7 @@ the coupled objective (``criterions/coupled_term.py``). The math (sums, checks, 
 """
 
 import logging
+import time
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -203,9 +204,13 @@ class FisherSource:
     def compute(self, criterion, model) -> None:
         """The task's Fisher, once (``--ewc-fisher task``); nothing for a file."""
         if self.raw is None:
+            start = time.perf_counter()
             self.raw, n = task_fisher(criterion, model, self.cfg, int(self.cfg.ewc_fisher_examples))
             if n == 0:
                 raise ConfigError(f"{self.where}: the training set gave no example")
+            # (task_fisher ends on a host read of the count: the device's work is done)
+            logger.info(f"ewc: the Fisher pass took {time.perf_counter() - start:.1f} s ({n} per-example "
+                        f"gradients, before update 1)")
             self.line = f"{self.where} (empirical Fisher of {n} training examples at θ*)"
             self.computed = True
 

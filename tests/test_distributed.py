@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, free_port, json_records, load_ckpt
+from conftest import TRAIN_ENTRY, free_port, json_records, load_ckpt, run_jobs
 
 FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500",
          "--dropout", "0", "--attention-dropout", "0", "--batch-size", "8", "--log-format", "json",
@@ -22,8 +22,9 @@ FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pre
 ATOL = 1e-5
 
 
-def launch(tiny, save, world, *flags, backend="legacy_ddp", device="cpu", timeout=600, **kw):
-    """One fairseq-train per rank; returns the logs. Every rank dumps its final state."""
+def launch(tiny, save, world, *flags, backend="legacy_ddp", device="cpu", timeout=600, one_gpu=False, **kw):
+    """One fairseq-train per rank; returns the logs. Every rank dumps its final state. ``one_gpu``: every rank on
+    cuda:0, reduced over gloo (NCCL refuses two ranks on one device)."""
     os.makedirs(save, exist_ok=True)
     port = free_port()
     env = dict(os.environ, RECADAM_DUMP_DIR=str(save))
@@ -33,8 +34,8 @@ def launch(tiny, save, world, *flags, backend="legacy_ddp", device="cpu", timeou
         if world > 1:
             args += ["--distributed-world-size", str(world), "--distributed-rank", str(rank),
                      "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-                     "--device-id", str(rank if device == "cuda" else 0), "--ddp-backend", backend]
-            if device == "cpu":
+                     "--device-id", str(rank if device == "cuda" and not one_gpu else 0), "--ddp-backend", backend]
+            if device == "cpu" or one_gpu:
                 args += ["--distributed-backend", "gloo"]
         log = open(os.path.join(save, f"rank{rank}.log"), "w")
         procs.append(subprocess.Popen([sys.executable, TRAIN_ENTRY, *args], stdout=log, stderr=subprocess.STDOUT,
@@ -141,6 +142,60 @@ def test_pytorch_ddp_on_gpus(tiny, tmp_path):
     (ref,) = dumps(tmp_path / "one", 1)
     assert close(r0["model"], r1["model"], atol=0)
     assert close(r0["model"], ref["model"], atol=1e-4)  # NCCL reduction order, TF32 off by default
+
+
+def _relative_gap(a, b, start):
+    """‖(a − start) − (b − start)‖ / ‖b − start‖ over the floating-point weights both hold."""
+    keys = [k for k in b if b[k].is_floating_point() and k in start]
+    cat = lambda d: torch.cat([d[k].double().reshape(-1) for k in keys])  # noqa: E731
+    moved = (cat(b) - cat(start)).norm()
+    assert moved > 0
+    return float((cat(a) - cat(b)).norm() / moved)
+
+
+def _dists(text):
+    return [float(r["recadam_dist"]) for r in json_records(text, "train_inner")]
+
+
+def two_ranks_on_one_device(tiny, root, device):
+    """Two ranks sharing one device (gloo) under --fp16, against one rank with --update-freq 2, and
+    --zero-sharding os against the unsharded pair (--memory-efficient-fp16: fairseq refuses ZeRO with flat grads,
+    recadam with fp32 master copies). Returns {name: (dumps, rank-0 log)}."""
+    fp16 = ["--fp16"]
+    runs = {}
+
+    def job(name, world, *flags):
+        def go():
+            texts = launch(tiny, root / name, world, *fp16, *flags, device=device, one_gpu=device == "cuda")
+            # under OSS only rank 0 holds the consolidated optimizer state its dump needs
+            return {name: (dumps(root / name, 1 if "os" in flags else world), texts[0])}
+        return go
+
+    runs.update(run_jobs([job("one", 1, "--update-freq", "2"), job("two", 2)]))
+    runs.update(run_jobs([job("plain", 2, "--memory-efficient-fp16"),
+                          job("os", 2, "--memory-efficient-fp16", "--zero-sharding", "os")]))
+    return runs
+
+
+@pytest.mark.gpu
+def test_two_ranks_on_one_gpu_fp16(tiny, tmp_path):
+    """The flat --fp16 path's gradient reduction on CUDA (both ranks on cuda:0 over gloo) equals one rank with
+    --update-freq 2 up to fp16 rounding; ZeRO-1 on that pair equals the unsharded pair likewise."""
+    runs = two_ranks_on_one_device(tiny, tmp_path, "cuda")
+    start = load_ckpt(tiny.pretrained)["model"]
+    (one,), _ = runs["one"]
+    (r0, r1), two_log = runs["two"]
+    for k in r0["model"]:
+        assert torch.equal(r0["model"][k], r1["model"][k]), k  # the ranks hold one model
+    gap = _relative_gap(r0["model"], one["model"], start)
+    (p0, _), plain_log = runs["plain"]
+    (o0,), os_log = runs["os"]
+    os_gap = _relative_gap(o0["model"], p0["model"], start)
+    dist = (_dists(two_log), _dists(runs["one"][1]), _dists(plain_log), _dists(os_log))
+    print(f"two ranks on one GPU vs --update-freq 2: weights' update {gap:.2e} apart (relative L2); "
+          f"zero-sharding os vs unsharded: {os_gap:.2e}; recadam_dist two/one/plain/os: {dist}")
+    assert gap < 0.05 and os_gap < 0.05
+    assert dist[0] == pytest.approx(dist[1], rel=0.05) and dist[3] == pytest.approx(dist[2], rel=0.05)
 
 
 def test_launch_script_cpu_local_and_dry_runs(tiny, tmp_path):

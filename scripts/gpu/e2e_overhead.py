@@ -57,7 +57,7 @@ PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficie
 # name -> (methods spec, extra flags, base name): each method is timed against its base
 DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam-fsam", "mt-roberta",
                    "ca-mtl", "llrd", "recadam-llrd", "reinit", "lora", "mixout", "recadam-mixout", "childtune-d",
-                   "recadam-childtune-d", "rdrop", "recadam-rdrop"]
+                   "recadam-childtune-d", "rdrop", "recadam-rdrop", "recadam-coupled", "ewc", "recadam-ewc"]
 CATALOGUE = {
     "adam": ("adam", [], "adam"),
     "recadam": ("recadam:0.1:250", [], "adam"),
@@ -80,7 +80,14 @@ CATALOGUE = {
     "recadam-childtune-d": ("recadam-childtune-d:k=0.1,t0=250,ratio=0.3", [], "recadam"),
     "rdrop": ("rdrop:1", [], "adam"),
     "recadam-rdrop": ("recadam-rdrop:k=0.1,t0=250,alpha=1", [], "recadam"),
+    # EWC at the comparison's γ; F from the task (--ewc-fisher task, 1,024 per-example gradients before update 1:
+    # outside the timed intervals, its time is the run's fisher_s)
+    "recadam-coupled": ("recadam-coupled:0.1:250:5", [], "adam"),
+    "ewc": ("ewc:0.1:250:5", [], "recadam-coupled"),
+    "recadam-ewc": ("recadam-ewc:0.1:250:500", [], "recadam"),
 }
+FISHER_EXAMPLES = "1,024"  # --ewc-fisher-examples' default
+FISHER_LINE = re.compile(r"ewc: the Fisher pass took ([\d.]+) s")
 
 
 def preprocess(args: List[str]) -> None:
@@ -165,7 +172,9 @@ def run_one(args, setup: Dict, name: str, rnd) -> Dict:
     m = re.search(r"num\. shared model params: ([\d,]+) \(num\. trained: ([\d,]+)\)", log)
     with open(peak_json) as f:
         peak = json.load(f)
+    fisher = FISHER_LINE.search(log)
     return {"s_per_update": statistics.mean(1.0 / u for u in ups), "intervals": len(ups),
+            "fisher_s": float(fisher.group(1)) if fisher else None,
             "params": int(m.group(1).replace(",", "")) if m else None,
             "trained": int(m.group(2).replace(",", "")) if m else None,
             "peak_bytes": peak["max_allocated"], "wall_s": round(time.time() - t, 1),
@@ -196,6 +205,7 @@ def summarize(args, runs: Dict[str, List[Dict]]) -> List[Dict]:
                "peak_mib": peak[n] / 2**20 if peak[n] else None,
                "extra_mib": (peak[n] - peak[base]) / 2**20 if peak[n] and base in peak and peak[base] else None,
                "trained_params": rs[0]["trained"], "rounds": len(rs), "updates": args.updates,
+               "fisher_s": statistics.median(r["fisher_s"] for r in rs) if rs[0].get("fisher_s") is not None else None,
                "command": rs[0]["command"]}
         a = anchor_bytes(n, rs[0]["trained"])
         row["anchor_mib"] = a / 2**20 if a is not None else None
@@ -207,12 +217,14 @@ def table(rows: List[Dict]) -> str:
     def f(x, fmt):
         return "–" if x is None else format(x, fmt)
 
-    lines = ["| method | base | ms / update | vs base | peak MiB | over base MiB | anchor MiB | rounds × updates |",
-             "|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | base | ms / update | vs base | peak MiB | over base MiB | anchor MiB | before update 1 | "
+             "rounds × updates |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['method']} | {r['base']} | {r['ms_per_update']:.1f} | "
                      f"{f(r['ratio_vs_base'], '.3f')}x | {f(r['peak_mib'], '.0f')} | {f(r['extra_mib'], '.0f')} | "
-                     f"{f(r['anchor_mib'], '.0f')} | {r['rounds']} × {r['updates']} |")
+                     f"{f(r['anchor_mib'], '.0f')} | "
+                     f"{'–' if r.get('fisher_s') is None else format(r['fisher_s'], '.1f') + ' s Fisher'} | "
+                     f"{r['rounds']} × {r['updates']} |")
     return "\n".join(lines)
 
 
@@ -263,10 +275,15 @@ def parse_args(argv=None):
         ap.error(f"--updates {args.updates}: needs at least 2 log intervals of --log-interval {args.log_interval} "
                  "(the first is start-up and is not timed)")
     names = []
+
+    def add(n):  # a method after its base, and its base's base
+        if n not in names:
+            if CATALOGUE[n][2] != n:
+                add(CATALOGUE[n][2])
+            names.append(n)
+
     for n in args.methods:
-        for m in (CATALOGUE[n][2], n):
-            if m not in names:
-                names.append(m)
+        add(n)
     args.methods = names
     return args
 
@@ -308,7 +325,8 @@ def main(argv=None) -> int:
               f"{LENGTHS[args.size][0]}–{LENGTHS[args.size][1]} tokens, {args.updates} updates per run, median over "
               f"{args.rounds} rounds; {where}. ms / update: mean of 1/ups over fairseq's log intervals after the "
               f"first. Peak: torch.cuda.max_memory_allocated of the run. Anchor: the trained parameters once in the "
-              f"anchor's dtype (what RecAdam should add over adam). Command: `{command}`.")
+              f"anchor's dtype (what RecAdam should add over adam). Before update 1: EWC's Fisher pass "
+              f"(--ewc-fisher task: {FISHER_EXAMPLES} per-example gradients), not in ms / update. Command: `{command}`.")
         if done < total:
             md = f"**Partial: {done} of {total} runs finished.**\n\n" + md
         with open(args.out_md, "w", encoding="utf-8") as f:

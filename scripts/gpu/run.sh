@@ -9,7 +9,7 @@
 # runs, ~10 min, a call of its own). So: "tests bench-per-tensor e2e-recadam" in one call, "e2e" in
 # the next while the machine is warm.
 #   check        versions, the GPU, fairseq and the plug-in import (every stage starts with it)
-#   tests        every test marked gpu                                              -> gpu-tests.log
+#   tests        every test marked gpu (RECADAM_GPU_TEST_WORKERS at once, default 4)  -> gpu-tests.log
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
 #   bench        the optimizer-step benchmark on CUDA, flat layout, base and large -> bench.log, benchmark.{md,json}
 #   bench-per-tensor  the same, per-tensor layout, base shapes, with inductor's combo kernels (recadam-combo)
@@ -95,20 +95,24 @@ WORKERS=${RECADAM_GPU_WORKERS:-8}
 for s in "$@"; do
     case $s in
     check) ;;
-    tests) stage tests gpu-tests.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider ;;
+    # the gpu tests are tiny fairseq-train launches: RECADAM_GPU_TEST_WORKERS of them share the card
+    tests) stage tests gpu-tests.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider \
+               -n "${RECADAM_GPU_TEST_WORKERS:-4}" --dist loadfile ;;
     suite) stage suite suite.log $PY -m pytest -n "$WORKERS" --dist loadfile -q -p no:cacheprovider \
                --ignore tests/test_forgetting.py ;;
     bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large --layouts flat \
                --out-md "$OUT/benchmark.md" --out-json "$OUT/benchmark.json" ;;
     bench-per-tensor) stage bench-per-tensor bench-pt.log $PY scripts/benchmark.py --device cuda --sizes base \
-               --layouts per-tensor --impls recadam recadam-cudagraph recadam-combo recadam-foreach recadam-bf16-anchor \
-               fairseq-adam torch-adamw-foreach torch-adamw-fused \
+               --layouts per-tensor --impls recadam recadam-cudagraph recadam-cudagraph-all recadam-combo recadam-foreach \
+               recadam-bf16-anchor recadam-ewc fairseq-adam torch-adamw-foreach torch-adamw-fused \
                --out-md "$OUT/benchmark-pt.md" --out-json "$OUT/benchmark-pt.json" ;;
     e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
     # RECADAM_E2E_METHODS="a b ...": a subset (each method's base is added), to split e2e over device calls
+    # RECADAM_E2E_WARMUP=0: no untimed first run (the machine already warm from earlier stages)
     e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 ${RECADAM_E2E_METHODS:+--methods $RECADAM_E2E_METHODS} \
+               --warmup-runs "${RECADAM_E2E_WARMUP:-1}" \
                --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
     fsdp) stage fsdp fsdp.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_flat_shards.py ;;
     forgetting) stage forgetting forgetting.log env PYTHON="$PY" OUT="$OUT" bash scripts/gpu/forgetting.sh ;;
