@@ -60,11 +60,12 @@ def test_flags_reach_the_core_optimizer(tmp_path):
             defaults.recadam_anneal_w, defaults.recadam_pretrain_cof, defaults.adam_eps) == ("sigmoid", 0.5, 250, 1.0, 5000.0, 1e-8)
 
 
-@pytest.mark.parametrize("value,fused", [("auto", None), ("on", True), ("off", False)])
-def test_fused_flag_reaches_the_core(value, fused):
+@pytest.mark.parametrize("value,fused,graph", [("auto", None, False), ("on", True, False), ("off", False, False),
+                                               ("cuda-graph", True, True)])
+def test_fused_flag_reaches_the_core(value, fused, graph):
     cfg = parse("--recadam-fused", value)
     opt = build_optimizer(cfg.optimizer, list(Net().parameters()))
-    assert opt.optimizer.fused is fused
+    assert opt.optimizer.fused is fused and opt.optimizer.cuda_graph is graph
     assert parse().optimizer.recadam_fused == "auto"
 
 

@@ -52,7 +52,7 @@ def launch(tiny, save, world, *flags, backend="legacy_ddp", device="cpu", timeou
 
 
 def dumps(save, world):
-    return [torch.load(os.path.join(save, f"rank{r}.pt"), weights_only=True) for r in range(world)]
+    return [torch.load(os.path.join(save, f"rank{r}.pt"), map_location="cpu", weights_only=True) for r in range(world)]
 
 
 def anchors(opt_state):

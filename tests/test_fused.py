@@ -410,15 +410,16 @@ def test_many_tensors_match_eager_on_gpu(counted, p_dtype):
 
 @pytest.mark.gpu
 def test_cuda_graph_replays_the_many_tensor_program(monkeypatch, counted):
-    """fused.CUDA_GRAPH: the per-tensor layout's program captured at step 1, then replayed while the gradients
-    stay where they are; bit for bit the compiled calls' results (the same kernels on the same tensors)."""
+    """RecAdam(cuda_graph=True) (--recadam-fused cuda-graph): the per-tensor layout's program captured at step 1,
+    then replayed while the gradients stay where they are; bit for bit the compiled calls' results (the same
+    kernels on the same tensors)."""
     ps0, anchors, grads = per_tensor_problem()
 
     def train(graph):
-        monkeypatch.setattr(fused_mod, "CUDA_GRAPH", graph)
         ps = [torch.nn.Parameter(p.cuda()) for p in ps0]
         opt = RecAdam([{"params": ps[:4], "pretrain_params": [a.cuda() for a in anchors]},
-                       {"params": ps[4:], "anneal_w": 0.0}], **dict(HP, weight_decay=0.01), fused=True)
+                       {"params": ps[4:], "anneal_w": 0.0}], **dict(HP, weight_decay=0.01), fused=True,
+                      cuda_graph=graph)
         for p in ps:
             p.grad = torch.zeros_like(p)
         for gs in grads:

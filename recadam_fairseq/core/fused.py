@@ -144,9 +144,10 @@ def many_key(segments: Sequence[tuple]) -> tuple:
     return p0.dtype, g0.dtype, None if a0 is None else a0.dtype, p0.device, tuple(x[0].numel() for x in segments)
 
 
-def update_many(segments: Sequence[tuple], s: Tensor) -> None:
+def update_many(segments: Sequence[tuple], s: Tensor, graph: Optional[bool] = None) -> None:
     """Apply the update to separate tensors' segments (p, g, m, v, anchor or None sharing dtypes,
-    anchoredness and device) with one compiled call; ``s``: one set of scalars, or a row per segment.
+    anchoredness and device) with one compiled call; ``s``: one set of scalars, or a row per segment;
+    ``graph``: replay it as a CUDA graph on CUDA (None: ``CUDA_GRAPH``).
     Sizes are static: the key holds them, so each model structure gets its own code object and a
     single cache entry."""
     key = many_key(segments) + (s.dim(), tuple(sorted(MANY_OPTIONS.items())))
@@ -159,13 +160,15 @@ def update_many(segments: Sequence[tuple], s: Tensor) -> None:
                                             dynamic=False, fullgraph=True,
                                             options={**_MANY_BASE_OPTIONS, **MANY_OPTIONS})
     args = [list(x) for x in zip(*(seg[:5] for seg in segments))]
-    if CUDA_GRAPH and s.is_cuda:
+    if (CUDA_GRAPH if graph is None else graph) and s.is_cuda:
         _graphed(kernel, key, args, s)
     else:
         kernel(*args, s)
 
 
-# Opt-in, CUDA only (the benchmark's recadam-cudagraph; not the default until a GPU has timed it): the
+# Opt-in, CUDA only (RecAdam(cuda_graph=True), --recadam-fused cuda-graph, the benchmark's recadam-cudagraph;
+# timed on an H100 in pass 4 at 1.08x fused AdamW, not yet the default: fairseq-train's own allocation of
+# the gradients each step must keep their addresses for replays to happen, which no GPU has checked): the
 # multi-tensor program captured once in a CUDA graph, then replayed while every tensor it reads and writes,
 # the gradients included (not copied: that would be another pass over memory), sits where it sat at the
 # capture: one replay instead of dynamo's guards and a launch per tensor. A replay computes what the
@@ -194,6 +197,9 @@ def _graphed(kernel, key: tuple, args: list, s: Tensor) -> None:
     if key in _uncapturable or _captures.get(key, 0) >= MAX_CAPTURES:
         return
     _captures[key] = _captures.get(key, 0) + 1
+    logger.info(f"RecAdam: CUDA graph capture {_captures[key]} of the {len(args[0])}-tensor program"
+                + ("" if _captures[key] < MAX_CAPTURES else
+                   f" (the last: its tensors keep moving, the compiled call goes on without a graph)"))
     try:
         s_graph = s.clone()
         graph = torch.cuda.CUDAGraph()

@@ -218,8 +218,10 @@ class RecAdam(Optimizer):
             kernel (see ``fused.py``). None (default): when a group holds at least
             ``fused.AUTO_MIN_NUMEL`` elements and compiling works here, else the eager path
             (also after a failed compile, with a warning). True: always, and a failed compile
-            raises. False: never. Not part of the saved state. Opt-in on CUDA: ``fused.CUDA_GRAPH``
-            replays a per-tensor layout's one program as a CUDA graph (see ``fused.py``).
+            raises. False: never. Not part of the saved state.
+        cuda_graph: on CUDA, replay a per-tensor layout's one compiled program as a CUDA graph while its
+            tensors keep their addresses (see ``fused.py``; opt-in: on an H100 at RoBERTa-base's shapes the
+            step took 1.08x torch's fused AdamW against 1.82x without, pass 4). Not part of the saved state.
         defer_anchors: allow groups without ``pretrain_params``; anchors are attached later
             with :meth:`set_anchor`, and tensors without one get plain Adam.
     """
@@ -245,10 +247,12 @@ class RecAdam(Optimizer):
         foreach: Optional[bool] = None,
         fused: Optional[bool] = None,
         defer_anchors: bool = False,
+        cuda_graph: bool = False,
     ):
         if fused and foreach is False:
             raise ValueError("RecAdam: fused=True and foreach=False cannot be combined")
         self.fused = fused
+        self.cuda_graph = cuda_graph
         self._fused_failed = False
         self._many_keys = set()  # the multi-tensor programs this optimizer uses (fused.update_many)
         self._lr_scales = {}  # p -> its lr scale, a number or element runs (set_lr_scale); not saved state
@@ -684,7 +688,7 @@ class RecAdam(Optimizer):
         for i, seg in enumerate([segs] if s_many is not None else segs):
             try:
                 if s_many is not None:
-                    _fused.update_many(seg, s_many)
+                    _fused.update_many(seg, s_many, graph=self.cuda_graph or None)
                 else:
                     c = b.scales[i]
                     if c not in s:

@@ -35,7 +35,7 @@ from .sam_support import add_sam
 logger = logging.getLogger(__name__)
 
 
-FUSED = {"auto": None, "on": True, "off": False}
+FUSED = {"auto": None, "on": True, "off": False, "cuda-graph": True}
 
 
 @dataclass
@@ -48,7 +48,8 @@ class FairseqRecAdamConfig(RecAdamHyperparams, SAMHyperparams, LayerLRHyperparam
     recadam_fused: ChoiceEnum(list(FUSED)) = field(
         default="auto",
         metadata={"help": "one-pass torch.compile'd update: auto (models of >= 4M elements, falling back to the "
-                          "eager update if compiling fails), on (fail if it cannot compile), off (eager only)"},
+                          "eager update if compiling fails), on (fail if it cannot compile), off (eager only), "
+                          "cuda-graph (on, and on CUDA a per-tensor layout's program replayed as a CUDA graph)"},
     )
     lr: List[float] = II("optimization.lr")
     log_interval: int = II("common.log_interval")
@@ -119,7 +120,8 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         check_checkpoint_paths(cfg)
         check_pull_stability(cfg, hp)
         check_sharding(cfg)
-        self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True)(params, **hp)
+        self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True,
+                                        cuda_graph=str(cfg.recadam_fused) == "cuda-graph")(params, **hp)
         forgetting_meter.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning

@@ -62,6 +62,8 @@ CATALOGUE = {
     "adam": ("adam", [], "adam"),
     "recadam": ("recadam:0.1:250", [], "adam"),
     "recadam-bf16-anchor": ("recadam:0.1:250", ["--recadam-anchor-dtype", "bf16"], "adam"),
+    # a per-tensor layout's program as a CUDA graph (--precision fp32: the layout it is for)
+    "recadam-cudagraph": ("recadam:0.1:250", ["--recadam-fused", "cuda-graph"], "recadam"),
     "r3f": ("r3f:1", [], "adam"),
     "r4f": ("r4f:1", [], "adam"),
     "sam": ("sam:0.05", [], "adam"),

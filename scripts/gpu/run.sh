@@ -9,7 +9,7 @@
 # runs, ~10 min, a call of its own). So: "tests bench-per-tensor e2e-recadam" in one call, "e2e" in
 # the next while the machine is warm.
 #   check        versions, the GPU, fairseq and the plug-in import (every stage starts with it)
-#   tests        every test marked gpu (RECADAM_GPU_TEST_WORKERS at once, default 4)  -> gpu-tests.log
+#   tests        every test marked gpu (RECADAM_GPU_TEST_WORKERS xdist workers; 0: serial)    -> gpu-tests.log
 #   suite        the whole suite (the forgetting harness needs the 83 MB model: left out) -> suite.log
 #   bench        the optimizer-step benchmark on CUDA, flat layout, base and large -> bench.log, benchmark.{md,json}
 #   bench-per-tensor  the same, per-tensor layout, base shapes, with inductor's combo kernels (recadam-combo)
@@ -17,6 +17,7 @@
 #                                                                                -> bench-pt.log, benchmark-pt.{md,json}
 #   e2e-recadam  fairseq-train --fp16 roberta-base: adam, recadam, bf16 anchor, 3 rounds -> e2e-recadam.{log,md,json}
 #   e2e          every method against its base, 1 round                          -> e2e.{log,md,json}
+#   e2e-per-tensor  fp32 fairseq-train: adam, recadam, recadam --recadam-fused cuda-graph, 2 rounds -> e2e-pt.{log,md,json}
 #   fsdp         --ddp-backend fully_sharded at world size 1 (fairscale's FSDP needs CUDA): recadam's one-line
 #                refusal, fairseq's adam under FSDP --fp16 ends as unsharded (tests/test_flat_shards.py) -> fsdp.log
 #   forgetting   the forgetting harness, fairseq-train on CUDA (scripts/gpu/forgetting.sh; first carry
@@ -32,7 +33,7 @@ PY=${PYTHON:-python3}
 SITE=${RECADAM_GPU_SITE:-/tmp/recadam-gpu-site}
 export PYTHONUNBUFFERED=1
 
-STAGES="check tests suite bench bench-per-tensor e2e-recadam e2e fsdp forgetting"
+STAGES="check tests suite bench bench-per-tensor e2e-recadam e2e e2e-per-tensor fsdp forgetting"
 for s in "$@"; do
     case " $STAGES " in *" $s "*) ;; *) echo "run.sh: unknown stage '$s' (one of: $STAGES)" >&2; exit 2 ;; esac
 done
@@ -95,9 +96,9 @@ WORKERS=${RECADAM_GPU_WORKERS:-8}
 for s in "$@"; do
     case $s in
     check) ;;
-    # the gpu tests are tiny fairseq-train launches: RECADAM_GPU_TEST_WORKERS of them share the card
+    # pass 4: 4 workers took 244 s against pass 3's 124 s serial (one more test): serial by default
     tests) stage tests gpu-tests.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider \
-               -n "${RECADAM_GPU_TEST_WORKERS:-4}" --dist loadfile ;;
+               -n "${RECADAM_GPU_TEST_WORKERS:-0}" --dist loadfile ;;
     suite) stage suite suite.log $PY -m pytest -n "$WORKERS" --dist loadfile -q -p no:cacheprovider \
                --ignore tests/test_forgetting.py ;;
     bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large --layouts flat \
@@ -109,6 +110,10 @@ for s in "$@"; do
     e2e-recadam) stage e2e-recadam e2e-recadam.log $PY scripts/gpu/e2e_overhead.py \
                --methods adam recadam recadam-bf16-anchor --rounds 3 \
                --out-md "$OUT/e2e-recadam.md" --out-json "$OUT/e2e-recadam.json" ;;
+    # fp32 fairseq-train (the per-tensor layout): recadam with and without --recadam-fused cuda-graph, 2 rounds;
+    # the log says how often the graph was captured (captures stop at 16 when the gradients keep moving)
+    e2e-per-tensor) stage e2e-per-tensor e2e-pt.log $PY scripts/gpu/e2e_overhead.py --precision fp32 --rounds 2 \
+               --methods recadam-cudagraph --warmup-runs 0 --out-md "$OUT/e2e-pt.md" --out-json "$OUT/e2e-pt.json" ;;
     # RECADAM_E2E_METHODS="a b ...": a subset (each method's base is added), to split e2e over device calls
     # RECADAM_E2E_WARMUP=0: no untimed first run (the machine already warm from earlier stages)
     e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 ${RECADAM_E2E_METHODS:+--methods $RECADAM_E2E_METHODS} \
