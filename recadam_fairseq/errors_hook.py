@@ -2,7 +2,8 @@
 
 Installed when fairseq loads the user-dir (``plugin.py``): a ``sys.excepthook`` that prints a
 :class:`~recadam_fairseq.core.errors.ConfigError` as one line on stderr, and hands every other exception to the hook that was there before, with its
-traceback. The exit status stays 1. ``RECADAM_TRACEBACK=1`` shows the traceback of ours too.
+traceback. The exit status stays 1. ``RECADAM_TRACEBACK=1`` (any value but empty or ``0``) shows the
+traceback of ours too.
 
 Two of fairseq's own start-up failures are a user's input too, and get one line saying what to
 change (:func:`fairseq_input_error`): a checkpoint that does not fit ``--arch`` (fairseq's "Cannot
@@ -108,7 +109,7 @@ def install() -> None:
         if err is None:
             what = fairseq_input_error(value)
             err = ConfigError(what) if what else None
-        if err is None or os.environ.get("RECADAM_TRACEBACK"):
+        if err is None or os.environ.get("RECADAM_TRACEBACK", "") not in ("", "0"):
             return previous(etype, value, tb)
         sys.stderr.write(one_line(err) + "\n")
         sys.stderr.flush()

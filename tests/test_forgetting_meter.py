@@ -126,7 +126,7 @@ def test_mlm_meter_at_each_validation_is_that_checkpoint_s(tiny, runs):
     assert sorted(recs) == [4, 8]
     with open(runs["root"] / "mlm" / "forgetting_meter.json") as f:
         start = json.load(f)["start"]
-    for upd in (8,):  # (update 4's costs another pass by hand; TensorBoard's test reads both)
+    for upd in (4, 8):
         loss, acc = mlm_by_hand(str(runs["root"] / "mlm" / f"checkpoint_1_{upd}.pt"), tiny.cls_bin, runs["mlm"])
         r = recs[upd]
         assert float(r["valid_fgt_mlm_loss"]) == pytest.approx(loss, abs=2e-5)
@@ -134,6 +134,8 @@ def test_mlm_meter_at_each_validation_is_that_checkpoint_s(tiny, runs):
         assert float(r["valid_fgt_mlm_loss_delta"]) == pytest.approx(loss - start["mlm_loss"], abs=2e-5)
         assert float(r["valid_fgt_mlm_acc_delta"]) == pytest.approx(acc - start["mlm_acc"], abs=2e-5)
     assert abs(float(recs[8]["valid_fgt_mlm_loss_delta"])) > 5e-5  # the encoder moved: a change the log shows
+    # each validation measured anew: a meter that logged one measurement twice would fail the checks above
+    assert abs(float(recs[8]["valid_fgt_mlm_loss"]) - float(recs[4]["valid_fgt_mlm_loss"])) > 1e-4
 
 
 def test_meter_does_not_change_training(runs):
@@ -229,8 +231,14 @@ def test_probe_math_against_references():
     y = rng.integers(0, 2, 50)
     s = np.round(rng.normal(size=50), 1)  # ties
     assert probes.roc_auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
-    assert torch.equal(probes.mask_positions(21, 3), probes.mask_positions(21, 3))
-    assert len(probes.mask_positions(21, 3)) == 3 and int(probes.mask_positions(21, 3).max()) < 20
+    first = probes.mask_positions(21, 3)
+    torch.manual_seed(12345)  # the global RNG moves between calls: a sentence's positions are its own draw
+    torch.rand(7)
+    assert torch.equal(probes.mask_positions(21, 3), first)
+    # 15% of the 20 tokens before </s>, sorted, distinct, </s> (position 20) never masked; another sentence, another draw
+    assert len(first) == 3 and len(set(first.tolist())) == 3 and first.tolist() == sorted(first.tolist())
+    assert int(first.max()) < 20 and not torch.equal(probes.mask_positions(21, 4), first)
+    assert len(probes.mask_positions(2, 0)) == 1 and probes.mask_positions(2, 0).tolist() == [0]
 
 
 def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, runs, tmp_path):

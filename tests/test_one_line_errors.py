@@ -150,9 +150,15 @@ raise KeyError("not ours")
 """
     script = tmp_path / "prog.py"
     script.write_text(code)
-    out = {k: subprocess.run([sys.executable, str(script), k], capture_output=True, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "RECADAM_TRACEBACK"}
+    out = {k: subprocess.run([sys.executable, str(script), k], capture_output=True, text=True, env=env)
            for k in ("ours", "wrapped", "foreign", "bf16")}
     assert out["ours"].returncode == 1 and out["ours"].stderr == "prog.py: error: --rho must be >= 0, got -1\n"
+    for value, traceback in (("1", True), ("0", False), ("", False)):  # RECADAM_TRACEBACK=1: ours with its traceback
+        p = subprocess.run([sys.executable, str(script), "ours"], capture_output=True, text=True,
+                           env={**env, "RECADAM_TRACEBACK": value})
+        assert p.returncode == 1 and ("Traceback" in p.stderr) == traceback, (value, p.stderr)
+        assert ("ConfigError: --rho must be >= 0" in p.stderr) == traceback and ("prog.py: error" in p.stderr) != traceback
     assert "Traceback" in out["wrapped"].stderr and "--eps must be >= 0" in out["wrapped"].stderr \
         and "fairseq wrapped it" in out["wrapped"].stderr
     assert out["foreign"].returncode == 1 and "Traceback" in out["foreign"].stderr and "KeyError" in out["foreign"].stderr

@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq.optim import build_optimizer
 
-from conftest import load_ckpt, run_jobs
+from conftest import json_records, load_ckpt, run_jobs
 from test_adapter import Net, parse
 from test_distributed import anchors, launch
 
@@ -26,14 +26,15 @@ def runs(tiny, tmp_path_factory):
     save = ["--save-interval-updates", "6"]
 
     def unsharded():
-        launch(tiny, plain, 2, *save)
-        return {"plain6": load_ckpt(plain / "checkpoint_1_6.pt"), "plain": load_ckpt(plain / "checkpoint_last.pt")}
+        (log, _) = launch(tiny, plain, 2, *save)
+        return {"plain6": load_ckpt(plain / "checkpoint_1_6.pt"), "plain": load_ckpt(plain / "checkpoint_last.pt"),
+                "plain_log": log}
 
     def stopped_and_resumed():
-        launch(tiny, sharded, 2, *OS, "--max-update", "6")
+        (first, _) = launch(tiny, sharded, 2, *OS, "--max-update", "6")
         six = load_ckpt(sharded / "checkpoint_last.pt")
         (log, _) = launch(tiny, sharded, 2, *OS, restore=False)
-        return {"six": six, "sharded": load_ckpt(sharded / "checkpoint_last.pt"), "log": log}
+        return {"six": six, "sharded": load_ckpt(sharded / "checkpoint_last.pt"), "log": log, "first_log": first}
 
     out = run_jobs([unsharded, stopped_and_resumed])
 
@@ -85,6 +86,19 @@ def test_memory_efficient_fp16_sharded_equals_unsharded(tiny, runs):
     w = runs["me_os"]["model"]["encoder.sentence_encoder.layers.0.fc1.weight"]  # saved as fp32 by fairseq
     assert torch.equal(w.half().float(), w)  # fp16 values: the model trained in fp16
     assert not torch.equal(w, pre["encoder.sentence_encoder.layers.0.fc1.weight"].half().float())
+
+
+def test_logged_distance_is_the_unsharded_runs(runs):
+    """recadam_dist under OSS: each rank's Σ(θ−θ*)² over its shard, summed over the ranks, is the unsharded
+    run's at every log step (updates 4, then 8 and 12 after the resume)."""
+    def dists(log):
+        return {int(r["num_updates"]): float(r["recadam_dist"]) for r in json_records(log, "train_inner")}
+
+    plain, sharded = dists(runs["plain_log"]), {**dists(runs["first_log"]), **dists(runs["log"])}
+    assert sorted(sharded) == sorted(plain) == [4, 8, 12]
+    for n in plain:
+        assert sharded[n] == pytest.approx(plain[n], rel=1e-6), n  # the log's 6 significant digits
+    assert plain[12] > plain[4] > 0
 
 
 def test_consolidated_state_holds_every_anchor_and_moment_once(runs):
