@@ -214,7 +214,7 @@ def test_recadam_lr_scales_match_float64_reference(path, monkeypatch):
     tensors, grads = problem()
     rows = []
     if path == "fused-fails":  # compiling fails at the first step: every segment goes eager with its scale
-        def broken(*args):
+        def broken(*args, **kw):
             raise RuntimeError("no C++ compiler here")
 
         for name, value in (("MIN_SEGMENT", 2), ("MULTI_MIN_SEGMENTS", 2), ("AUTO_MIN_NUMEL", 1),
@@ -229,7 +229,7 @@ def test_recadam_lr_scales_match_float64_reference(path, monkeypatch):
         monkeypatch.setattr(fused_mod, "MIN_SEGMENT", 2)
         monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
         many = fused_mod.update_many
-        monkeypatch.setattr(fused_mod, "update_many", lambda segs, s: (rows.append(tuple(s.shape)), many(segs, s)))
+        monkeypatch.setattr(fused_mod, "update_many", lambda segs, s, **kw: (rows.append(tuple(s.shape)), many(segs, s, **kw)))
     ps, opt = run_recadam(tensors, grads, foreach=path != "single", fused=path == "fused")
     if path == "fused":  # A (×0.5) and D (×1), anchored: one call with a row each, every step
         assert rows == [(2, 8)] * len(grads)
