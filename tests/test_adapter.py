@@ -6,28 +6,9 @@ import pytest
 import torch
 from fairseq.optim import build_optimizer
 
-from conftest import USER_DIR, parse_config
-from test_child_tuning import Toy
+from helpers import Net, Toy, parse
 from recadam_fairseq.core.anchor import AnchorError
 from recadam_fairseq.optim.fairseq_recadam import FairseqRecAdamConfig
-
-
-class Net(torch.nn.Module):
-    """A pretrained 'encoder' and a new 'head', as in fine-tuning."""
-
-    def __init__(self, head=True, width=3):
-        super().__init__()
-        self.encoder = torch.nn.Linear(width, 4)
-        if head:
-            self.head = torch.nn.Linear(4, 2)
-
-
-def parse(*flags, restore=None):
-    argv = ["--task", "dummy_lm", "--arch", "transformer_lm", "--user-dir", USER_DIR,
-            "--optimizer", "recadam", "--lr", "1e-4", "--cpu", *flags]
-    if restore:
-        argv += ["--restore-file", str(restore)]
-    return parse_config(*argv)
 
 
 def pretrained_file(tmp_path, **kw):

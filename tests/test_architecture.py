@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from conftest import ROOT
+from helpers import ROOT
 
 PACKAGE = os.path.join(ROOT, "recadam_fairseq")
 CORE = sorted(os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")

@@ -5,7 +5,7 @@ import os
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 from recadam_fairseq.tools import benchmark as bench
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import USER_DIR, load_ckpt, random_tokens, tiny_roberta
+from helpers import TINY_CA_MTL, build_tiny, load_ckpt, random_tokens, run_plan
 from recadam_fairseq.core.conditional_modules import (
     ConditionalAttentionBias,
     ConditionalBottleneck,
@@ -24,7 +24,6 @@ from recadam_fairseq.core.conditional_modules import (
 )
 
 TASKS = ["a", "b", "c"]
-TINY_CA_MTL = ["--arch", "ca_mtl_roberta_tiny"]  # after TINY_ARCH: the last --arch wins, sizes agree
 
 
 def _randomise(module, std=0.3, seed=0):
@@ -96,29 +95,13 @@ def test_bottleneck_and_identity_init_float64():
 
 
 # --------------------------------------------------------------------------- the model, in process
-def _build(tiny, arch_args, tasks=None, extra=()):
-    """Model and task the way fairseq-train builds them (sentence_prediction registers the head)."""
-    from fairseq import options, tasks as fairseq_tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    parser = options.get_training_parser()
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(parser, [
-        tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-        "--cpu", "--user-dir", USER_DIR, *tiny_roberta.TINY_ARCH, *arch_args, *extra]))
-    task = fairseq_tasks.setup_task(cfg.task)
-    if tasks:
-        task.mt_task_names = tasks  # what --task glue_multitask exposes
-    return task.build_model(cfg.model), task
-
-
-
 @pytest.fixture(scope="module")
 def pair(tiny):
     """Plain RoBERTa and CA-MTL (3 tasks), both loaded from the tiny pretrained checkpoint, float64."""
     state = load_ckpt(tiny.pretrained)["model"]
-    rob, task = _build(tiny, [])
+    rob, task, _ = build_tiny(tiny)
     rob.load_state_dict(dict(state), strict=True)
-    ca, _ = _build(tiny, TINY_CA_MTL, tasks=TASKS)
+    ca, _, _ = build_tiny(tiny, *TINY_CA_MTL, tasks=TASKS)
     ca.load_state_dict(dict(state), strict=True)  # fairseq's load path: upgrade_state_dict fills the new tensors
     ca.classification_heads.load_state_dict(rob.classification_heads.state_dict())
     return rob.double().eval(), ca.double().eval(), task, state
@@ -236,8 +219,8 @@ def test_bad_flags_name_themselves(pair):
 
 
 def test_flags_reach_the_model(tiny):
-    model, _ = _build(tiny, TINY_CA_MTL, extra=["--ca-mtl-cln-layers", "none", "--ca-mtl-attn-layers", "1",
-                                                  "--ca-mtl-adapter-layers", "none", "--ca-mtl-no-alignment"])
+    model, _, _ = build_tiny(tiny, *TINY_CA_MTL, "--ca-mtl-cln-layers", "none", "--ca-mtl-attn-layers", "1",
+                             "--ca-mtl-adapter-layers", "none", "--ca-mtl-no-alignment")
     assert model.conditional_tensor_names() == [
         "encoder.sentence_encoder.layers.1.attn_bias.blocks", "encoder.sentence_encoder.layers.1.attn_bias.film.weight",
         "encoder.sentence_encoder.layers.1.attn_bias.film.bias", "encoder.sentence_encoder.task_embedding.weight"]
@@ -251,14 +234,11 @@ def runs(tiny, tmp_path_factory):
     lr0: fairseq's Adam at lr 0 leaves every tensor as fairseq-train loaded it;
     recadam: 8 updates, λ(t) rising within them so the pretrained tensors move too.
     """
-    from concurrent.futures import ThreadPoolExecutor
-
     lr0, rec = tmp_path_factory.mktemp("ca_mtl_lr0"), tmp_path_factory.mktemp("ca_mtl_recadam")
-    with ThreadPoolExecutor(2) as pool:
-        a = pool.submit(tiny.train, lr0, *TINY_CA_MTL, "--lr", "0", optimizer="adam", updates=1)
-        b = pool.submit(tiny.train, rec, *TINY_CA_MTL, "--recadam-anneal-t0", "2", "--recadam-anneal-k", "1",
-                        updates=8)
-        return {"lr0": (lr0, a.result()[1]), "recadam": (rec, b.result()[1])}
+    out = run_plan({"lr0": lambda: tiny.train(lr0, *TINY_CA_MTL, "--lr", "0", optimizer="adam", updates=1),
+                    "recadam": lambda: tiny.train(rec, *TINY_CA_MTL, "--recadam-anneal-t0", "2", "--recadam-anneal-k",
+                                                  "1", updates=8)})
+    return {"lr0": (lr0, out["lr0"][1]), "recadam": (rec, out["recadam"][1])}
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT, USER_DIR
+from helpers import ROOT, USER_DIR
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.__main__ import DOC_TABLES, RENDER

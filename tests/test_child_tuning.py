@@ -6,7 +6,6 @@ fairseq-train on the tiny model: ratio 1 equals the base bit for bit, D's masked
 
 import os
 import shutil
-from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
 import numpy as np
@@ -16,12 +15,10 @@ from fairseq.logging import metrics
 from fairseq.optim import build_optimizer
 
 import recadam_fairseq.core.child_tuning as ct
-from conftest import USER_DIR, load_ckpt, parse_config
+from helpers import (ADAM_W0, DIST_FLAGS, NO_DROPOUT, ONE_THREAD, USER_DIR, Toy, assert_same_run, dumps, load_ckpt,
+                     one_error_line, parse_config, run_plan)
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.optim.child_tuning import ChildTuning
-from test_distributed import dumps, launch
-from test_one_line_errors import one_error_line
-from test_resume_and_anchors import assert_same_run
 
 F64 = dict(dtype=torch.float64)
 
@@ -181,19 +178,6 @@ def test_d_masks_the_encoder_layers_only():
 
 
 # --------------------------------------------------------------------------- the listener in-process
-class Toy(torch.nn.Module):
-    """RoBERTa's names: 2 encoder layers, embeddings, a head."""
-
-    def __init__(self):
-        super().__init__()
-        se = torch.nn.Module()
-        se.embed_tokens = torch.nn.Embedding(5, 3)
-        se.layers = torch.nn.ModuleList([torch.nn.Linear(3, 4), torch.nn.Linear(4, 3)])
-        self.encoder = torch.nn.Module()
-        self.encoder.sentence_encoder = se
-        self.head = torch.nn.Linear(3, 2)
-
-
 def parse(*flags):
     return parse_config("--task", "dummy_lm", "--arch", "transformer_lm", "--user-dir", USER_DIR, "--optimizer",
                         "recadam", "--lr", "0.01", "--cpu", "--seed", "5", "--recadam-anneal-w", "0", *flags)
@@ -286,10 +270,8 @@ def test_d_state_round_trip_and_mismatches():
 
 
 # --------------------------------------------------------------------------- through fairseq-train
-ADAM = ["--recadam-anneal-w", "0"]  # plain Adam (fairseq's adam bit for bit); weight decay 0 (the default)
-NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
+ADAM = ADAM_W0  # plain Adam (fairseq's adam bit for bit); weight decay 0 (the default)
 P = 0.25
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two runs at a time on few cores: no thread oversubscription
 
 
 @pytest.fixture(scope="module")
@@ -307,28 +289,22 @@ def runs(tiny, tmp_path_factory):
         "bad": ((*d[:2], "--child-tuning-ratio", "0"), dict(check=False)),
     }
 
-    def go(item):
-        name, (extra, kw) = item
-        kw["env"] = ONE_THREAD
-        out = {name: tiny.train(root / name, *extra, **kw)}
-        if name == "d":  # resume from the copy of its update-2 checkpoint, to 4 updates
-            save = root / "d-resumed"
-            save.mkdir()
-            shutil.copy(root / "d" / "checkpoint_1_2.pt", save / "at2.pt")
-            out["d-resumed"] = tiny.train(save, *ADAM, *d, *NO_DROPOUT, "--restore-file", str(save / "at2.pt"),
-                                          updates=4, restore=False, env=ONE_THREAD)
-        if name == "f":  # resume from its update-1 checkpoint, to 2 updates
-            save = root / "f-resumed"
-            save.mkdir()
-            shutil.copy(root / "f" / "checkpoint_1_1.pt", save / "at1.pt")
-            out["f-resumed"] = tiny.train(save, *F, "--restore-file", str(save / "at1.pt"), updates=2, restore=False,
-                                          env=ONE_THREAD)
-        return out
+    def run(name, extra, kw):
+        return lambda: tiny.train(root / name, *extra, env=ONE_THREAD, **kw)
 
-    out = {}
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        for res in pool.map(go, cases.items()):
-            out.update(res)
+    def resumed(name, src, at, extra, updates):  # from a copy of src's update-`at` checkpoint
+        def go():
+            save = root / name
+            save.mkdir()
+            shutil.copy(root / src / f"checkpoint_1_{at}.pt", save / f"at{at}.pt")
+            return tiny.train(save, *extra, "--restore-file", str(save / f"at{at}.pt"), updates=updates,
+                              restore=False, env=ONE_THREAD)
+        return go
+
+    steps = {name: run(name, extra, kw) for name, (extra, kw) in cases.items()}
+    steps["d-resumed"] = resumed("d-resumed", "d", 2, [*ADAM, *d, *NO_DROPOUT], 4)  # to 4 updates
+    steps["f-resumed"] = resumed("f-resumed", "f", 1, F, 2)  # to 2 updates
+    out = run_plan(steps, after={"d-resumed": "d", "f-resumed": "f"})
     return dict(root=root, out=out, pre=load_ckpt(tiny.pretrained)["model"],
                 load=lambda *p: load_ckpt(root.joinpath(*p)))
 
@@ -349,7 +325,7 @@ def test_ratio_one_is_the_base_bit_for_bit(runs):
     """D at p = 1 runs its Fisher passes (3 batches) before the first forward: the global RNG, the gradients and
     the trainer's batches are put back, and the all-ones mask changes nothing."""
     base, one = runs["load"]("base", "checkpoint_last.pt"), runs["load"]("ratio1", "checkpoint_last.pt")
-    assert_same_run(base, one)
+    assert_same_run(base, one, listeners=False)  # (the ratio-1 run's mask beside it)
     log = runs["out"]["ratio1"][1]
     assert "Fisher information of 3 batches (48 examples, 1 rank)" in log
     assert all(b.all() for b in (unpack(v, (v.numel() * 8,)) for v in one["last_optimizer_state"]["child_tuning"]["keep"].values()))
@@ -436,7 +412,7 @@ def test_d_mask_is_the_same_on_two_ranks(tiny, tmp_path, monkeypatch):
     broadcast; both ranks hold the same mask (each rank's dump) and end with the same weights."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     save = tmp_path / "two"
-    logs = launch(tiny, save, 2, "--child-tuning", "D", "--child-tuning-ratio", str(P),
+    logs = tiny.ranks(save, 2, *DIST_FLAGS, "--child-tuning", "D", "--child-tuning-ratio", str(P),
                   "--child-tuning-fisher-batches", "2", "--max-update", "2")
     r0, r1 = dumps(save, 2)
     k0, k1 = r0["optimizer"]["child_tuning"]["keep"], r1["optimizer"]["child_tuning"]["keep"]

@@ -11,9 +11,8 @@ import torch
 from scipy.stats import pearsonr, spearmanr
 from sklearn.metrics import f1_score, matthews_corrcoef
 
-from conftest import json_records, load_ckpt
+from helpers import json_records, load_ckpt, parse, trainable_names
 from recadam_fairseq.core import glue_metrics
-from test_adapter import parse
 
 CRIT = ["--criterion", "sentence_prediction_recadam"]
 
@@ -99,7 +98,6 @@ def test_reported_metrics_agree_with_the_checkpoints(json_runs):
 
 def _names(ck):
     """Names of the optimizer's tensors in order (fp32: the model's trainable parameters)."""
-    from test_fairseq_train import trainable_names
     import tempfile, os
 
     with tempfile.TemporaryDirectory() as d:
@@ -165,7 +163,7 @@ def test_coupled_objective_will_not_resume_toward_finetuned_weights(tiny, tmp_pa
 
 
 def test_plot_run_renders_real_logs(json_runs, tmp_path):
-    from conftest import plot_run
+    from recadam_fairseq.tools import plot_run
 
     logs = [str(json_runs[name][0] / "json.log") for name in ("recadam", "adam")]
     out = tmp_path / "runs.png"

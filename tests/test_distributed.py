@@ -12,51 +12,17 @@ import sys
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, free_port, json_records, load_ckpt, run_jobs
+from helpers import (DIST_FLAGS, TRAIN_ENTRY, anchors, dumps, free_port, json_records, load_ckpt, relative_gap,
+                     run_jobs)
 
-FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500",
-         "--dropout", "0", "--attention-dropout", "0", "--batch-size", "8", "--log-format", "json",
-         "--log-interval", "4"]
 # fp32 sums of the same gradients in another order, then 12 Adam steps (whose normalisation
 # amplifies the last bits of tiny gradients): measured < 1e-6 here
 ATOL = 1e-5
 
 
-def launch(tiny, save, world, *flags, backend="legacy_ddp", device="cpu", timeout=600, one_gpu=False, **kw):
-    """One fairseq-train per rank; returns the logs. Every rank dumps its final state. ``one_gpu``: every rank on
-    cuda:0, reduced over gloo (NCCL refuses two ranks on one device)."""
-    os.makedirs(save, exist_ok=True)
-    port = free_port()
-    env = dict(os.environ, RECADAM_DUMP_DIR=str(save))
-    procs, logs = [], []
-    for rank in range(world):
-        args = tiny.finetune_args(save, *FLAGS, *flags, device=device, **kw)
-        if world > 1:
-            args += ["--distributed-world-size", str(world), "--distributed-rank", str(rank),
-                     "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-                     "--device-id", str(rank if device == "cuda" and not one_gpu else 0), "--ddp-backend", backend]
-            if device == "cpu" or one_gpu:
-                args += ["--distributed-backend", "gloo"]
-        log = open(os.path.join(save, f"rank{rank}.log"), "w")
-        procs.append(subprocess.Popen([sys.executable, TRAIN_ENTRY, *args], stdout=log, stderr=subprocess.STDOUT,
-                                      env=env, cwd=tiny.root))
-        logs.append(log)
-    for p in procs:
-        p.wait(timeout=timeout)
-    for log in logs:
-        log.close()
-    texts = [open(os.path.join(save, f"rank{r}.log")).read() for r in range(world)]
-    for r, (p, text) in enumerate(zip(procs, texts)):
-        assert p.returncode == 0, f"rank {r} failed:\n{text[-4000:]}"
-    return texts
-
-
-def dumps(save, world):
-    return [torch.load(os.path.join(save, f"rank{r}.pt"), map_location="cpu", weights_only=True) for r in range(world)]
-
-
-def anchors(opt_state):
-    return [st["anchor"] for st in opt_state["state"].values() if "anchor" in st]
+def launch(tiny, save, world, *flags, **kw):
+    """N ranks (or one) of the shared distributed command: helpers.DIST_FLAGS, then ``flags``."""
+    return tiny.ranks(save, world, *DIST_FLAGS, *flags, **kw)
 
 
 def close(a, b, atol=ATOL):
@@ -144,15 +110,6 @@ def test_pytorch_ddp_on_gpus(tiny, tmp_path):
     assert close(r0["model"], ref["model"], atol=1e-4)  # NCCL reduction order, TF32 off by default
 
 
-def _relative_gap(a, b, start):
-    """‖(a − start) − (b − start)‖ / ‖b − start‖ over the floating-point weights both hold."""
-    keys = [k for k in b if b[k].is_floating_point() and k in start]
-    cat = lambda d: torch.cat([d[k].double().reshape(-1) for k in keys])  # noqa: E731
-    moved = (cat(b) - cat(start)).norm()
-    assert moved > 0
-    return float((cat(a) - cat(b)).norm() / moved)
-
-
 def _dists(text):
     return [float(r["recadam_dist"]) for r in json_records(text, "train_inner")]
 
@@ -187,10 +144,10 @@ def test_two_ranks_on_one_gpu_fp16(tiny, tmp_path):
     (r0, r1), two_log = runs["two"]
     for k in r0["model"]:
         assert torch.equal(r0["model"][k], r1["model"][k]), k  # the ranks hold one model
-    gap = _relative_gap(r0["model"], one["model"], start)
+    gap = relative_gap(r0["model"], one["model"], start)
     (p0, _), plain_log = runs["plain"]
     (o0,), os_log = runs["os"]
-    os_gap = _relative_gap(o0["model"], p0["model"], start)
+    os_gap = relative_gap(o0["model"], p0["model"], start)
     dist = (_dists(two_log), _dists(runs["one"][1]), _dists(plain_log), _dists(os_log))
     print(f"two ranks on one GPU vs --update-freq 2: weights' update {gap:.2e} apart (relative L2); "
           f"zero-sharding os vs unsharded: {os_gap:.2e}; recadam_dist two/one/plain/os: {dist}")
@@ -201,7 +158,7 @@ def test_two_ranks_on_one_gpu_fp16(tiny, tmp_path):
 def test_launch_script_cpu_local_and_dry_runs(tiny, tmp_path):
     script = os.path.join(os.path.dirname(TRAIN_ENTRY), "..", "scripts", "launch_multinode.sh")
     save = tmp_path / "launched"
-    args = [a for a in tiny.finetune_args(save, *FLAGS, "--max-update", "4") if a != "--cpu"]
+    args = [a for a in tiny.finetune_args(save, *DIST_FLAGS, "--max-update", "4") if a != "--cpu"]
     env = dict(os.environ, NUM_PROCS="2", MASTER_PORT=str(free_port()), FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}")
     out = subprocess.run(["bash", script, "cpu-local", *args], env=env, capture_output=True, text=True, cwd=tiny.root)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]

@@ -15,7 +15,7 @@ from recadam_fairseq import RecAdam
 from recadam_fairseq.core import ewc
 from recadam_fairseq.core.errors import ConfigError
 
-from conftest import assert_one_line_error, load_ckpt, run_jobs
+from helpers import assert_one_line_error, load_ckpt, run_jobs
 from test_distributed import dumps, launch
 from test_fp16_wrappers import cpu_flat_fp16, flat_params, run_wrapper  # noqa: F401 - a fixture
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta

@@ -7,7 +7,7 @@ import os
 import pytest
 import torch
 
-from conftest import load_ckpt
+from helpers import load_ckpt
 
 HEAD = "classification_heads."
 

@@ -5,7 +5,7 @@ import shutil
 import subprocess
 import sys
 
-from conftest import ROOT, SCRIPTS
+from helpers import ROOT, SCRIPTS
 
 FIND = os.path.join(SCRIPTS, "find_python.sh")
 V = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the tests' own interpreter stands in for a real one

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, load_ckpt
+from helpers import ROOT, load_ckpt
 
 from recadam_fairseq.compare import cli, ewc_fisher, measure, methods, plan, plot, prepare, report, runner, stats, summary
 from recadam_fairseq.compare.context import RunContext

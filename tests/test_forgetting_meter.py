@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import assert_one_line_error, json_records, load_ckpt, run_jobs
+from helpers import assert_one_line_error, json_records, load_ckpt, run_jobs
 from recadam_fairseq.core import probes
 from recadam_fairseq.tools import binarize_probe
 
@@ -246,7 +246,7 @@ def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, 
     import subprocess
     import sys
 
-    from conftest import ROOT
+    from helpers import ROOT
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FORGETTING_", "CRITERION", "DRY_RUN"))}
     env.update(ROBERTA_PATH=tiny.pretrained, DATA_DIR=tiny.glue_bin, SAVE_DIR=str(tmp_path / "dry"), DRY_RUN="1",

@@ -10,7 +10,7 @@ import torch
 from fairseq import optim
 
 from recadam_fairseq import RecAdam
-from test_adapter import Net, parse
+from helpers import Net, parse
 
 STEPS = 6
 HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid",

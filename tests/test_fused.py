@@ -14,7 +14,7 @@ import torch
 
 import recadam_fairseq.core.fused as fused_mod
 from recadam_fairseq import RecAdam
-from test_core import HP, run_pair
+from helpers import HP, run_pair
 
 F64 = dict(dtype=torch.float64)
 

@@ -19,7 +19,8 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ROOT, TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt, parse_config, tiny_roberta
+from helpers import ROOT, TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt, parse_config
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 from test_prepare_glue import GLUE, pg, write_bpe, write_tsv
 
 from recadam_fairseq.core import mt_sampling

@@ -18,11 +18,11 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from conftest import ROOT, TRAIN_ENTRY, USER_DIR, tiny_roberta
+from helpers import ROOT, TRAIN_ENTRY, USER_DIR, anchors, assert_same_run, base_env, run_plan
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 from recadam_fairseq import catalogue
 
@@ -32,12 +32,6 @@ GRID = os.path.join(GLUE, "grid.sh")
 SUMMARIZE = os.path.join(GLUE, "summarize.py")
 CONFIGS = os.path.join(GLUE, "configs")
 
-# The env vars the scripts read: the tests start from none of them set.
-SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR", "BATCH", "SEED", "FP16",
-              "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
-              "PRINT_RUN_DIR", "KS", "T0S", "SEEDS", "METHODS", "RHO", "KEEP_RATIO", "MASK_ITER_E", "MAX_POSITIONS",
-              "SAVE_INTERVAL_UPDATES", "RESTART", "PYTHON", "RECADAM_EXIT_AFTER_SAVES", "TASKS", "SAMPLING",
-              "METHOD", "FREEZE", "EPOCHS", "FORGETTING_PROBE", "FORGETTING_METER"] + [k.var for k in catalogue.KNOBS.values()]
 CUDA = __import__("torch").cuda.is_available()
 
 # fairseq's RoBERTa GLUE recipe: lr, batch, updates, warmup, classes, best-checkpoint metric
@@ -56,12 +50,6 @@ RECADAM_DEFAULTS = {"--recadam-anneal-fun": "sigmoid", "--recadam-anneal-k": "0.
 TINY_EXTRA = ["--cpu", "--batch-size", "8", "--max-tokens", "2000", "--num-workers", "0",
               "--validate-interval-updates", "4"]
 REPORT = {"RTE": "--report-acc-and-f1", "STS-B": "--report-pearson-and-spearman"}  # sentence_prediction's flags
-
-
-def base_env(**kw):
-    env = {k: v for k, v in os.environ.items() if k not in SCRIPT_ENV}
-    env.update({k: str(v) for k, v in kw.items()})
-    return env
 
 
 def run(cmd, env, cwd=None, check=None):
@@ -162,8 +150,7 @@ def glue(tiny, tmp_path_factory):
         p = run(cmd, e, cwd=cwd)
         return key, (p.returncode, p.stdout, time.time() - t)
 
-    with ThreadPoolExecutor(max_workers=3) as pool:
-        results = dict(pool.map(go, jobs.items()))
+    results = run_plan({key: (lambda item=(key, job): go(item)[1]) for key, job in jobs.items()}, workers=3)
     return {"root": root, "data": data, "runs": runs, "env": env, "grid_env": grid_env, "results": results,
             "coupled": coupled, "hydra_dir": hydra_dir}
 
@@ -312,37 +299,10 @@ def test_grid_runs_then_skips(glue):
 
 
 def _final_state(run_dir):
+    """checkpoint_last.pt (not helpers.load_ckpt: fairseq stores STS-B's best pearson as a numpy scalar)."""
     import torch
 
-    st = torch.load(run_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
-    return st["model"], st["last_optimizer_state"], st["optimizer_history"][-1]["num_updates"]
-
-
-def _assert_same_state(a, b):
-    import torch
-
-    (ma, oa, na), (mb, ob, nb) = a, b
-    assert na == nb == 8
-    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma), "weights differ"
-    flat = []
-
-    def walk(x, y, where):
-        if torch.is_tensor(x):
-            assert torch.is_tensor(y) and x.dtype == y.dtype and torch.equal(x, y), where
-            flat.append(where)
-        elif isinstance(x, dict):
-            assert x.keys() == y.keys(), where
-            for k in x:
-                walk(x[k], y[k], f"{where}.{k}")
-        elif isinstance(x, (list, tuple)):
-            assert len(x) == len(y), where
-            for i, (u, v) in enumerate(zip(x, y)):
-                walk(u, v, f"{where}[{i}]")
-        else:
-            assert x == y, where
-
-    walk(oa, ob, "optimizer")
-    assert any(w.endswith(".anchor") for w in flat), "θ* is in the optimizer state and was compared"
+    return torch.load(run_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
 
 
 def test_killed_run_resumes_bit_for_bit(glue):
@@ -364,8 +324,7 @@ def test_killed_run_resumes_bit_for_bit(glue):
         return run([FINETUNE, "RTE", "recadam", *TINY_EXTRA], dict(glue["env"], SAVE_DIR=str(glue["root"] / kind)),
                    check=0).stdout
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        out = dict(zip(dirs, pool.map(relaunch, dirs)))
+    out = run_plan({kind: (lambda kind=kind: relaunch(kind)) for kind in dirs})
     d = dirs["killed"]
     assert f"finetune.sh: resuming {glue['root']}/killed/RTE/recadam-k0.1-t1000/seed1 from checkpoint_last.pt " \
            f"(update 4)" in out["killed"]
@@ -375,11 +334,14 @@ def test_killed_run_resumes_bit_for_bit(glue):
                         r"\(update 4\)", line), line
     assert len(list(dirs["truncated"].glob("checkpoint_last.pt.bad-*"))) == 1, "set aside, not deleted"
     want = _final_state(straight)
+    assert want["optimizer_history"][-1]["num_updates"] == 8 and anchors(want["last_optimizer_state"])
     for kind, d in dirs.items():
         assert (d / "done").exists()
         log = (d / "train.log").read_text()
         assert "loading pretrained model from" in log.split("resuming")[0], "the first launch: --finetune-from-model"
-        _assert_same_state(_final_state(d), want)
+        got = _final_state(d)
+        assert got["optimizer_history"][-1]["num_updates"] == 8
+        assert_same_run(got, want)  # weights, moments, θ*, steps
 
 
 def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):

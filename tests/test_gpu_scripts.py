@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from conftest import ROOT
+from helpers import ROOT
 
 E2E = os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py")
 RUN_SH = os.path.join(ROOT, "scripts", "gpu", "run.sh")

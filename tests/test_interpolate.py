@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, SCRIPTS, load_ckpt
+from helpers import ROOT, SCRIPTS, load_ckpt
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.interpolate import interpolate, shared_names
 from recadam_fairseq.tools import interpolate as wise

@@ -4,7 +4,6 @@ scales against a float64 reference, and the flag through the real fairseq-train 
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -15,11 +14,9 @@ from recadam_fairseq import RecAdam
 from recadam_fairseq.core.conditional_modules import ConditionalBottleneck
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.layer_lr import LayerLRPlan, exponent, num_layers, tensor_scales
-from test_core import ref_lambda
-from test_one_line_errors import one_error_line
-from test_resume_and_anchors import assert_same_run
+from helpers import (ADAM_W0, F64, TINY_CA_MTL, assert_same_run, build_tiny, load_ckpt, one_error_line, ref_lambda,
+                     run_plan)
 
-F64 = dict(dtype=torch.float64)
 G = 0.5  # γ of the end-to-end runs
 
 
@@ -113,9 +110,7 @@ def test_plan_per_tensor_copies_and_flat():
 
 def test_ca_mtl_new_modules_keep_the_full_lr(tiny):
     """The real CA-MTL model (fairseq builds it): its conditional tensors, inside layers too, get lr."""
-    from test_ca_mtl_model import TASKS, TINY_CA_MTL, _build
-
-    ca, _ = _build(tiny, TINY_CA_MTL, tasks=TASKS)
+    ca, _, _ = build_tiny(tiny, *TINY_CA_MTL, tasks=["a", "b", "c"])
     named = [(n, p) for n, p in ca.named_parameters() if p.requires_grad]
     got = dict(zip([n for n, _ in named], LayerLRPlan([p for _, p in named], ca, G).scales))
     new = set(ca.conditional_tensor_names())
@@ -260,7 +255,7 @@ def test_set_lr_scale_normalises_and_checks():
 
 
 # --------------------------------------------------------------------------- through fairseq-train
-ADAM = ["--recadam-anneal-w", "0"]  # plain Adam (bit for bit fairseq's adam)
+ADAM = ADAM_W0  # plain Adam (bit for bit fairseq's adam)
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.98, 1e-6  # conftest's finetune_args
 
 
@@ -277,8 +272,6 @@ def layer_scale(name):
 
 @pytest.fixture(scope="module")
 def runs(tiny, tmp_path_factory):
-    from conftest import load_ckpt
-
     root = tmp_path_factory.mktemp("llrd")
     # the pretrained file with a classification head (its first step is checked too: scale 1)
     pre = torch.load(tiny.pretrained, map_location="cpu", weights_only=False)
@@ -300,16 +293,13 @@ def runs(tiny, tmp_path_factory):
         "samsgd-fp16": ((*decay, "--fp16"), dict(optimizer="samsgd", check=False)),
     }
 
-    def go(item):
-        name, (extra, kw) = item
-        return name, tiny.train(root / name, *extra, **kw)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        out = dict(pool.map(go, cases.items()))
+    steps = {name: (lambda name=name, extra=extra, kw=kw: tiny.train(root / name, *extra, **kw))
+             for name, (extra, kw) in cases.items()}
     # relaunch the 2-update run: fairseq resumes from its checkpoint_last.pt up to 4 updates
-    save = root / "resumed"
-    out["resumed"] = tiny.train(save, *ADAM, *decay[:2], "--restore-file", str(save / "checkpoint_last.pt"),
-                                updates=4, restore=False)
+    steps["resumed-to-4"] = lambda: tiny.train(root / "resumed", *ADAM, *decay[:2], "--restore-file",
+                                               str(root / "resumed" / "checkpoint_last.pt"), updates=4, restore=False)
+    out = run_plan(steps, after={"resumed-to-4": "resumed"})
+    out["resumed"] = out.pop("resumed-to-4")
     return dict(root=root, out=out, pre=pre["model"], load=lambda *p: load_ckpt(root.joinpath(*p)))
 
 

@@ -17,7 +17,7 @@ import sys
 import pytest
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator  # [test] extra
 
-from conftest import ROOT, json_records
+from helpers import ROOT, json_records
 
 RECADAM = ("recadam_lambda", "recadam_dist", "recadam_penalty", "target_loss")
 GLUE_DEV = ("accuracy", "f1", "mcc", "acc_and_f1")

@@ -22,13 +22,13 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import USER_DIR, assert_one_line_error, load_ckpt, random_tokens, run_jobs, tiny_roberta
+from helpers import TINY_FT, assert_one_line_error, build_tiny, load_ckpt, random_tokens, run_jobs
 from recadam_fairseq.core import anchor as anchor_mod
 from recadam_fairseq.core import lora, mixout
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.tools import interpolate as wise
 
-FT = ["--arch", "roberta_ft_tiny"]  # after TINY_ARCH: the last --arch wins, sizes agree
+FT = TINY_FT
 HEAD = "sentence_classification_head"
 ORIG, TARGET = ".parametrizations.weight.original", ".parametrizations.weight.0.target"
 EPS = np.finfo(np.float64).eps
@@ -256,16 +256,7 @@ def test_bad_values_name_the_flag(kw, message):
 
 
 def _build(tiny, *extra, seed=7):
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), [
-        tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-        "--cpu", "--user-dir", USER_DIR, *tiny_roberta.TINY_ARCH, *FT, *extra]))
-    task = tasks.setup_task(cfg.task)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return task.build_model(cfg.model), task, cfg.model
+    return build_tiny(tiny, *FT, *extra, seed=seed)
 
 
 @pytest.fixture(scope="module")

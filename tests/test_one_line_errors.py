@@ -13,7 +13,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import tiny_roberta
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 CRIT = ["--criterion", "sentence_prediction_recadam"]
 

@@ -6,7 +6,7 @@ import sys
 
 import torch
 
-from conftest import ROOT, USER_DIR, load_ckpt
+from helpers import ROOT, USER_DIR, load_ckpt
 
 
 def _python(code, env=None, **kw):

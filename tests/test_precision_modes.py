@@ -12,7 +12,7 @@ import glob
 import pytest
 import torch
 
-from conftest import load_ckpt
+from helpers import NO_DROPOUT, RECADAM, load_ckpt, trainable_names
 
 FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500",
          "--fp16-init-scale", "16"]
@@ -70,8 +70,6 @@ def test_fp16_modes_match_fp32_up_to_fp16_rounding(runs, tiny, mode):
 @pytest.mark.parametrize("mode", list(MODES))
 def test_the_anchor_never_changes(runs, tiny, tmp_path, mode):
     """θ* in the final optimizer state is the pretrained checkpoint (as the model held it)."""
-    from test_fairseq_train import trainable_names
-
     pre = load_ckpt(tiny.pretrained)["model"]
     ckpt = tmp_path / "last.pt"
     torch.save(runs[mode], ckpt)
@@ -141,7 +139,6 @@ GPU_MODES = {
 # dropout on (CUDA's dropout masks differ by dtype); without it the H100's fp16 modes were 1.8-4.4%
 # away. AMP was 35% away there: fairseq unscaled the gradients twice (fixed in events.LoopOptimizer,
 # tested on the CPU in test_fp16_wrappers.test_amp_steps_on_gradients_unscaled_once).
-NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
 
 
 @pytest.fixture(scope="module")

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from conftest import ROOT, load_ckpt
+from helpers import ROOT, load_ckpt
 from test_glue_multitask import train as train_multitask
 from test_prepare_glue import WORDS, write_bpe
 from test_reinit_lora import LORA, NO_DROPOUT, TINY_FT

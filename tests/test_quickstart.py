@@ -6,7 +6,7 @@ import re
 import subprocess
 import sys
 
-from conftest import ROOT
+from helpers import ROOT
 
 START, END = "<!-- quickstart:start -->", "<!-- quickstart:end -->"
 

@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
+from helpers import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
 from recadam_fairseq.core import r3f
 
 import fairseq

@@ -16,7 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import json_records, load_ckpt
+from helpers import json_records, load_ckpt
 from test_one_line_errors import one_error_line
 from test_r3f import criterion, stock_roberta
 from test_resume_and_anchors import assert_same_run

@@ -12,25 +12,20 @@ import math
 import os
 import re
 import shutil
-import subprocess
-import sys
 
 import numpy as np
 import pytest
 import torch
 
-from conftest import (TRAIN_ENTRY, USER_DIR, assert_one_line_error, free_port, load_ckpt, random_tokens,
-                      run_jobs, tiny_roberta)
+from helpers import (LORA, NO_DROPOUT, TINY_FT, assert_one_line_error, build_tiny, load_ckpt, random_tokens,
+                     run_jobs)
 from recadam_fairseq.core import lora
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.tools import interpolate as wise
 from recadam_fairseq.tools import merge_lora
 
-TINY_FT = ["--arch", "roberta_ft_tiny"]  # after TINY_ARCH: the last --arch wins, sizes agree
 HEAD = "sentence_classification_head"
 TOP = "encoder.sentence_encoder.layers.1."  # the tiny model has 2 layers
-LORA = ["--lora-rank", "4", "--lora-alpha", "16", "--lora-modules", "q,v,out,fc2"]
-NO_DROPOUT = ["--dropout", "0", "--attention-dropout", "0"]
 ATOL = 1e-5  # 2 ranks vs --update-freq 2: fp32 sums in another order (as tests/test_distributed.py)
 SEED = 7  # conftest's fine-tuning seed: fairseq-train seeds torch before it builds the model
 
@@ -102,16 +97,7 @@ def test_lora_module_names():
 # --------------------------------------------------------------------------- the model, in process
 def _build(tiny, *extra, seed=SEED):
     """Model and task as fairseq-train builds them (seeded the same way; the task registers the head)."""
-    from fairseq import options, tasks
-    from fairseq.dataclass.utils import convert_namespace_to_omegaconf
-
-    cfg = convert_namespace_to_omegaconf(options.parse_args_and_arch(options.get_training_parser(), [
-        tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-        "--cpu", "--user-dir", USER_DIR, *tiny_roberta.TINY_ARCH, *extra]))
-    task = tasks.setup_task(cfg.task)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        return task.build_model(cfg.model), task, cfg.model
+    return build_tiny(tiny, *extra, seed=seed)
 
 
 def _load(model, state, cfg):
@@ -231,25 +217,6 @@ def _copy_resume_point(src, dst, name="checkpoint_1_3.pt"):
     shutil.copy(os.path.join(src, name), os.path.join(dst, "checkpoint_last.pt"))
 
 
-def _two_ranks(tiny, save, *flags):
-    """2 fairseq-train processes, gloo on CPU (as tests/test_distributed.py launches them)."""
-    os.makedirs(save, exist_ok=True)
-    port, procs = free_port(), []
-    for rank in range(2):
-        args = tiny.finetune_args(save, *flags, optimizer="adam", updates=6) + [
-            "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-init-method",
-            f"tcp://127.0.0.1:{port}", "--distributed-no-spawn", "--device-id", "0", "--ddp-backend", "legacy_ddp",
-            "--distributed-backend", "gloo"]
-        log = open(os.path.join(save, f"rank{rank}.log"), "w")
-        procs.append((subprocess.Popen([sys.executable, TRAIN_ENTRY, *args], stdout=log, stderr=subprocess.STDOUT,
-                                       cwd=tiny.root), log))
-    for p, log in procs:
-        p.wait(timeout=600)
-        log.close()
-    for rank, (p, _) in enumerate(procs):
-        assert p.returncode == 0, open(os.path.join(save, f"rank{rank}.log")).read()[-4000:]
-
-
 @pytest.fixture(scope="module")
 def runs(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("reinit_lora")
@@ -277,7 +244,7 @@ def runs(tiny, tmp_path_factory):
         lambda: straight_then_resumed("lora", [*lora_flags, "--update-freq", "2", "--save-interval-updates", "3",
                                                "--keep-interval-updates", "-1"], optimizer="adam", updates=6),
         lambda: {"fp16": tiny.train(d["fp16"], *TINY_FT, *LORA, "--fp16", optimizer="adam", updates=2)[1]},
-        lambda: {"ranks": _two_ranks(tiny, d["ranks"], *lora_flags)},
+        lambda: {"ranks": tiny.ranks(d["ranks"], 2, *lora_flags, optimizer="adam", updates=6)},
         lambda: {"bad": tiny.train(d["bad"], *TINY_FT, "--lora-rank", "8", "--lora-modules", "q,query",
                                    optimizer="adam", check=False)},
     ]

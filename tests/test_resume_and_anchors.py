@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT, TRAIN_ENTRY, load_ckpt
+from helpers import ROOT, TRAIN_ENTRY, load_ckpt
 
 FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500"]
 

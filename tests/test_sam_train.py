@@ -9,7 +9,7 @@ import re
 import pytest
 import torch
 
-from conftest import json_records, load_ckpt
+from helpers import json_records, load_ckpt
 from test_distributed import dumps, launch
 
 CHECK = {"RECADAM_SAM_CHECK_RESTORE": "1"}

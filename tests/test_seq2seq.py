@@ -32,7 +32,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from conftest import TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt
+from helpers import TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt
 from test_fairseq_train import load_model, trainable_names
 from test_one_line_errors import one_error_line
 from recadam_fairseq.tools import make_tiny_translation as tiny_mt
@@ -542,7 +542,7 @@ def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
 
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 
-    from conftest import parse_config
+    from helpers import parse_config
     from test_rdrop import transformer
 
     model, sample, task, _ = transformer(dropout=0.0)
@@ -608,7 +608,7 @@ def _start(pair, *flags, data=None):
     from fairseq import tasks
 
     import recadam_fairseq
-    from conftest import parse_config
+    from helpers import parse_config
 
     recadam_fairseq.register()  # the plug-in's models (roberta_ft_*): its package may be imported already
     cfg = parse_config(data or os.path.join(pair.setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS,

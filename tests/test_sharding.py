@@ -9,7 +9,7 @@ import pytest
 import torch
 from fairseq.optim import build_optimizer
 
-from conftest import json_records, load_ckpt, run_jobs
+from helpers import json_records, load_ckpt, run_jobs
 from test_adapter import Net, parse
 from test_distributed import anchors, launch
 
