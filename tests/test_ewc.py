@@ -224,6 +224,8 @@ def test_normalise_and_check_name_the_file():
     f, mean = ewc.normalise(fisher, ["a", "b"], "x")
     assert mean == 2.0 and set(f) == {"a", "b"}  # the head (not anchored) is not in the mean
     assert torch.equal(torch.cat([f["a"], f["b"].reshape(-1)]), torch.tensor([0.5, 1.5, 0.0, 2.0]))
+    shard, shard_mean = ewc.normalise(fisher, ["a", "b"], "x", keep={"b", "head"})  # a ZeRO rank's: the whole mean
+    assert set(shard) == {"b"} and shard_mean == 2.0 and torch.equal(shard["b"], f["b"])
     shapes = {"a": (2,), "b": (1, 2), "head": (1,)}
     w = "--ewc-fisher F.pt"
     cases = [({**fisher, "zzz": torch.ones(1)}, "parameter zzz is not in the model"),

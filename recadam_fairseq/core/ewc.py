@@ -17,7 +17,7 @@ A Fisher file (``scripts/fisher.py``) is a ``torch.save``d dict {"fisher": {name
 
 import math
 import os
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Container, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -75,7 +75,7 @@ def check(fisher: Dict[str, Tensor], shapes: Dict[str, tuple], anchored: Iterabl
 
 
 def normalise(fisher: Dict[str, Tensor], names: Sequence[str], where: str,
-              keep: Optional[Iterable[str]] = None) -> Tuple[Dict[str, Tensor], float]:
+              keep: Optional[Container[str]] = None) -> Tuple[Dict[str, Tensor], float]:
     """F / mean(F) over the elements of ``names`` (the anchored ones): mean F = 1 there, in fp32 (float64
     sum). Returns (the normalised F of ``names``, or of those also in ``keep`` (a rank's shard), the mean
     divided by). All zeros: ConfigError."""
@@ -85,7 +85,7 @@ def normalise(fisher: Dict[str, Tensor], names: Sequence[str], where: str,
     if not (mean > 0 and math.isfinite(mean)):
         raise ConfigError(f"{where}: F is zero on every pretrained element (mean {mean:g}): nothing to weigh the "
                           f"pull with (no examples, or a loss without gradient?)")
-    kept = names if keep is None else [n for n in names if n in set(keep)]
+    kept = names if keep is None else [n for n in names if n in keep]
     return {n: (fisher[n].double() / mean).float() for n in kept}, mean
 
 

@@ -297,9 +297,10 @@ class Anchoring:
         held = [None] * self.oss.world_size
         torch.distributed.all_gather_object(held, mine, group=self.oss.group)
         anchors, fishers = zip(*held)
-        for what, counts in (("recadam: --zero-sharding os: θ*", anchors), ("ewc: --zero-sharding os: F", fishers)):
-            if counts is anchors or any(fishers):
-                logger.info(f"{what} elements held per rank: {', '.join(f'{n:,}' for n in counts)} (of {sum(counts):,})")
+        shown = [("recadam: --zero-sharding os: θ*", anchors)] + ([("ewc: --zero-sharding os: F", fishers)]
+                                                                  if any(fishers) else [])
+        for what, counts in shown:
+            logger.info(f"{what} elements held per rank: {', '.join(f'{n:,}' for n in counts)} (of {sum(counts):,})")
 
     def _reduce(self, x, op):
         """A number summed (or maxed) over the ranks of the sharded optimizer, in float64."""
