@@ -11,7 +11,7 @@ fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recompu
 unchanged by the flag, read back on resume); LLRD's scales
 and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
 anchored once), with SAM and EWC's task F (recomputed here); the coupled objective with EWC's task F (the
-file of scripts/fisher.py); FSAM with ChildTuning-F over samsgd
+file of scripts/fisher.py) over R-Drop's doubled batches; FSAM with ChildTuning-F over samsgd
 (never-kept elements stay at θ*); WiSE-FT of a translation checkpoint; bad --eval-bleu settings, GLUE
 components and the methods that do not apply (ESAM, the roberta_ft flags) stop
 in one line before training (in-process; one fairseq-train launch for the error hook); scripts/seq2seq/finetune.sh
