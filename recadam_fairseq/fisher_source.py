@@ -214,16 +214,18 @@ class FisherSource:
             self.line = f"{self.where} (empirical Fisher of {n} training examples at θ*)"
             self.computed = True
 
-    def normalised(self, model, anchored) -> Dict[str, torch.Tensor]:
-        """F of the anchored parameters, checked against ``model`` and normalised to mean 1 over them."""
+    def normalised(self, model, anchored, keep=None) -> Dict[str, torch.Tensor]:
+        """F of the anchored parameters, checked against ``model`` and normalised to mean 1 over them; only those
+        in ``keep`` (a ZeRO rank's shard) when given."""
         if self.raw is None:
             raise RuntimeError(f"{self.where}: F is computed at the criterion's first training call, before the "
                                f"first gradient reduction")
         shapes = {n: tuple(p.shape) for n, p in trainable_named_parameters(unwrap_model(model))}
         ewc.check(self.raw, shapes, anchored, self.where)
-        f, mean = ewc.normalise(self.raw, list(anchored), self.where)
-        flat = torch.cat([x.reshape(-1) for x in f.values()])
-        logger.info(f"ewc: F from {self.line}: {len(f)} tensors, normalised by its mean {mean:.4g}; max/mean "
-                    f"{float(flat.max()):.4g}, zero on {int((flat == 0).sum()):,} of {flat.numel():,} elements")
+        f, mean = ewc.normalise(self.raw, list(anchored), self.where, keep)
+        raw = [self.raw[n] for n in anchored]  # the whole F's figures, whatever this rank keeps
+        top, zeros = max(float(x.max()) for x in raw), sum(int((x == 0).sum()) for x in raw)
+        logger.info(f"ewc: F from {self.line}: {len(raw)} tensors, normalised by its mean {mean:.4g}; max/mean "
+                    f"{top / mean:.4g}, zero on {zeros:,} of {sum(x.numel() for x in raw):,} elements")
         self.raw = None  # the normalised copy is what is used
         return f

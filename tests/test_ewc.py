@@ -48,10 +48,21 @@ def ref_ewc_steps(p, a, f, grads, hp, anchored=None):
     return p
 
 
-@pytest.mark.parametrize("foreach", [True, False])
+KERNELS = {"foreach": dict(foreach=True, fused=False), "single": dict(foreach=False, fused=False),
+           "fused": dict(fused=True)}  # fused: the compiled one-pass kernel, F read and capped inside it
+
+
+@pytest.fixture
+def small_segments_compiled(monkeypatch):
+    """The tests' small tensors take the compiled kernel (they are below fused.MIN_SEGMENT)."""
+    monkeypatch.setattr(core._fused, "MIN_SEGMENT", 2)
+
+
+@pytest.mark.parametrize("kernel", list(KERNELS))
 @pytest.mark.parametrize("flat", [False, True])
-def test_decoupled_step_against_a_float64_reference(foreach, flat):
-    """Per tensor, and as --fp16's flat tensor with anchor runs (elements outside them: plain Adam)."""
+def test_decoupled_step_against_a_float64_reference(kernel, flat, small_segments_compiled):
+    """Per tensor, and as --fp16's flat tensor with anchor runs (elements outside them: plain Adam); the eager
+    kernels and the compiled one (F inside it) alike."""
     g = torch.Generator().manual_seed(0)
     n = 12
     p0 = torch.randn(n, generator=g, dtype=torch.float64)
@@ -60,7 +71,7 @@ def test_decoupled_step_against_a_float64_reference(foreach, flat):
     f[3] = 1e4  # a heavy tail: capped at a weight of 1
     grads = [torch.randn(n, generator=g, dtype=torch.float64) for _ in range(6)]
     p = p0.clone()
-    opt = RecAdam([p], **HP, foreach=foreach, fused=False, defer_anchors=True)
+    opt = RecAdam([p], **HP, **KERNELS[kernel], defer_anchors=True)
     if flat:
         runs = [(0, 5), (8, 4)]  # elements 5..7: a head without θ*
         idx = [0, 1, 2, 3, 4, 8, 9, 10, 11]
@@ -74,19 +85,25 @@ def test_decoupled_step_against_a_float64_reference(foreach, flat):
     for gr in grads:
         p.grad = gr.clone()
         opt.step()
+    plan = opt._plans[0]
+    if kernel == "fused":  # F went through the compiled kernel, not the eager one
+        assert sorted(f is not None for b in plan.compiled for f in b.fishers) == ([False, True, True] if flat
+                                                                                   else [True])
+        assert not plan.eager
     want = ref_ewc_steps(p0.tolist(), a.tolist(), f.tolist(), [x.tolist() for x in grads], HP, anchored)
     torch.testing.assert_close(p, torch.tensor(want, dtype=torch.float64), rtol=1e-12, atol=1e-14)
     assert p[3].item() != pytest.approx(p0[3].item())  # the capped element moved (toward θ*)
 
 
-@pytest.mark.parametrize("foreach", [True, False])
-def test_fisher_of_ones_is_recadam_bit_for_bit(foreach):
-    """fp32, two tensors and a flat one with runs and layer-wise lr scales, bf16-stored F included."""
+@pytest.mark.parametrize("kernel", list(KERNELS))
+def test_fisher_of_ones_is_recadam_bit_for_bit(kernel, small_segments_compiled):
+    """fp32, two tensors and a flat one with runs and layer-wise lr scales, bf16-stored F included; the compiled
+    kernel with F ≡ 1 is the compiled kernel without F."""
     shapes = [(7, 5), (300,), (64,)]
 
     def run(with_f, f_dtype=torch.float32, value=1.0):
         ps = [torch.randn(s, generator=torch.Generator().manual_seed(i)) for i, s in enumerate(shapes)]
-        opt = RecAdam(ps, **{**HP, "pretrain_cof": 20.0}, foreach=foreach, fused=False, defer_anchors=True)
+        opt = RecAdam(ps, **{**HP, "pretrain_cof": 20.0}, **KERNELS[kernel], defer_anchors=True)
         for i, q in enumerate(ps[:2]):
             opt.set_anchor(q, q.detach() + 0.05 * torch.randn(q.shape, generator=torch.Generator().manual_seed(9 + i)))
             if with_f:
@@ -139,19 +156,23 @@ def test_guard_lands_huge_fisher_entries_on_theta_star_without_overshoot():
     assert signs == [False, True, False, True]
 
 
-def test_fisher_segments_stay_on_the_eager_path():
-    """fused=True: large segments without F go to the compiled kernels; with F, to the eager update."""
+def test_fisher_segments_take_the_compiled_kernel():
+    """fused: large segments go to the compiled kernels with F or without; F's presence and dtype are part of
+    the bucket (hence of the kernel's key), so the two never share a program; nothing goes eager."""
     big = core._fused.MIN_SEGMENT
-    p, q = torch.zeros(big), torch.zeros(big)
-    opt = RecAdam([p, q], **HP, fused=False, defer_anchors=True)
-    opt.set_anchor(p, torch.ones(big))
-    opt.set_anchor(q, torch.ones(big))
+    p, q, r = torch.zeros(big), torch.zeros(big), torch.zeros(big)
+    opt = RecAdam([p, q, r], **HP, fused=False, defer_anchors=True)
+    for x in (p, q, r):
+        opt.set_anchor(x, torch.ones(big))
     opt.set_fisher(q, torch.ones(big))
-    p.grad, q.grad = torch.ones(big), torch.ones(big)
-    plan = opt._plan(opt.param_groups[0], [p.grad, q.grad], True)
-    # compiled: p alone, whole; eager: q (tensor 1), with its F
-    assert [(x.data_ptr(), x.numel()) for b in plan.compiled for x in b.ps] == [(p.data_ptr(), big)]
-    assert [(i, f is not None) for b in plan.eager for i, *_, f in b.entries] == [(1, True)]
+    opt.set_fisher(r, torch.ones(big, dtype=torch.bfloat16))
+    p.grad, q.grad, r.grad = torch.ones(big), torch.ones(big), torch.ones(big)
+    plan = opt._plan(opt.param_groups[0], [p.grad, q.grad, r.grad], True)
+    got = {b.kind[1][3]: [(x.data_ptr(), f is None or f.data_ptr()) for x, f in zip(b.ps, b.fishers)]
+           for b in plan.compiled}
+    assert got == {None: [(p.data_ptr(), True)], torch.float32: [(q.data_ptr(), opt.fisher_of(q).data_ptr())],
+                   torch.bfloat16: [(r.data_ptr(), opt.fisher_of(r).data_ptr())]}
+    assert not plan.eager
 
 
 def test_fisher_state_round_trip_and_bad_values():
@@ -203,6 +224,8 @@ def test_normalise_and_check_name_the_file():
     f, mean = ewc.normalise(fisher, ["a", "b"], "x")
     assert mean == 2.0 and set(f) == {"a", "b"}  # the head (not anchored) is not in the mean
     assert torch.equal(torch.cat([f["a"], f["b"].reshape(-1)]), torch.tensor([0.5, 1.5, 0.0, 2.0]))
+    shard, shard_mean = ewc.normalise(fisher, ["a", "b"], "x", keep={"b", "head"})  # a ZeRO rank's: the whole mean
+    assert set(shard) == {"b"} and shard_mean == 2.0 and torch.equal(shard["b"], f["b"])
     shapes = {"a": (2,), "b": (1, 2), "head": (1,)}
     w = "--ewc-fisher F.pt"
     cases = [({**fisher, "zzz": torch.ones(1)}, "parameter zzz is not in the model"),
@@ -444,7 +467,6 @@ def test_flags_and_files_refused_before_training(tmp_path):
 
     cfg = SimpleNamespace(ewc_fisher="task", recadam_anneal_w=1.0, zero_sharding="none", ewc_fisher_examples=8)
     cases = [({"recadam_anneal_w": 0.0}, "--ewc-fisher task with --recadam-anneal-w 0: plain Adam has no pull"),
-             ({"zero_sharding": "os"}, "--ewc-fisher does not support --zero-sharding os yet"),
              ({"ewc_fisher_examples": -1}, "--ewc-fisher-examples -1: must be >= 0"),
              ({"ewc_fisher": str(tmp_path / "none.pt")}, f"--ewc-fisher {tmp_path / 'none.pt'}: no such file")]
     junk = tmp_path / "junk.pt"

@@ -34,10 +34,10 @@ def counted(monkeypatch):
         calls.extend(seg[0].numel() for seg in segments)
         return one(segments, s)
 
-    def update_many(segments, s):
+    def update_many(segments, s, **kw):
         calls.many += 1
         calls.extend(seg[0].numel() for seg in segments)
-        return many(segments, s)
+        return many(segments, s, **kw)
 
     monkeypatch.setattr(fused_mod, "update_segments", update_segments)
     monkeypatch.setattr(fused_mod, "update_many", update_many)
@@ -70,11 +70,14 @@ def per_tensor_problem(dtype=torch.float32, anchor_dtype=None, seed=0):
             [[g.to(dtype) for g in gs] for gs in grads])
 
 
-def train_per_tensor(fused, problem, p_dtype=None, **hp):
+def train_per_tensor(fused, problem, p_dtype=None, fishers=None, **hp):
+    """``fishers``: EWC's F of the anchored tensors (RecAdam.set_fisher), None: RecAdam's pull."""
     ps0, anchors, grads = problem
     ps = [torch.nn.Parameter(p.clone().to(p_dtype or p.dtype)) for p in ps0]
     opt = RecAdam([{"params": ps[:4], "pretrain_params": anchors}, {"params": ps[4:], "anneal_w": 0.0}],
                   **dict(HP, weight_decay=0.01, **hp), fused=fused)
+    for p, f in zip(ps, fishers or []):
+        opt.set_fisher(p, f)
     peak = [p.detach().abs().float() for p in ps]  # each weight's largest magnitude on its way
     for i, gs in enumerate(grads):
         if i == 3:
@@ -163,11 +166,13 @@ def flat_problem(n=300_000, runs=((1_000, 150_000), (160_000, 139_000)), dtype=t
     return (p.to(dtype), anchor.to(anchor_dtype or dtype), list(runs), [g.to(dtype) for g in grads])
 
 
-def train_flat(fused, problem, p_dtype=None, **hp):
+def train_flat(fused, problem, p_dtype=None, fisher=None, **hp):
     p0, anchor, runs, grads = problem
     p = torch.nn.Parameter(p0.clone().to(p_dtype or p0.dtype))
     opt = RecAdam([p], **dict(HP, weight_decay=0.01, **hp), fused=fused, defer_anchors=True)
     opt.set_anchor(p, anchor, runs)
+    if fisher is not None:  # EWC's F over the anchored runs, back to back
+        opt.set_fisher(p, fisher)
     for i, g in enumerate(grads):
         if i == 3:
             opt.param_groups[0]["lr"] *= 0.5  # a scheduler's change reaches the kernel's scalars
@@ -232,7 +237,7 @@ def test_failed_compile_falls_back_in_auto_and_raises_when_asked(monkeypatch):
 
     monkeypatch.setattr(fused_mod, "_kernel", broken)
     monkeypatch.setattr(fused_mod, "AUTO_MIN_NUMEL", 1)
-    monkeypatch.setattr(fused_mod, "update_many", lambda segments, s: broken(None)())
+    monkeypatch.setattr(fused_mod, "update_many", lambda segments, s, **kw: broken(None)())
     with pytest.warns(UserWarning, match="failed to compile .*no C\\+\\+ compiler.*eager update"):
         auto = train_flat(None, problem)
     for a, b in zip(auto[:3], eager[:3]):
@@ -382,6 +387,37 @@ def test_anchor_distance_of_many_tensors_in_batches(monkeypatch, anchor_dtype):
     assert abs(opt.anchor_distance() - exact) / exact < 1e-7
 
 
+def heavy_tailed(shape, seed, dtype=torch.float32):
+    """A stand-in for EWC's F: >= 0, mean about 1, its largest entries far above it (capped at weight 1)."""
+    return torch.empty(shape).exponential_(generator=torch.Generator().manual_seed(seed)).pow_(3).to(dtype)
+
+
+@pytest.mark.parametrize("f_dtype", [torch.float32, torch.bfloat16])
+def test_fisher_in_the_compiled_kernels_matches_eager(monkeypatch, counted, f_dtype):
+    """EWC's F read in fp32 and the weight min(pull·F, 1) capped inside the compiled kernels: the per-tensor
+    layout's multi-tensor program and the flat layout's one-segment kernel agree with the eager step within
+    RecAdam's own tolerance (F changes them: some elements are capped); one more compiled variant each, reused
+    across steps and hyperparameters without recompiling."""
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(fused_mod, "MULTI_MIN_SEGMENTS", 2)
+    problem = per_tensor_problem()
+    fishers = [heavy_tailed(a.shape, i, f_dtype) for i, a in enumerate(problem[1])]
+    many = train_per_tensor(True, problem, fishers=fishers)
+    assert counted.many == 12 and len(counted) == 36  # F's tensors in the one program, every step
+    assert_close_to_eager(many, train_per_tensor(False, problem, fishers=fishers), torch.float32)
+    assert not torch.equal(many[0][0], train_per_tensor(True, problem)[0][0])  # F was read
+    flat = flat_problem()
+    f = heavy_tailed(flat[1].shape, 9, f_dtype)
+    fast = train_flat(True, flat, fisher=f)
+    for a, b in zip(fast[:3], train_flat(False, flat, fisher=f)[:3]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
+    before = dict(counters["stats"])
+    train_per_tensor(True, problem, fishers=fishers, anneal_k=1.0, pretrain_cof=7.0)
+    train_flat(True, flat, fisher=f, anneal_k=1.0, pretrain_cof=7.0)
+    assert dict(counters["stats"]) == before
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("p_dtype", [torch.float32, torch.float16])
 def test_fused_matches_eager_on_gpu(counted, p_dtype):
@@ -397,14 +433,17 @@ def test_fused_matches_eager_on_gpu(counted, p_dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("fisher", [False, True])
 @pytest.mark.parametrize("p_dtype", [torch.float32, torch.float16])
-def test_many_tensors_match_eager_on_gpu(counted, p_dtype):
-    """The per-tensor layout's multi-tensor program on CUDA, against the eager CUDA path."""
+def test_many_tensors_match_eager_on_gpu(counted, p_dtype, fisher):
+    """The per-tensor layout's multi-tensor program on CUDA, against the eager CUDA path; with EWC's F (bf16, read
+    in fp32, the weight capped in the Triton kernel) too."""
     ps0, anchors, grads = per_tensor_problem()
     problem = ([p.cuda() for p in ps0], [a.cuda() for a in anchors], [[g.cuda() for g in gs] for gs in grads])
-    fast = train_per_tensor(True, problem, p_dtype=p_dtype)
+    fs = [heavy_tailed(a.shape, i, torch.bfloat16).cuda() for i, a in enumerate(anchors)] if fisher else None
+    fast = train_per_tensor(True, problem, p_dtype=p_dtype, fishers=fs)
     assert counted.many == 6  # the four anchored tensors, every step
-    eager = train_per_tensor(False, problem, p_dtype=p_dtype)
+    eager = train_per_tensor(False, problem, p_dtype=p_dtype, fishers=fs)
     assert_close_to_eager(fast, eager, p_dtype)
 
 

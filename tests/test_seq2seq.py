@@ -11,7 +11,7 @@ fairseq logs is sacrebleu's on the checkpoint's own greedy translations, recompu
 unchanged by the flag, read back on resume); LLRD's scales
 and ChildTuning-D's mask read off Adam's first step; the same anchors on a tiny bart_base (tied embeddings
 anchored once), with SAM and EWC's task F (recomputed here); the coupled objective with EWC's task F (the
-file of scripts/fisher.py); FSAM with ChildTuning-F over samsgd
+file of scripts/fisher.py) over R-Drop's doubled batches; FSAM with ChildTuning-F over samsgd
 (never-kept elements stay at θ*); WiSE-FT of a translation checkpoint; bad --eval-bleu settings, GLUE
 components and the methods that do not apply (ESAM, the roberta_ft flags) stop
 in one line before training (in-process; one fairseq-train launch for the error hook); scripts/seq2seq/finetune.sh
@@ -111,11 +111,12 @@ def mt(pair):
                                  "--label-smoothing", "0.1", "--recadam-anneal-w", "0", "--layer-lr-decay", "0.9",
                                  "--child-tuning", "D", "--child-tuning-ratio", "0.3", updates=1),
     }
-    # the coupled objective with EWC's task F (fairseq's adam, the penalty in the loss), a checkpoint at update 2
+    # the coupled objective with EWC's task F (fairseq's adam, the penalty in the loss) over R-Drop's doubled
+    # batches, a checkpoint at update 2
     jobs["coupled"] = finetune_args(setup, root / "coupled", "--criterion", "label_smoothed_cross_entropy_recadam",
                                     "--label-smoothing", "0.1", "--recadam-objective", "coupled", "--optimizer", "adam",
-                                    *COUPLED_EWC, "--save-interval-updates", "2", "--keep-interval-updates", "-1",
-                                    updates=3)
+                                    "--rdrop-alpha", "1.0", *COUPLED_EWC, "--save-interval-updates", "2",
+                                    "--keep-interval-updates", "-1", updates=3)
     # the pretrained checkpoint under a wider --arch: one line before training
     jobs["wider"] = finetune_args(setup, root / "wider", "--criterion", "label_smoothed_cross_entropy",
                                   "--encoder-embed-dim", "64", "--decoder-embed-dim", "64", updates=1)
@@ -501,9 +502,12 @@ def test_a_checkpoint_of_another_architecture_stops_in_one_line(mt):
 
 
 def test_the_coupled_objective_through_fairseq_train(mt):
-    """fairseq's adam with the coupled criterion and EWC's --ewc-fisher task: θ* from --finetune-from-model; λ(t) as
-    annealed; the distance the criterion logs at update 3 is Σ F·(θ−θ*)² of the weights update 2 saved (the tied
-    embeddings once), F the file scripts/fisher.py writes for the same data, seed and 16 sentences, normalised."""
+    """fairseq's adam with the coupled criterion and EWC's --ewc-fisher task over R-Drop's doubled batches (α 1):
+    θ* from --finetune-from-model; λ(t) as annealed; the logged loss λ·Loss_T + (w−λ)·penalty (Loss_T with R-Drop's
+    term, per target token of the batch, not of its doubled copy); the distance the criterion logs at update 3 is
+    Σ F·(θ−θ*)² of the weights update 2 saved (the tied embeddings once), F the file scripts/fisher.py writes for
+    the same data, seed and 16 sentences, normalised (the Fisher passes take each sentence once, without
+    R-Drop's copy)."""
     import math
 
     from recadam_fairseq.core import ewc
@@ -514,8 +518,14 @@ def test_the_coupled_objective_through_fairseq_train(mt):
     inner = {int(x["num_updates"]): x for x in json_records(log, "train_inner")}
     assert sorted(inner) == [1, 2, 3]
     for n, x in inner.items():
-        assert float(x["recadam_lambda"]) == pytest.approx(1 / (1 + math.exp(-0.5 * (n - 4))), rel=1e-5)
+        lam = 1 / (1 + math.exp(-0.5 * (n - 4)))
+        assert float(x["recadam_lambda"]) == pytest.approx(lam, rel=1e-5)
+        assert float(x["symm_kl"]) > 0  # R-Drop's two passes (dropout 0.1)
+        # in bits per target token, as fairseq logs the loss (rounded to 3 decimals)
+        coupled = lam * float(x["target_loss"]) + (1 - lam) * float(x["recadam_penalty"]) / math.log(2)
+        assert float(x["loss"]) == pytest.approx(coupled, abs=2e-3)
     assert float(inner[1]["recadam_dist"]) == 0  # update 1's forward sees θ*
+    assert float(inner[3]["recadam_penalty"]) / math.log(2) > 0.1 * float(inner[3]["loss"])  # the term weighs in
     assert "ewc: F from --ewc-fisher task (empirical Fisher of 16 training examples at θ*)" in log
     pre = pretrained(mt)
     at2 = load_ckpt(os.path.join(mt.root, "coupled", "checkpoint_1_2.pt"))["model"]

@@ -1,8 +1,9 @@
 """RecAdam under fairseq's ZeRO stage 1 (--zero-sharding os, fairscale's OSS) on 2 CPU ranks (gloo, fp32).
 
-Each rank's RecAdam holds θ* and Adam's moments of its shard only; the weights must end bit for bit
-equal to the unsharded 2-rank run (legacy_ddp), straight and resumed after a save, in either mode from a
-checkpoint of either.
+Each rank's RecAdam holds θ*, EWC's F and Adam's moments of its shard only; the weights must end bit for
+bit equal to the unsharded 2-rank run (legacy_ddp), straight and resumed after a save, in either mode from a
+checkpoint of either. The runs are RecAdam-EWC: F of the task (--ewc-fisher task, fp32) or of a file
+(--memory-efficient-fp16), so θ* and F are sharded together.
 """
 
 import pytest
@@ -16,6 +17,21 @@ from test_distributed import anchors, launch
 pytest.importorskip("fairscale")
 
 OS = ["--zero-sharding", "os"]
+EWC = ["--ewc-fisher", "task", "--ewc-fisher-examples", "16"]  # 16 examples per rank
+
+
+def fisher_file(tiny, path):
+    """A heavy-tailed F (mean ~1, entries ~10^3 times it) of every trainable tensor of the tiny classifier."""
+    from recadam_fairseq.core import ewc
+    from recadam_fairseq.core.anchor import trainable_named_parameters
+    from recadam_fairseq.tools import fisher as tool
+    from test_ewc import TRAIN_ARGS
+
+    _, _, model, _ = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
+    gen = torch.Generator().manual_seed(3)
+    ewc.save(str(path), {n: torch.empty(p.shape).exponential_(generator=gen).pow_(3)
+                         for n, p in trainable_named_parameters(model)}, 1, "heavy-tailed")
+    return str(path)
 
 
 @pytest.fixture(scope="module")
@@ -26,26 +42,28 @@ def runs(tiny, tmp_path_factory):
     save = ["--save-interval-updates", "6"]
 
     def unsharded():
-        (log, _) = launch(tiny, plain, 2, *save)
+        (log, _) = launch(tiny, plain, 2, *save, *EWC)
         return {"plain6": load_ckpt(plain / "checkpoint_1_6.pt"), "plain": load_ckpt(plain / "checkpoint_last.pt"),
                 "plain_log": log}
 
     def stopped_and_resumed():
-        (first, _) = launch(tiny, sharded, 2, *OS, "--max-update", "6")
+        (first, _) = launch(tiny, sharded, 2, *OS, *EWC, "--max-update", "6")
         six = load_ckpt(sharded / "checkpoint_last.pt")
-        (log, _) = launch(tiny, sharded, 2, *OS, restore=False)
-        return {"six": six, "sharded": load_ckpt(sharded / "checkpoint_last.pt"), "log": log, "first_log": first}
+        (log, _) = launch(tiny, sharded, 2, *OS, *EWC, restore=False)
+        return {"six": six, "sharded": load_ckpt(sharded / "checkpoint_last.pt"), "first_log": first, "log": log}
 
     out = run_jobs([unsharded, stopped_and_resumed])
 
     def crossed(name, ckpt, *flags):  # another run's update-6 checkpoint, resumed in the other mode
         (root / name).mkdir()
         torch.save(ckpt, root / name / "checkpoint_last.pt")
-        launch(tiny, root / name, 2, *flags, restore=False)
+        launch(tiny, root / name, 2, *flags, *EWC, restore=False)
         return {name: load_ckpt(root / name / "checkpoint_last.pt")}
 
+    ewc_file = ["--ewc-fisher", fisher_file(tiny, root / "fisher.pt")]
+
     def memory_efficient(name, *flags):  # fp16 tensors in the optimizer, fp32 math: the other layout ZeRO allows
-        launch(tiny, root / name, 2, "--memory-efficient-fp16", *flags, "--max-update", "6")
+        launch(tiny, root / name, 2, "--memory-efficient-fp16", *ewc_file, *flags, "--max-update", "6")
         return {name: load_ckpt(root / name / "checkpoint_last.pt")}
 
     out.update(run_jobs([lambda: crossed("os_from_plain", out["plain6"], *OS),
@@ -61,15 +79,20 @@ def weights_equal(a, b):
 
 
 def test_sharded_run_equals_the_unsharded_one_bit_for_bit(tiny, runs):
+    """With the task's F: both ranks' Fisher passes (16 examples each) summed, normalised over every anchored
+    element, each rank keeping its shard's F."""
     assert runs["six"]["optimizer_history"][-1]["num_updates"] == 6
+    assert "empirical Fisher of 32 training examples at θ*" in runs["first_log"]
     weights_equal(runs["six"], runs["plain6"])
     pre = load_ckpt(tiny.pretrained)["model"]
     assert any(not torch.equal(runs["plain6"]["model"][k], pre[k]) for k in pre if k in runs["plain6"]["model"])
 
 
 def test_resumed_sharded_run_equals_the_straight_unsharded_one(runs):
-    """Saved (consolidated) after 6 updates, relaunched: θ* and the moments re-sharded on load."""
+    """Saved (consolidated) after 6 updates, relaunched: θ*, F and the moments re-sharded on load (no Fisher
+    passes)."""
     assert "θ* restored from the checkpoint's optimizer state" in runs["log"]
+    assert "F restored from the checkpoint's optimizer state" in runs["log"] and "empirical Fisher" not in runs["log"]
     weights_equal(runs["sharded"], runs["plain"])
 
 
@@ -81,7 +104,10 @@ def test_a_checkpoint_loads_across_the_modes_bit_for_bit(runs):
 
 
 def test_memory_efficient_fp16_sharded_equals_unsharded(tiny, runs):
+    """With F from a file (heavy-tailed: some elements' pull capped at 1)."""
     weights_equal(runs["me_os"], runs["me_plain"])
+    fs = [st["fisher"] for st in runs["me_os"]["last_optimizer_state"]["state"].values() if "fisher" in st]
+    assert len(fs) == 41 and max(float(f.max()) for f in fs) > 100  # F is in the run, not F ≡ 1
     pre = load_ckpt(tiny.pretrained)["model"]
     w = runs["me_os"]["model"]["encoder.sentence_encoder.layers.0.fc1.weight"]  # saved as fp32 by fairseq
     assert torch.equal(w.half().float(), w)  # fp16 values: the model trained in fp16
@@ -101,21 +127,24 @@ def test_logged_distance_is_the_unsharded_runs(runs):
     assert plain[12] > plain[4] > 0
 
 
-def test_consolidated_state_holds_every_anchor_and_moment_once(runs):
+def test_consolidated_state_holds_every_anchor_f_and_moment_once(runs):
     got, ref = runs["sharded"]["last_optimizer_state"], runs["plain"]["last_optimizer_state"]
     assert got["state"].keys() == ref["state"].keys()
     for i, st in ref["state"].items():
         assert st.keys() == got["state"][i].keys()
         for k, v in st.items():
             assert torch.equal(v, got["state"][i][k]) if torch.is_tensor(v) else v == got["state"][i][k], (i, k)
-    assert len(anchors(got)) == 41
+    fishers = [st["fisher"] for st in got["state"].values() if "fisher" in st]
+    assert len(anchors(got)) == len(fishers) == 41 and all(f.numel() == a.numel() for f, a in zip(fishers, anchors(got)))
 
 
-def test_each_rank_holds_theta_star_of_its_shard_only(runs):
+@pytest.mark.parametrize("held, log", [("θ*", "log"), ("F", "log"), ("F", "first_log")])
+def test_each_rank_holds_theta_star_and_f_of_its_shard_only(runs, held, log):
+    """Logged by rank 0 from every rank's RecAdam: computed (the first launch) and restored (the resumed one)."""
     total = sum(a.numel() for a in anchors(runs["plain"]["last_optimizer_state"]))
-    (line,) = [ln for ln in runs["log"].splitlines() if "θ* elements held per rank" in ln]
-    held = [int(x.replace(",", "")) for x in line.split("per rank: ")[1].split(" (")[0].split(", ")]
-    assert len(held) == 2 and sum(held) == total and 0 < min(held) and max(held) < total
+    (line,) = [ln for ln in runs[log].splitlines() if f"{held} elements held per rank" in ln]
+    counts = [int(x.replace(",", "")) for x in line.split("per rank: ")[1].split(" (")[0].split(", ")]
+    assert len(counts) == 2 and sum(counts) == total and 0 < min(counts) and max(counts) < total
 
 
 def test_the_shard_optimizer_gets_the_constructor_kwargs():

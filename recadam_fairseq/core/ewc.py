@@ -17,7 +17,7 @@ A Fisher file (``scripts/fisher.py``) is a ``torch.save``d dict {"fisher": {name
 
 import math
 import os
-from typing import Dict, Iterable, Optional, Sequence, Tuple
+from typing import Container, Dict, Iterable, Optional, Sequence, Tuple
 
 import torch
 from torch import Tensor
@@ -74,16 +74,19 @@ def check(fisher: Dict[str, Tensor], shapes: Dict[str, tuple], anchored: Iterabl
         raise ConfigError(f"{where}: no F for the pretrained parameter(s) {', '.join(missing[:3])}{more}")
 
 
-def normalise(fisher: Dict[str, Tensor], names: Sequence[str], where: str) -> Tuple[Dict[str, Tensor], float]:
+def normalise(fisher: Dict[str, Tensor], names: Sequence[str], where: str,
+              keep: Optional[Container[str]] = None) -> Tuple[Dict[str, Tensor], float]:
     """F / mean(F) over the elements of ``names`` (the anchored ones): mean F = 1 there, in fp32 (float64
-    sum). Returns (the normalised F of ``names``, the mean divided by). All zeros: ConfigError."""
+    sum). Returns (the normalised F of ``names``, or of those also in ``keep`` (a rank's shard), the mean
+    divided by). All zeros: ConfigError."""
     total = sum(float(fisher[n].double().sum()) for n in names)
     count = sum(fisher[n].numel() for n in names)
     mean = total / max(count, 1)
     if not (mean > 0 and math.isfinite(mean)):
         raise ConfigError(f"{where}: F is zero on every pretrained element (mean {mean:g}): nothing to weigh the "
                           f"pull with (no examples, or a loss without gradient?)")
-    return {n: (fisher[n].double() / mean).float() for n in names}, mean
+    kept = names if keep is None else [n for n in names if n in keep]
+    return {n: (fisher[n].double() / mean).float() for n in kept}, mean
 
 
 def penalty(pairs: Sequence[Tuple[Tensor, Tensor, Optional[Tensor]]]) -> Tensor:

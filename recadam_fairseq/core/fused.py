@@ -8,7 +8,9 @@ to float rounding of contracted multiply-adds (the compiler may fuse ``a*b + c``
 
 The step-dependent scalars travel as one tensor (a 0-d Python float would be baked into the
 compiled code and recompile every step); sizes are dynamic, so one compiled kernel per
-(dtypes, anchored or not, device) serves every segment.
+(dtypes, anchored or not, EWC's F or not, device) serves every segment. With F (EWC) the pull's
+weight is each element's min(pull·F, 1), capped inside the kernel as the eager path caps it: F is one
+more word read per element, not another pass.
 """
 
 import logging
@@ -44,15 +46,18 @@ def scalar_rows(rows: Sequence[dict], dtype: torch.dtype, device: torch.device) 
     return torch.tensor([_row(**r) for r in rows], dtype=dtype).to(device, non_blocking=True)
 
 
-def _update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], s: Tensor) -> None:
-    """Eager definition (what gets compiled); the eager foreach path computes the same."""
+def _update(p: Tensor, g: Tensor, m: Tensor, v: Tensor, a: Optional[Tensor], s: Tensor,
+            f: Optional[Tensor] = None) -> None:
+    """Eager definition (what gets compiled); the eager foreach path computes the same.
+    ``f``: EWC's F of the anchored elements (any float dtype, read in m's), None: F ≡ 1."""
     p32 = p.to(m.dtype)
     g32 = g.to(m.dtype)
     m_new = m * s[0] + g32 * s[1]
     v_new = v * s[2] + g32 * s[3] * g32  # as addcmul rounds value·g·g
     p_new = p32 + s[5] * (m_new / (v_new.sqrt() + s[4]))
-    if a is not None:  # p ← p − pull·(p − p*), as torch.lerp rounds it
-        p_new = torch.lerp(p_new, a.to(m.dtype), s[6])
+    if a is not None:  # p ← p − pull·(p − p*), as torch.lerp rounds it; with F the weight min(pull·F, 1)
+        w = s[6] if f is None else torch.clamp(f.to(m.dtype) * s[6], max=1.0)
+        p_new = torch.lerp(p_new, a.to(m.dtype), w)
     p_new = p_new + s[7] * p_new
     m.copy_(m_new)
     v.copy_(v_new)
@@ -78,7 +83,7 @@ def _compiled(fn, cache: dict, key: tuple, what: str):
 
 
 def _kernel(key: tuple):
-    """The compiled update for one (dtypes of p, g, p* or None; device) combination."""
+    """The compiled update for one (dtypes of p, g, p* or None, F or None; device) combination."""
     return _compiled(_update, _kernels, key, "the fused update")
 
 
@@ -108,17 +113,28 @@ def available(device: torch.device) -> bool:
         return False
 
 
+def _fisher(segment: Sequence) -> Optional[Tensor]:
+    """A segment's F: its sixth entry (a Segment's), None when it has none."""
+    return segment[5] if len(segment) > 5 else None
+
+
+def _dtype(x: Optional[Tensor]):
+    return None if x is None else x.dtype
+
+
 def update_segments(segments: Sequence[tuple], s: Tensor) -> None:
-    """Apply the update to each (p, g, m, v, anchor or None) segment with the compiled kernel."""
-    for p, g, m, v, a, *_ in segments:  # (a Segment's F is None here: segments with F stay eager)
-        _kernel((p.dtype, g.dtype, None if a is None else a.dtype, p.device))(p, g, m, v, a, s)
+    """Apply the update to each (p, g, m, v, anchor or None[, F or None]) segment with the compiled kernel."""
+    for seg in segments:
+        p, g, m, v, a = seg[:5]
+        f = _fisher(seg)
+        _kernel((p.dtype, g.dtype, _dtype(a), _dtype(f), p.device))(p, g, m, v, a, s, f)
 
 
-def _update_many(ps, gs, ms, vs, anchors, s: Tensor) -> None:
+def _update_many(ps, gs, ms, vs, anchors, fishers, s: Tensor) -> None:
     """The update of many segments as one compiled program (the loop is unrolled when traced).
     ``s``: the scalars of all, or one row per segment (``scalar_rows``)."""
-    for i, (p, g, m, v, a) in enumerate(zip(ps, gs, ms, vs, anchors)):
-        _update(p, g, m, v, a, s[i] if s.dim() == 2 else s)
+    for i, (p, g, m, v, a, f) in enumerate(zip(ps, gs, ms, vs, anchors, fishers)):
+        _update(p, g, m, v, a, s[i] if s.dim() == 2 else s, f)
 
 
 _many = {}
@@ -139,14 +155,15 @@ _MANY_BASE_OPTIONS = {"size_asserts": False}
 
 
 def many_key(segments: Sequence[tuple]) -> tuple:
-    """What a multi-tensor program is specialised to: dtypes, device and every segment's size."""
+    """What a multi-tensor program is specialised to: dtypes (F's too), device and every segment's size."""
     p0, g0, _, _, a0 = segments[0][:5]
-    return p0.dtype, g0.dtype, None if a0 is None else a0.dtype, p0.device, tuple(x[0].numel() for x in segments)
+    return (p0.dtype, g0.dtype, _dtype(a0), _dtype(_fisher(segments[0])), p0.device,
+            tuple(x[0].numel() for x in segments))
 
 
 def update_many(segments: Sequence[tuple], s: Tensor, graph: Optional[bool] = None) -> None:
-    """Apply the update to separate tensors' segments (p, g, m, v, anchor or None sharing dtypes,
-    anchoredness and device) with one compiled call; ``s``: one set of scalars, or a row per segment;
+    """Apply the update to separate tensors' segments (p, g, m, v, anchor or None[, F or None] sharing
+    dtypes, anchoredness and device) with one compiled call; ``s``: one set of scalars, or a row per segment;
     ``graph``: replay it as a CUDA graph on CUDA (None: ``CUDA_GRAPH``).
     Sizes are static: the key holds them, so each model structure gets its own code object and a
     single cache entry."""
@@ -159,7 +176,7 @@ def update_many(segments: Sequence[tuple], s: Tensor, graph: Optional[bool] = No
         kernel = _many[key] = torch.compile(types.FunctionType(code, _update_many.__globals__, code.co_name),
                                             dynamic=False, fullgraph=True,
                                             options={**_MANY_BASE_OPTIONS, **MANY_OPTIONS})
-    args = [list(x) for x in zip(*(seg[:5] for seg in segments))]
+    args = [list(x) for x in zip(*((*seg[:5], _fisher(seg)) for seg in segments))]
     if (CUDA_GRAPH if graph is None else graph) and s.is_cuda:
         _graphed(kernel, key, args, s)
     else:

@@ -23,7 +23,8 @@ elements outside the runs get plain Adam.
 EWC (:meth:`RecAdam.set_fisher`): a per-element weight F ≥ 0 of the anchored elements, laid out as
 the anchor. Each element's pull weight is capped at 1 (it lands on p*, the minimiser of its penalty,
 and never overshoots it, whatever F's largest entries); with F ≡ 1 and lr·(w−λ)·γ ≤ 1 the update is
-RecAdam's bit for bit. Segments with F take the eager path (the compiled kernel has no F).
+RecAdam's bit for bit. Segments with F take the same routes as those without (the compiled kernels
+read F and cap the weight in their one pass; ``fused.py``).
 """
 
 import math
@@ -151,7 +152,7 @@ class _CompiledBucket:
         self.srcs = [(i, span) for i, span, *_ in entries]
         self.scales = [e[2] for e in entries]
         self.unique_scales = list(dict.fromkeys(self.scales))
-        self.ps, self.ms, self.vs, self.anchors = ([e[k] for e in entries] for k in (3, 4, 5, 6))
+        self.ps, self.ms, self.vs, self.anchors, self.fishers = ([e[k] for e in entries] for k in (3, 4, 5, 6, 7))
         self.separate = len({p.untyped_storage().data_ptr() for p in self.ps}) == len(self.ps)
         self.programs = {}  # (anchors dropped, scalars' dim) -> fused.many_key of the program
 
@@ -591,7 +592,7 @@ class RecAdam(Optimizer):
                     eager[step, kind, scale].append((i, None, sp, sm, sv, sa, sf))
                 elif route is _COMPILED:
                     compiled[step, kind].append((i, _FLAT if lo == 0 and hi == p.numel() else (lo, hi), scale,
-                                                 sp, sm, sv, sa))
+                                                 sp, sm, sv, sa, sf))
                 else:  # _CHUNKS: sp holds [(start, end, (p, m, v, anchor, F) of the chunk)]
                     eager[step, kind, scale].extend((i, (a, b), cp, cm, cv, ca, cf)
                                                     for a, b, (cp, cm, cv, ca, cf) in sp)
@@ -647,9 +648,9 @@ class RecAdam(Optimizer):
             f = f if anchored else None
             kind = (anchored, (p.dtype, g.dtype, None if a is None else a.dtype, None if f is None else f.dtype),
                     p.device)
-            if fused and contiguous and f is None and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
+            if fused and contiguous and hi - lo >= _fused.MIN_SEGMENT:  # one kernel, no chunks
                 # detached: dynamo refuses no-grad views of a leaf that requires grad
-                seg = _segment(p.detach(), None, m, v, a, lo, hi)
+                seg = _segment(p.detach(), None, m, v, a, lo, hi, f)
                 layout.append((_COMPILED, lo, hi, kind, c, _without_grad(seg)))
             elif not contiguous or (lo == 0 and hi == p.numel() <= CHUNK):  # the tensors themselves
                 layout.append((_WHOLE, lo, hi, kind, c, (p, m, v, a, f)))
@@ -681,8 +682,10 @@ class RecAdam(Optimizer):
         """Update bucket ``b`` (one Kind) with the compiled kernels: one program for separate tensors
         (``_one_program``), else one call per segment. What fails to compile goes to ``eager``."""
         table = {c: self._scalars(group, kind.step, kind.anchored, c) for c in b.unique_scales}
-        drop = all(x["pull"] == 0.0 for x in table.values())
-        segs = list(zip(b.ps, _grads(grads, b.srcs), b.ms, b.vs, [None] * len(b.ps) if drop else b.anchors))
+        drop = all(x["pull"] == 0.0 for x in table.values())  # no pull this step: neither θ* nor F is read
+        none = [None] * len(b.ps)
+        segs = list(zip(b.ps, _grads(grads, b.srcs), b.ms, b.vs, none if drop else b.anchors,
+                        none if drop else b.fishers))
         dtype, s = b.ms[0].dtype, {}  # s: the scalars tensor of each lr scale, made when needed
         s_many = self._one_program(b, segs, drop, table, dtype, kind.device)
         for i, seg in enumerate([segs] if s_many is not None else segs):

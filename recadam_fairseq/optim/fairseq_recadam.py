@@ -149,9 +149,10 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         }
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
-        # every rank sees the whole state here (OSS keeps its shard's): θ* is restored, not rebuilt, on
+        # every rank sees the whole state here (OSS keeps its shard's): θ* (and F) is restored, not rebuilt, on
         # every rank, also one whose shard holds no anchored tensor
         self.anchoring.restored = any("anchor" in st for st in state_dict.get("state", {}).values())
+        self.anchoring.restored_fisher = any("fisher" in st for st in state_dict.get("state", {}).values())
         if self.anchoring.fisher is not None:  # F is in the state: no Fisher passes on resume
             self.anchoring.fisher.skip = self.anchoring.restored
         try:
@@ -183,8 +184,6 @@ def add_fisher(cfg):
     if cfg.recadam_anneal_w == 0:
         raise ConfigError(f"--ewc-fisher {cfg.ewc_fisher} with --recadam-anneal-w 0: plain Adam has no pull for F "
                           f"to weigh; drop one of them")
-    if str(cfg.zero_sharding) == "os":  # F would have to follow the shards like θ*: not done yet
-        raise ConfigError(f"--ewc-fisher does not support --zero-sharding os yet: drop one of them")
     source = fisher_source.FisherSource(cfg)
     fisher_source.optimizer_reads_it()
     if cfg.ewc_fisher == "task":
@@ -208,6 +207,7 @@ class Anchoring:
         self.fisher = fisher  # --ewc-fisher: fisher_source.FisherSource
         self.bound = False
         self.restored = False  # load_state_dict: the checkpoint's optimizer state holds θ*
+        self.restored_fisher = False  # ... and EWC's F (seen whole: under OSS a rank's shard may hold none)
         self.pretrained = None
         if cfg.recadam_pretrained_path:  # fail before training, and read the file once
             self.pretrained = pretrained_model_state(cfg.recadam_pretrained_path)
@@ -260,7 +260,8 @@ class Anchoring:
         if self.fisher is not None:  # F in the anchor's layout: per tensor, or the flat tensor's runs
             if self.fisher.computed:  # no update yet: the weights are those the passes saw
                 fisher_source.check_at_theta_star(fisher_source.pieces(anchors), self.fisher.where)
-            f = self.fisher.normalised(model, plan.anchored)
+            # normalised over every anchored element, kept for this rank's tensors (its shard under OSS)
+            f = self.fisher.normalised(model, plan.anchored, keep={n for parts in plan.parts for n, _, _ in parts})
             for t, fisher, _ in plan.build(f, dtype=fisher_source.fisher_dtype(self.cfg)):
                 if fisher is not None:
                     opt.set_fisher(t, fisher)
@@ -275,7 +276,7 @@ class Anchoring:
 
     def _check_restored_fisher(self, tensors) -> None:
         """A resumed run keeps the checkpoint's F (bit for bit); the flag must say EWC as the run did."""
-        has = any(self.opt.fisher_of(t) is not None for t in tensors)
+        has = self.restored_fisher or any(self.opt.fisher_of(t) is not None for t in tensors)
         if self.fisher is not None and not has:
             raise ConfigError(f"--ewc-fisher {self.cfg.ewc_fisher}: the checkpoint's optimizer state has no F (it was "
                               f"trained without --ewc-fisher): resume without it, or start a new optimizer state with "
@@ -287,15 +288,19 @@ class Anchoring:
             logger.info("ewc: F restored from the checkpoint's optimizer state")
 
     def _log_shards(self) -> None:
-        """--zero-sharding os: the elements of θ* each rank holds (rank 0 logs them all)."""
+        """--zero-sharding os: the elements of θ* (and EWC's F) each rank holds (rank 0 logs them all)."""
         if self.oss is None:
             return
-        opt = self.opt
-        mine = [sum(a.numel() for a in map(opt.anchor_of, g["params"]) if a is not None) for g in opt.param_groups]
+        tensors = [p for g in self.opt.param_groups for p in g["params"]]
+        mine = [sum(x.numel() for x in map(get, tensors) if x is not None) for get in (self.opt.anchor_of,
+                                                                                       self.opt.fisher_of)]
         held = [None] * self.oss.world_size
-        torch.distributed.all_gather_object(held, sum(mine), group=self.oss.group)
-        logger.info(f"recadam: --zero-sharding os: θ* elements held per rank: {', '.join(f'{n:,}' for n in held)} "
-                    f"(of {sum(held):,})")
+        torch.distributed.all_gather_object(held, mine, group=self.oss.group)
+        anchors, fishers = zip(*held)
+        shown = [("recadam: --zero-sharding os: θ*", anchors)] + ([("ewc: --zero-sharding os: F", fishers)]
+                                                                  if any(fishers) else [])
+        for what, counts in shown:
+            logger.info(f"{what} elements held per rank: {', '.join(f'{n:,}' for n in counts)} (of {sum(counts):,})")
 
     def _reduce(self, x, op):
         """A number summed (or maxed) over the ranks of the sharded optimizer, in float64."""

@@ -21,7 +21,7 @@ of ``--doc`` (make bench: docs/performance.md); ``--readme`` is a deprecated ali
 Implementations: recadam (the fused one-pass torch.compile'd update; compile time excluded,
 it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
 recadam-single (the eager per-tensor loop), recadam-bf16-anchor (fused, θ* in bf16),
-recadam-ewc (EWC's per-element pull γ·F·(θ−θ*): one more state tensor F, on the eager path);
+recadam-ewc (EWC's per-element pull γ·F·(θ−θ*): one more state tensor F, read in the fused update's pass);
 recadam-llrd and recadam-foreach-llrd (with --llrd) the same as recadam / recadam-foreach with
 layer-wise lr decay's per-layer scales (per tensor, or element runs of the flat tensor);
 recadam-combo and recadam-cudagraph (per-tensor layout, GPU) the multi-tensor program with inductor's
@@ -67,7 +67,7 @@ RECADAM_HP = dict(anneal_fun="sigmoid", anneal_k=0.1, anneal_t0=1000.0, anneal_w
 ADAMS = ("fairseq-adam", "torch-adamw-foreach", "torch-adamw-fused")
 LLRD = {"recadam-llrd": "recadam", "recadam-foreach-llrd": "recadam-foreach"}  # timed against
 LLRD_GAMMA = 0.9
-EWC = "recadam-ewc"  # RecAdam with a heavy-tailed F (set_fisher): F segments run the eager step
+EWC = "recadam-ewc"  # RecAdam with a heavy-tailed F (set_fisher): the fused step, F read in its pass
 DEFAULT_IMPLS = ("recadam", "recadam-per-call", "recadam-foreach", "recadam-single", "recadam-bf16-anchor",
                  EWC) + ADAMS
 COMBO = "recadam-combo"  # the multi-tensor program with inductor's horizontal fusion (per-tensor layout, GPU)
@@ -496,7 +496,7 @@ How to read this:
   recadam-per-call the same with one compiled call per tensor (the per-tensor layout's cost
   before the multi-tensor call), recadam-foreach the eager multi-tensor reference, recadam-single
   the eager per-tensor loop, recadam-bf16-anchor the fast path with θ* stored in bf16,
-  recadam-ewc EWC's pull with a heavy-tailed F (one more state word per anchored element; the eager step);
+  recadam-ewc EWC's pull with a heavy-tailed F (one more state word per anchored element, read in the fused step);
   recadam-llrd / recadam-foreach-llrd (--llrd) those two with layer-wise lr decay's scales;
   recadam-combo (--impls) the multi-tensor program with inductor's combo kernels (GPU);
   recadam-cudagraph (--impls) that program replayed as a CUDA graph (GPU; the same as recadam elsewhere),
@@ -571,17 +571,17 @@ def llrd_notes(rows: List[dict]) -> List[str]:
 
 
 def ewc_notes(rows: List[dict]) -> List[str]:
-    """EWC's step and state against the eager RecAdam step it runs (F segments skip the fused kernel)."""
+    """EWC's step and state against RecAdam's eager step and its fused one (which EWC runs, F read in its pass)."""
     by = measured(rows)
     out = []
     for (layout, size, impl), r in by.items():
         base, fast = by.get((layout, size, "recadam-foreach")), by.get((layout, size, "recadam"))
-        if impl != EWC or not base:  # the note compares with the eager step: no note without it
+        if impl != EWC or not (base or fast):
             continue
-        note = (f"{layout}/{size}: recadam-ewc {r['median_ms']:.2f} ms = {r['median_ms'] / base['median_ms']:.2f}x "
-                f"recadam-foreach (the eager step it runs)")
-        if fast:
-            note += f", {r['median_ms'] / fast['median_ms']:.2f}x recadam"
+        ratios = [f"{r['median_ms'] / b['median_ms']:.2f}x {b['impl']} ({why})"
+                  for b, why in ((base, "RecAdam's eager step"), (fast, "the fused step EWC runs")) if b]
+        note = f"{layout}/{size}: recadam-ewc {r['median_ms']:.2f} ms = {', '.join(ratios)}"
+        base = base or fast
         if r.get("state_mb") is not None and base.get("state_mb") is not None:
             note += (f"; state {r['state_mb']:.1f} MB against {base['state_mb']:.1f} MB: F adds "
                      f"{r['state_mb'] - base['state_mb']:.1f} MB ({r['anchored'] * WORD / 2**20:.1f} MB = one fp32 word "
