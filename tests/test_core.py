@@ -6,7 +6,6 @@ import math
 import pytest
 import torch
 
-import recadam_fairseq.core.fused as fused_mod
 import recadam_fairseq.core.recadam as core
 from helpers import F64, HP, make_problem, ref_lambda, run_pair
 from recadam_fairseq import RecAdam, anneal_lambda

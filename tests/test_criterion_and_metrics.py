@@ -1,7 +1,6 @@
 """What a run reports (λ, distance, penalty, target loss, GLUE metrics) and the coupled objective."""
 
 import glob
-import json
 import math
 import os
 

@@ -15,9 +15,8 @@ from recadam_fairseq import RecAdam
 from recadam_fairseq.core import ewc
 from recadam_fairseq.core.errors import ConfigError
 
-from helpers import assert_one_line_error, load_ckpt, run_jobs
-from test_distributed import dumps, launch
-from test_fp16_wrappers import cpu_flat_fp16, flat_params, run_wrapper  # noqa: F401 - a fixture
+from helpers import (DIST_FLAGS, assert_one_line_error, dumps, flat_params, load_ckpt, run_jobs, run_wrapper,
+                     tiny_classifier_args)
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid", anneal_k=0.5,
@@ -242,9 +241,7 @@ def test_normalise_and_check_name_the_file():
 
 
 # --------------------------------------------------------------------------- the Fisher, by hand
-TRAIN_ARGS = ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-              "--init-token", "0", "--separator-token", "2", *tiny_roberta.TINY_ARCH, "--batch-size", "16",
-              "--seed", "7", "--cpu", "--num-workers", "0"]
+TRAIN_ARGS = [*tiny_classifier_args(), "--batch-size", "16", "--seed", "7", "--cpu", "--num-workers", "0"]
 
 
 def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
@@ -339,7 +336,7 @@ def runs(tiny, tmp_path_factory):
         return lambda: {key: tiny.train(root / key, *extra, **kw)}
 
     def two_ranks():  # each rank's 16 examples: the 1-rank task run's first 32 (fairseq shards the shuffled batches)
-        return {"two": launch(tiny, root / "two", 2, "--ewc-fisher", "task", "--ewc-fisher-examples", "16",
+        return {"two": tiny.ranks(root / "two", 2, *DIST_FLAGS, "--ewc-fisher", "task", "--ewc-fisher-examples", "16",
                               "--batch-size", "16", updates=1)}
 
     os.makedirs(root / "bad")  # a save dir that already holds a checkpoint: it stays as it was

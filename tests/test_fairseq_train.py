@@ -2,33 +2,16 @@
 
 import glob
 import math
-import os
 
-import pytest
 import torch
 
-from helpers import load_ckpt
+from helpers import load_ckpt, trainable_names
 
 HEAD = "classification_heads."
 
 
 def model_state(path):
     return load_ckpt(path)["model"]
-
-
-def load_model(ckpt_path):
-    """(the model, its task) as fairseq builds them from a checkpoint."""
-    from fairseq import checkpoint_utils
-
-    import recadam_fairseq.safe_globals  # noqa: F401
-
-    models, _, task = checkpoint_utils.load_model_ensemble_and_task([str(ckpt_path)])
-    return models[0], task
-
-
-def trainable_names(ckpt_path):
-    """The order fairseq hands parameters to the optimizer (= optimizer state indices; tied tensors once)."""
-    return [n for n, p in load_model(ckpt_path)[0].named_parameters() if p.requires_grad]
 
 
 def test_recadam_equals_fairseq_adam_when_lambda_is_one(tiny, tmp_path):

@@ -13,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from helpers import DIST_FLAGS, distributed_args, free_port, load_ckpt, parse_config
 from recadam_fairseq.core.flat_shards import anchored_runs, shard_anchor, shard_parts, shard_range
 
 NAMES, NUMELS = ["a", "b", "c"], [5, 3, 4]  # 12 elements back to back
@@ -154,7 +155,6 @@ def test_tiny_roberta_under_fsdp_anchors_what_the_unsharded_run_does(tiny):
     over 2 ranks: θ* of each shard is the pretrained values of its elements; the head stays plain Adam."""
     from fairseq import tasks
 
-    from helpers import load_ckpt, parse_config
     from recadam_fairseq.anchor_source import quiet_upgrade
     from recadam_fairseq.core.anchor import pretrained_names
     from recadam_fairseq.optim.fsdp_support import build_anchors, shard_parts as parts_of
@@ -221,7 +221,6 @@ def test_why_fairseq_cannot_restore_a_pretrained_roberta_under_fsdp(tiny):
     optimizer. (At world size 1 the shard is the whole flat parameter: no gathering needed here.)"""
     from fairseq import tasks
 
-    from helpers import load_ckpt, parse_config
     from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
 
     cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
@@ -293,7 +292,6 @@ def test_fairscale_consolidates_and_reshards_theta_star_in_the_marked_layout(tmp
     pytest.importorskip("fairscale")
     import torch.multiprocessing as mp
 
-    from helpers import free_port
     from recadam_fairseq.core.recadam import RecAdam
     from recadam_fairseq.optim.fsdp_support import restored_state
 
@@ -330,7 +328,6 @@ def headed(tiny, tmp_path_factory):
     pytest.importorskip("fairscale")
     from fairseq import tasks
 
-    from helpers import load_ckpt, parse_config
     from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
 
     cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
@@ -349,13 +346,8 @@ def headed(tiny, tmp_path_factory):
 def cuda_run(tiny, save, start, optimizer="recadam", fsdp=False, extra=()):
     """fairseq-train --fp16 on one GPU from ``start``; ``fsdp``: under FSDP, which needs a process group even
     at world size 1 (fairscale asks for one)."""
-    from helpers import free_port
-    from test_distributed import FLAGS
-
-    flags = FLAGS if optimizer == "recadam" else FLAGS[FLAGS.index("--dropout"):]  # no --recadam-* for adam
-    dist = ["--ddp-backend", "fully_sharded", "--distributed-world-size", "1", "--distributed-rank", "0",
-            "--distributed-init-method", f"tcp://127.0.0.1:{free_port()}", "--distributed-no-spawn",
-            "--device-id", "0"] if fsdp else []
+    flags = DIST_FLAGS if optimizer == "recadam" else DIST_FLAGS[DIST_FLAGS.index("--dropout"):]  # adam: no --recadam-*
+    dist = distributed_args(1, 0, free_port(), device="cuda", backend="fully_sharded") if fsdp else []
     return tiny.train(save, *flags, "--fp16", *dist, *extra, "--restore-file", start, "--reset-optimizer",
                       "--reset-dataloader", "--reset-meters", optimizer=optimizer, device="cuda", restore=False,
                       check=False)
@@ -374,8 +366,6 @@ def test_fsdp_on_cuda_recadam_stops_in_one_line(tiny, headed, tmp_path):
 def test_fsdp_on_cuda_fairseq_adam_runs_as_unsharded(tiny, headed, tmp_path):
     """What FSDP itself does on this stack (world size 1: one flat shard, padding none), the base for
     lifting the refusal: fairseq's adam under FSDP --fp16 ends where the unsharded --fp16 run does."""
-    from helpers import load_ckpt
-
     runs = {}
     for name, fsdp in (("plain", False), ("fsdp", True)):
         # the model only: fairscale 0.4.13 cannot gather FSDP's optimizer state at world size 1 (seen on an H100:

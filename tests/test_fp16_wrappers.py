@@ -9,61 +9,9 @@ import pytest
 import torch
 from fairseq import optim
 
+from helpers import FP16_FLAGS as FLAGS, FP16_HALF as HALF, FP16_HP as HP, FP16_STEPS as STEPS
+from helpers import Net, flat_params, fp16_grads as grads, parse, run_wrapper
 from recadam_fairseq import RecAdam
-from helpers import Net, parse
-
-STEPS = 6
-HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid",
-          anneal_k=0.5, anneal_t0=3, anneal_w=1.0, pretrain_cof=50.0)
-FLAGS = ["--lr", "1e-2", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.01",
-         "--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "3", "--recadam-pretrain-cof", "50",
-         "--fp16-init-scale", "1", "--fp16-scale-window", "1000"]
-MODES = {
-    "fp16-flat": ["--fp16"],
-    "fp16-per-param": ["--fp16", "--fp16-no-flatten-grads"],
-    "memory-efficient-fp16": ["--fp16", "--memory-efficient-fp16"],
-    # fairseq never flattens bf16 and keeps no loss scale; in fairseq-train --bf16 also means --tpu
-    # (fairseq 0.12's options.py), so these layouts are reachable in-process only, off a TPU
-    "bf16": ["--bf16"],
-    "memory-efficient-bf16": ["--memory-efficient-bf16"],
-}
-HALF = {mode: torch.bfloat16 if "bf16" in mode else torch.float16 for mode in MODES}
-
-
-@pytest.fixture
-def cpu_flat_fp16(monkeypatch):
-    # always (a CUDA machine too): these runs are on the CPU; see tests/train_entry.py
-    monkeypatch.setattr(torch.cuda, "current_device", lambda: None)
-
-
-def grads(gen, net):
-    return [torch.randn(p.shape, generator=gen) for p in net.parameters()]
-
-
-def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu", extra=()):
-    torch.manual_seed(0)
-    pre = Net(head=False)
-    restore = tmp_path / "pre.pt"
-    torch.save({"model": pre.state_dict()}, restore)
-    torch.manual_seed(1)
-    net = Net()
-    net.load_state_dict(pre.state_dict(), strict=False)
-    net = net.to(device, HALF[mode])
-    cfg = parse(*FLAGS, *MODES[mode], "--recadam-anchor-dtype", anchor_dtype, *extra, restore=restore)
-    params = list(net.parameters())
-    if mode.startswith("memory-efficient"):
-        opt = optim.MemoryEfficientFP16Optimizer.build_optimizer(cfg, params)
-    else:
-        opt = optim.FP16Optimizer.build_optimizer(cfg, params)
-    gen = torch.Generator().manual_seed(5)
-    for _ in range(STEPS):
-        opt.zero_grad()
-        for p, g in zip(params, grads(gen, net)):
-            p.grad = g.to(device, HALF[mode])
-        opt._needs_sync = True  # what opt.backward(loss) records: fp16 grads are copied to fp32 at step()
-        opt.all_reduce_grads(net)
-        opt.step()
-    return net, opt
 
 
 def run_core(rounded_each_step=False, anchor_dtype=torch.float32, half=torch.float16):
@@ -86,10 +34,6 @@ def run_core(rounded_each_step=False, anchor_dtype=torch.float32, half=torch.flo
             for p in net.parameters():
                 p.data.copy_(p.data.to(half).float())
     return net
-
-
-def flat_params(net):
-    return torch.cat([p.detach().float().reshape(-1) for p in net.parameters()])
 
 
 @pytest.mark.parametrize("mode", ["fp16-flat", "fp16-per-param"])

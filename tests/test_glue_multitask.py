@@ -19,9 +19,11 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt, parse_config
+from helpers import (ROOT, USER_DIR, dumps, json_records, launch_ranks, load_ckpt, multitask_args, parse_config,
+                     train_multitask)
+from helpers.glue_files import GLUE, WORDS, write_bpe, write_tsv
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
-from test_prepare_glue import GLUE, pg, write_bpe, write_tsv
+from recadam_fairseq.tools import prepare_glue as pg
 
 from recadam_fairseq.core import mt_sampling
 
@@ -88,32 +90,12 @@ def mt(tiny, tmp_path_factory):
     return SimpleNamespace(root=root, glue=glue, bpe=bpe, data=data, pretrained=str(root / "pretrained.pt"))
 
 
-def mt_args(mt, save_dir, *extra, tasks=TASKS, updates=12, optimizer="adam", restore=True, data=None):
-    args = [str(data or mt.data), "--task", "glue_multitask", "--mt-tasks", ",".join(tasks),
-            "--criterion", "glue_multitask", *tiny_roberta.TINY_ARCH,
-            "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
-            "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
-            "--batch-size", "4", "--required-batch-size-multiple", "1", "--seed", "3", "--num-workers", "0", "--cpu",
-            "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--user-dir", USER_DIR,
-            "--log-format", "json", "--log-interval", "1",
-            "--best-checkpoint-metric", "glue_avg", "--maximize-best-checkpoint-metric"]
-    if optimizer == "recadam":
-        args += ["--recadam-pretrain-cof", "500"]
-    if restore:
-        args += ["--restore-file", mt.pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
-    return args + list(extra)
+def mt_args(mt, save_dir, *extra, tasks=TASKS, **kw):
+    return multitask_args(mt, save_dir, *extra, tasks=tasks, **kw)
 
 
-def train(mt, save_dir, *extra, check=True, **kw):
-    os.makedirs(save_dir, exist_ok=True)
-    log = os.path.join(str(save_dir), "train.log")
-    with open(log, "w") as f:
-        proc = subprocess.run([sys.executable, TRAIN_ENTRY, *mt_args(mt, save_dir, *extra, **kw)],
-                              stdout=f, stderr=subprocess.STDOUT, cwd=str(mt.root))
-    text = open(log).read()
-    if check and proc.returncode != 0:
-        raise AssertionError(f"fairseq-train failed ({proc.returncode}):\n{text[-4000:]}")
-    return proc.returncode, text
+def train(mt, save_dir, *extra, tasks=TASKS, **kw):
+    return train_multitask(mt, save_dir, *extra, tasks=tasks, **kw)
 
 
 def valid_records(log, subset="valid"):
@@ -317,7 +299,6 @@ def dev_predictions(mt, ckpt_path):
     """Per task: (predictions, targets) on its dev set, through fairseq's own sentence_prediction
     datasets and the model's head (no glue_multitask code on this path)."""
     from fairseq import checkpoint_utils
-    from fairseq.data import data_utils
     from fairseq.tasks.sentence_prediction import SentencePredictionConfig, SentencePredictionTask
 
     models, _, _ = checkpoint_utils.load_model_ensemble_and_task([ckpt_path])
@@ -467,24 +448,11 @@ def test_esam_stops_on_mixed_task_batches(mt, tmp_path):
 def test_two_cpu_ranks(mt, tmp_path):
     """2 gloo ranks, MT-Uncertainty: each rank scores and selects from its own candidate shard;
     the STS-B dev vectors and confusion matrices sum across ranks."""
-    port = free_port()
-    env = dict(os.environ, RECADAM_DUMP_DIR=str(tmp_path))
-    procs = []
-    for rank in range(2):
-        args = mt_args(mt, tmp_path, "--mt-sampling", "uncertainty", "--dropout", "0", "--attention-dropout", "0",
-                       "--distributed-world-size", "2", "--distributed-rank", str(rank), "--distributed-backend", "gloo",
-                       "--distributed-init-method", f"tcp://127.0.0.1:{port}", "--distributed-no-spawn",
-                       "--device-id", "0", "--ddp-backend", "legacy_ddp", updates=4)
-        log = open(tmp_path / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([sys.executable, TRAIN_ENTRY, *args], stdout=log, stderr=subprocess.STDOUT,
-                                       env=env, cwd=str(mt.root)), log))
-    for p, log in procs:
-        p.wait(timeout=120)
-        log.close()
-    texts = [open(tmp_path / f"rank{r}.log").read() for r in range(2)]
-    for r, (p, _) in enumerate(procs):
-        assert p.returncode == 0, texts[r][-4000:]
-    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(2))
+    args = mt_args(mt, tmp_path, "--mt-sampling", "uncertainty", "--dropout", "0", "--attention-dropout", "0",
+                   updates=4)
+    texts = [log for _, log in launch_ranks(args, tmp_path, 2, env={"RECADAM_DUMP_DIR": str(tmp_path)},
+                                            cwd=str(mt.root), timeout=120)]
+    r0, r1 = dumps(tmp_path, 2)
     assert all(torch.equal(r0["model"][k], r1["model"][k]) for k in r0["model"])
     (valid,) = valid_records(texts[0], "valid")[-1:]
     assert all(f"valid_{h}_loss" in valid for h in HEADS) and "valid_sts_b_pearson" in valid
@@ -643,8 +611,6 @@ OWN_SIZES = {"train": 16, "valid": 10}
 def make_own_task(data, bpe, name, sentences, labels, seed):
     """<data>/<name>-bin: GPT-2 BPE text per input, fairseq-preprocess --only-source on each input (with
     RoBERTa's dict.txt) and on the labels, and labels.json: the layout of fairseq's sentence_prediction."""
-    from test_prepare_glue import WORDS
-
     rng = np.random.default_rng(seed)
     raw = data / f"{name}-raw"
     raw.mkdir()

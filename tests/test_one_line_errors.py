@@ -8,10 +8,11 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
+
+from helpers import one_error_line, run_plan
 
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
@@ -42,13 +43,6 @@ def nan_checkpoint(tiny, path, name="encoder.sentence_encoder.layers.1.fc1.weigh
     return name
 
 
-def one_error_line(log):
-    assert "Traceback" not in log, log[-3000:]
-    lines = [ln for ln in log.splitlines() if ln.startswith("train_entry.py: error: ")]
-    assert len(lines) == 1, log[-3000:]
-    return lines[0][len("train_entry.py: error: "):]
-
-
 @pytest.fixture(scope="module")
 def runs(tiny, tmp_path_factory):
     root = tmp_path_factory.mktemp("mistakes")
@@ -73,8 +67,7 @@ def runs(tiny, tmp_path_factory):
         (save / "checkpoint_last.pt").write_bytes(b"an earlier run's checkpoint") if name == "restore" else None
         return name, tiny.train(save, *extra, check=False, **kw)
 
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        out = dict(pool.map(go, cases.items()))
+    out = run_plan({item[0]: (lambda item=item: go(item)[1]) for item in cases.items()})
     return {"root": root, "out": out, "tensor": tensor, "bad": bad, "data": {"train": train_label, "valid": valid_label}}
 
 

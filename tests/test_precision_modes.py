@@ -14,8 +14,7 @@ import torch
 
 from helpers import NO_DROPOUT, RECADAM, load_ckpt, trainable_names
 
-FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500",
-         "--fp16-init-scale", "16"]
+FLAGS = [*RECADAM, "--fp16-init-scale", "16"]
 MODES = {
     "fp32": [],
     "fp16-flat": ["--fp16"],

@@ -18,10 +18,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import ROOT, load_ckpt
-from test_glue_multitask import train as train_multitask
-from test_prepare_glue import WORDS, write_bpe
-from test_reinit_lora import LORA, NO_DROPOUT, TINY_FT
+from helpers import LORA, NO_DROPOUT, ROOT, TINY_FT, load_ckpt, train_multitask
+from helpers.glue_files import WORDS, write_bpe
 
 from recadam_fairseq.tools import export_hf, predict
 

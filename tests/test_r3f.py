@@ -15,15 +15,13 @@ import json
 import os
 import random
 import resource
-import subprocess
-import sys
 import time
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from helpers import TRAIN_ENTRY, USER_DIR, json_records, load_ckpt
+from helpers import (ONE_THREAD, USER_DIR, assert_same_weights, criterion, json_records, launch, load_ckpt,
+                     parse, run_plan, stock_roberta)
 from recadam_fairseq.core import r3f
 
 import fairseq
@@ -74,13 +72,6 @@ class FakeRoberta(torch.nn.Module):
 
     def get_targets(self, sample, net_output):
         return sample["target"]
-
-
-def criterion(name="sentence_prediction_r3f", **over):
-    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
-
-    cfg = CRITERION_DATACLASS_REGISTRY[name](**over)
-    return CRITERION_REGISTRY[name](cfg, task=type("Task", (), {})())
 
 
 def batch(classes=3, b=5, t=7, vocab=20, seed=0):
@@ -163,31 +154,6 @@ def test_fp16_noise_survives_in_the_noised_input():
     assert noised.dtype == torch.half and not torch.equal(clean, noised)
 
 
-def stock_roberta(classes=3, dropout=0.0):
-    """fairseq's own RobertaModel (roberta arch), tiny, no dropout by default: the clean and noised passes
-    differ by the noise only."""
-    from argparse import Namespace
-
-    from fairseq.data import Dictionary
-    from fairseq.models.roberta import RobertaModel
-
-    d = Dictionary()
-    for i in range(20):
-        d.add_symbol(f"w{i}")
-    args = Namespace(encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=2,
-                     max_positions=32, dropout=dropout, attention_dropout=dropout, activation_dropout=0.0,
-                     pooler_dropout=dropout)
-    torch.manual_seed(0)
-    model = RobertaModel.build_model(args, type("Task", (), {"source_dictionary": d})())
-    model.register_classification_head("sentence_classification_head", num_classes=classes)
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(d.nspecial, len(d), (5, 9), generator=g)
-    src[:, 0] = d.bos()
-    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((5,), 9)},
-              "target": torch.randint(0, classes, (5,), generator=g), "ntokens": 45}
-    return model.train(), sample
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.half])
 def test_noise_reaches_a_stock_roberta_encoder(dtype):
     """fairseq 0.12's RobertaEncoder.forward drops token_embeddings (fairseq's rxf adds no noise there);
@@ -246,7 +212,6 @@ def test_bad_input_names_the_flag():
     del model.encoder.sentence_encoder
     with pytest.raises(ValueError, match="--r3f-lambda"):
         criterion()(model, batch())
-    from test_adapter import parse
 
     with pytest.raises(SystemExit):
         parse("--criterion", "sentence_prediction_r3f", "--noise-type", "cauchy")
@@ -254,11 +219,9 @@ def test_bad_input_names_the_flag():
 
 # ----------------------------------------------------------------------------------------- real runs
 def _run(save, args, env=None):
-    os.makedirs(save, exist_ok=True)
     t = time.time()
-    p = subprocess.run([sys.executable, TRAIN_ENTRY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1", **(env or {})})
-    return {"rc": p.returncode, "log": p.stdout, "save": str(save), "s": time.time() - t}
+    ((rc, log),) = launch(lambda _: args, save, env={**ONE_THREAD, **(env or {})}, check=False)
+    return {"rc": rc, "log": log, "save": str(save), "s": time.time() - t}
 
 
 def _user_dir(args, user_dir, arch=None):
@@ -354,9 +317,7 @@ def runs(tiny, tmp_path_factory):
     jobs["oracle_nodrop"] = (root / "oracle_nodrop", _user_dir(glue("oracle_nodrop", *R3F, *SEED_FLAGS, *NO_DROPOUT,
                                                                     optimizer="adam", updates=3)[1], RXF), ORACLE_ENV)
     jobs["seq_oracle"] = (root / "s_oracle", _seq2seq_args(seq, root / "s_oracle", "bart_base", RXF), ORACLE_ENV)
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = {k: pool.submit(_run, *job) for k, job in jobs.items()}
-        out = {k: f.result() for k, f in futures.items()}
+    out = run_plan({k: (lambda job=job: _run(*job)) for k, job in jobs.items()})
     cpu = resource.getrusage(resource.RUSAGE_CHILDREN)
     print("run seconds:", {k: round(r["s"], 1) for k, r in out.items()}, f"CPU s: {cpu.ru_utime + cpu.ru_stime:.0f}")
     for k, r in out.items():
@@ -367,12 +328,6 @@ def runs(tiny, tmp_path_factory):
 
 def _weights(run):
     return load_ckpt(os.path.join(run["save"], "checkpoint_last.pt"))["model"]
-
-
-def _assert_same_weights(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), f"{k}: max |diff| {(a[k].float() - b[k].float()).abs().max()}"
 
 
 def _inner(run, *keys):
@@ -395,7 +350,7 @@ def test_drop_in_for_fairseq_rxf_bit_for_bit(runs):
     for run in (ours, runs["ours_tokemb"]):
         _same_logs(_inner(run, "num_updates", "loss", "symm_kl"), _inner(oracle, "num_updates", "loss", "symm_kl"))
         assert len(_inner(run, "loss")) == 12
-        _assert_same_weights(_weights(run), _weights(oracle))
+        assert_same_weights(_weights(run), _weights(oracle))
     # and the noise matters to those bits: plain sentence_prediction ends elsewhere
     sp = _weights(runs["sentence_prediction"])
     assert any(not torch.equal(sp[k], v) for k, v in _weights(ours).items())
@@ -414,7 +369,7 @@ def test_noise_reaches_the_encoder_unlike_fairseq_rxf_on_stock_roberta(runs):
 
 
 def test_lambda_zero_is_sentence_prediction_bit_for_bit(runs):
-    _assert_same_weights(_weights(runs["lambda0"]), _weights(runs["sentence_prediction"]))
+    assert_same_weights(_weights(runs["lambda0"]), _weights(runs["sentence_prediction"]))
     assert "symm_kl" not in runs["lambda0"]["log"]
 
 
@@ -478,5 +433,5 @@ def test_seq2seq_drop_in_for_fairseq_rxf(runs):
     ours, oracle = runs["seq_ours"], runs["seq_oracle"]
     _same_logs(_inner(ours, "loss", "nll_loss", "symm_kl"), _inner(oracle, "loss", "nll_loss", "symm_kl"))
     assert len(_inner(ours, "loss")) == 10
-    _assert_same_weights(_weights(ours), _weights(oracle))
+    assert_same_weights(_weights(ours), _weights(oracle))
 

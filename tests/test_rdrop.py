@@ -10,17 +10,12 @@ The authors' loss is CE₁ + CE₂ + α·½·(KL(p₁‖p₂) + KL(p₂‖p₁))
 
 import os
 import resource
-from argparse import Namespace
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from helpers import json_records, load_ckpt
-from test_one_line_errors import one_error_line
-from test_r3f import criterion, stock_roberta
-from test_resume_and_anchors import assert_same_run
-from test_sam_train import same_models
+from helpers import (ONE_THREAD, assert_same_run, assert_same_weights, criterion, json_records, load_ckpt, one_error_line,
+                     run_plan, stock_roberta, transformer)
 
 from recadam_fairseq.core import r3f
 from recadam_fairseq.core.errors import ConfigError
@@ -119,37 +114,6 @@ def test_glue_without_dropout_the_halves_agree_and_eval_is_one_pass():
 
 
 # ------------------------------------------------------------------------------------ seq2seq criterion, in process
-def transformer(dropout=0.3):
-    """fairseq's own transformer, 1+1 layers of width 16, shared embeddings; a batch with padded targets."""
-    from fairseq.data import Dictionary
-    from fairseq.models.transformer import TransformerModel, base_architecture
-
-    d = Dictionary()
-    for i in range(20):
-        d.add_symbol(f"w{i}")
-    args = Namespace(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16,
-                     encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
-                     decoder_attention_heads=2, dropout=dropout, attention_dropout=dropout,
-                     max_source_positions=32, max_target_positions=32, share_all_embeddings=True)
-    base_architecture(args)
-    task = type("Task", (), {"source_dictionary": d, "target_dictionary": d})()
-    torch.manual_seed(0)
-    model = TransformerModel.build_model(args, task)
-    g = torch.Generator().manual_seed(0)
-    src = torch.randint(d.nspecial, len(d), (4, 6), generator=g)
-    src[:, -1] = d.eos()
-    target = torch.full((4, 5), d.pad())
-    for i, n in enumerate((5, 2, 4, 3)):
-        target[i, :n] = torch.randint(d.nspecial, len(d), (n,), generator=g)
-        target[i, n - 1] = d.eos()
-    prev = torch.full_like(target, d.pad())
-    prev[:, 0] = d.eos()
-    prev[:, 1:] = target[:, :-1].masked_fill(target[:, :-1] == d.eos(), d.pad())
-    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 6), "prev_output_tokens": prev},
-              "target": target, "ntokens": int(target.ne(d.pad()).sum())}
-    return model.train(), sample, task, d.pad()
-
-
 def seq2seq_criterion(task, name="label_smoothed_cross_entropy_rdrop", **over):
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 
@@ -226,7 +190,6 @@ def test_rdrop_with_r3f_or_multitask_is_refused():
 
 # ------------------------------------------------------------------------------------ through fairseq-train
 RDROP = ["--criterion", "sentence_prediction_rdrop", "--log-format", "json"]
-ONE_THREAD = {"OMP_NUM_THREADS": "1"}  # two runs at a time on CI's 2 cores: no OpenMP spinning
 
 
 @pytest.fixture(scope="module")
@@ -243,23 +206,20 @@ def runs(tiny, tmp_path_factory):
         "bad": ((*RDROP, "--rdrop-alpha=-1"), dict(updates=1, check=False)),
     }
 
-    def go(item):
-        name, (extra, kw) = item
-        return name, tiny.train(root / name, *extra, env=ONE_THREAD, **kw)
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        out = dict(pool.map(go, cases.items()))
+    steps = {name: (lambda name=name, extra=extra, kw=kw: tiny.train(root / name, *extra, env=ONE_THREAD, **kw))
+             for name, (extra, kw) in cases.items()}
     # resume the straight run's update-2 checkpoint (weights, optimizer, data iterator) up to 4 updates
-    out["resumed"] = tiny.train(root / "resumed", *RDROP, "--rdrop-alpha", "0.5", "--restore-file",
-                                str(root / "straight" / "checkpoint_1_2.pt"), updates=4, restore=False,
-                                env=ONE_THREAD)
+    steps["resumed"] = lambda: tiny.train(root / "resumed", *RDROP, "--rdrop-alpha", "0.5", "--restore-file",
+                                          str(root / "straight" / "checkpoint_1_2.pt"), updates=4, restore=False,
+                                          env=ONE_THREAD)
+    out = run_plan(steps, after={"resumed": "straight"})
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     print(f"fairseq-train runs: {after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime:.0f} CPU s")
     return dict(root=root, out=out, load=lambda name: load_ckpt(root / name / "checkpoint_last.pt"))
 
 
 def test_alpha_zero_is_sentence_prediction_bit_for_bit(runs):
-    same_models(runs["load"]("base")["model"], runs["load"]("alpha0")["model"])
+    assert_same_weights(runs["load"]("base")["model"], runs["load"]("alpha0")["model"])
     assert "symm_kl" not in runs["out"]["alpha0"][1]
 
 

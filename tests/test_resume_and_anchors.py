@@ -8,21 +8,9 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, TRAIN_ENTRY, load_ckpt
+from helpers import RECADAM, ROOT, TRAIN_ENTRY, assert_same_run, load_ckpt
 
-FLAGS = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500"]
-
-
-def assert_same_run(a, b):
-    """Same weights, moments and anchors, bit for bit."""
-    for k, v in a["model"].items():
-        assert torch.equal(v, b["model"][k]), k
-    sa, sb = a["last_optimizer_state"]["state"], b["last_optimizer_state"]["state"]
-    assert sa.keys() == sb.keys()
-    for i in sa:
-        assert sa[i].keys() == sb[i].keys()
-        for n, v in sa[i].items():
-            assert (torch.equal(v, sb[i][n]) if torch.is_tensor(v) else v == sb[i][n]), (i, n)
+FLAGS = RECADAM
 
 
 @pytest.fixture(scope="module")

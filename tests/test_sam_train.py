@@ -9,8 +9,8 @@ import re
 import pytest
 import torch
 
-from helpers import json_records, load_ckpt
-from test_distributed import dumps, launch
+from helpers import (DIST_FLAGS, assert_same_run, assert_same_state, assert_same_weights, dumps, json_records,
+                     load_ckpt)
 
 CHECK = {"RECADAM_SAM_CHECK_RESTORE": "1"}
 SEED_FLAGS = ["--sam-type", "fisher-sam", "--rho", "0.05", "--beta", "0.5", "--gamma", "0.5", "--mask-iter-e", "2",
@@ -23,27 +23,6 @@ def restore_checks(log):
     m = re.search(r"sam-restore-checks (\d+) pass1-calls (\d+)", log)
     assert m, log[-3000:]
     return int(m.group(1)), int(m.group(2))
-
-
-def same_models(a, b):
-    assert a.keys() == b.keys()
-    for k in a:
-        assert torch.equal(a[k], b[k]), k
-
-
-def same_state(a, b):
-    assert a.keys() == b.keys()
-    for i in a:
-        if torch.is_tensor(a[i]):
-            assert torch.equal(a[i], b[i]), i
-        elif isinstance(a[i], dict):
-            same_state(a[i], b[i])
-        elif isinstance(a[i], list):
-            assert len(a[i]) == len(b[i])
-            for x, y in zip(a[i], b[i]):
-                assert (x is None and y is None) or torch.equal(x, y) if (x is None or torch.is_tensor(x)) else x == y
-        else:
-            assert a[i] == b[i], i
 
 
 @pytest.fixture(scope="module")
@@ -65,7 +44,7 @@ def test_rho_zero_equals_adam_bit_for_bit(tiny, tmp_path, adam_run):
                          env=CHECK)
     checks, calls = restore_checks(log)
     assert calls == 6 and checks >= 6
-    same_models(load_ckpt(tmp_path / "s" / "checkpoint_last.pt")["model"], adam_run["model"])
+    assert_same_weights(load_ckpt(tmp_path / "s" / "checkpoint_last.pt")["model"], adam_run["model"])
 
 
 def test_rho_zero_over_recadam_equals_recadam_bit_for_bit(tiny, tmp_path):
@@ -74,10 +53,10 @@ def test_rho_zero_over_recadam_equals_recadam_bit_for_bit(tiny, tmp_path):
                          updates=6, env=CHECK)
     assert restore_checks(log)[1] == 6
     a, b = load_ckpt(tmp_path / "r" / "checkpoint_last.pt"), load_ckpt(tmp_path / "rs" / "checkpoint_last.pt")
-    same_models(a["model"], b["model"])
+    assert_same_weights(a["model"], b["model"])
     sb = dict(b["last_optimizer_state"])
     assert sb.pop("sam")["t"] == 6
-    same_state(a["last_optimizer_state"]["state"], sb["state"])  # moments, anchors, t
+    assert_same_state(a["last_optimizer_state"]["state"], sb["state"])  # moments, anchors, t
 
 
 @pytest.mark.parametrize("criterion", ["sentence_prediction", "sentence_prediction_recadam"])
@@ -150,8 +129,8 @@ def test_two_ranks_equal_one_process_with_update_freq_two(tiny, tmp_path):
     """ε per rank and micro-batch; GSAM's decomposition and the Fisher mask on the summed gradients:
     2 CPU ranks == 1 process with --update-freq 2 (dropout off; the gradient sum in another order)."""
     flags = ["--sam-type", "fisher-gsam", "--rho", "0.05", "--mask-iter-e", "2", "--max-update", "6"]
-    launch(tiny, tmp_path / "one", 1, "--update-freq", "2", *flags)
-    launch(tiny, tmp_path / "two", 2, *flags)
+    tiny.ranks(tmp_path / "one", 1, *DIST_FLAGS, "--update-freq", "2", *flags)
+    tiny.ranks(tmp_path / "two", 2, *DIST_FLAGS, *flags)
     (ref,), (r0, r1) = dumps(tmp_path / "one", 1), dumps(tmp_path / "two", 2)
     for k in r0["model"]:
         assert torch.equal(r0["model"][k], r1["model"][k]), k
@@ -173,6 +152,5 @@ def test_resume_is_bit_exact(tiny, tmp_path):
     tiny.train(save, *flags, "--restore-file", str(save / "checkpoint_last.pt"), optimizer="samsgd", updates=8,
                restore=False)
     a, b = load_ckpt(tmp_path / "straight" / "checkpoint_last.pt"), load_ckpt(save / "checkpoint_last.pt")
-    same_models(a["model"], b["model"])
-    same_state(a["last_optimizer_state"], b["last_optimizer_state"])
+    assert_same_run(a, b)
     assert b["last_optimizer_state"]["sam"]["t"] == 8

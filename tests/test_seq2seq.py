@@ -27,14 +27,12 @@ import shutil
 import subprocess
 import sys
 from argparse import Namespace
-from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
 
-from helpers import TRAIN_ENTRY, USER_DIR, free_port, json_records, load_ckpt
-from test_fairseq_train import load_model, trainable_names
-from test_one_line_errors import one_error_line
+from helpers import (ONE_THREAD, TRAIN_ENTRY, USER_DIR, base_env, json_records, launch, launch_ranks, load_ckpt,
+                     load_model, one_error_line, parse_config, run_plan, trainable_names, transformer)
 from recadam_fairseq.tools import make_tiny_translation as tiny_mt
 
 UPDATES = 8
@@ -71,10 +69,8 @@ def finetune_args(setup, save, *extra, updates=UPDATES, validate=False, arch=tin
 
 
 def train(save, args):
-    os.makedirs(save, exist_ok=True)
-    p = subprocess.run([sys.executable, TRAIN_ENTRY, *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                       text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
-    return p.returncode, p.stdout
+    ((rc, log),) = launch(lambda _: args, save, env=ONE_THREAD, check=False)
+    return rc, log
 
 
 @pytest.fixture(scope="module")
@@ -148,33 +144,14 @@ def mt(pair):
                                          for a in jobs["rdrop"]])
 
     def two_ranks():
-        # 2 CPU ranks (gloo, no spawn), each a fairseq-train process, as tests/test_distributed.py launches them
-        port = free_port()
-        os.makedirs(root / "dist_two")
-        procs = [subprocess.Popen([sys.executable, TRAIN_ENTRY, *jobs["dist_two"], "--distributed-world-size", "2",
-                                   "--distributed-rank", str(r), "--distributed-init-method", f"tcp://127.0.0.1:{port}",
-                                   "--distributed-no-spawn", "--device-id", "0", "--ddp-backend", "legacy_ddp",
-                                   "--distributed-backend", "gloo"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                  text=True, env={**os.environ, "OMP_NUM_THREADS": "1"}) for r in range(2)]
-        outs = [p.communicate(timeout=600)[0] for p in procs]
-        return max(p.returncode for p in procs), outs[0] + "\n==== rank 1\n" + outs[1]
+        (rc0, log0), (rc1, log1) = launch_ranks(jobs["dist_two"], root / "dist_two", 2, env=ONE_THREAD, check=False)
+        return max(rc0, rc1), log0 + "\n==== rank 1\n" + log1
 
-    # two at a time; a run that needs another's checkpoint follows it in the same worker
-    chains = [("rdrop", "resumed"), ("bart_pre", "bart"), ("r3f_fp16", "rdrop_plain"), ("llrd_cd", "dist_one"),
-              ("r3f_fp16_pp", "r3f_mefp16"), ("dist_two",), ("fsam_ctf", "coupled"), ("wider",)]
     steps = {**{k: (lambda k=k, a=args: train(root / k, a)) for k, args in jobs.items()}, "resumed": resumed,
              "bart_pre": lambda: train(root / "bart_pre", bart_pre), "dist_two": two_ranks}
-
-    def chain(names):
-        done = {}
-        for k in names:
-            done[k] = steps[k]()
-            if done[k][0] != 0:
-                break
-        return done
-
-    with ThreadPoolExecutor(2) as pool:
-        out = {k: v for part in pool.map(chain, chains) for k, v in part.items()}
+    # two at a time; a run that needs another's checkpoint follows it (the other pairs balance the two workers)
+    out = run_plan(steps, after={"resumed": "rdrop", "bart": "bart_pre", "rdrop_plain": "r3f_fp16",
+                                 "dist_one": "llrd_cd", "r3f_mefp16": "r3f_fp16_pp", "coupled": "fsam_ctf"})
     for k in steps.keys() - refused:
         assert k in out and out[k][0] == 0, f"{k}:\n{out.get(k, (0, 'not run'))[1][-4000:]}"
     return Namespace(root=root, setup=setup, runs=out)
@@ -552,9 +529,6 @@ def test_the_coupled_objective_as_a_seq2seq_criterion_term(tmp_path):
 
     from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 
-    from helpers import parse_config
-    from test_rdrop import transformer
-
     model, sample, task, _ = transformer(dropout=0.0)
     torch.save({"model": model.state_dict()}, tmp_path / "pre.pt")
     pre = {n: p.detach().clone() for n, p in model.named_parameters()}
@@ -618,8 +592,6 @@ def _start(pair, *flags, data=None):
     from fairseq import tasks
 
     import recadam_fairseq
-    from helpers import parse_config
-
     recadam_fairseq.register()  # the plug-in's models (roberta_ft_*): its package may be imported already
     cfg = parse_config(data or os.path.join(pair.setup, "b-bin"), "--task", "translation", *tiny_mt.LANGS,
                        "--user-dir", USER_DIR, *flags)
@@ -731,8 +703,6 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
     """scripts/seq2seq/finetune.sh recadam-rdrop on the tiny pair, the architecture read from the checkpoint:
     killed after its first checkpoint (update 4), the same command continues from it and ends with the best
     BLEU on valid and test's BLEU at that update; a third call trains nothing."""
-    from test_glue_scripts import base_env
-
     script = os.path.join(os.path.dirname(USER_DIR), "scripts", "seq2seq", "finetune.sh")
     mine = ("PRETRAINED", "DATA", "SRC", "TGT", "VALID_SUBSETS", "BEAM", "DETOK", "REMOVE_BPE", "MAX_TOKENS", "WARMUP",
             "LABEL_SMOOTHING", "LOG_INTERVAL")  # the script's variables beside the GLUE scripts' (base_env drops those)

@@ -10,13 +10,17 @@ import pytest
 import torch
 from fairseq.optim import build_optimizer
 
-from helpers import json_records, load_ckpt, run_jobs
-from test_adapter import Net, parse
-from test_distributed import anchors, launch
+from helpers import (DIST_FLAGS, Net, anchors, assert_same_weights, json_records, load_ckpt, parse, run_jobs,
+                     tiny_classifier_args)
 
 pytest.importorskip("fairscale")
 
 OS = ["--zero-sharding", "os"]
+
+
+def launch(tiny, save, world, *flags, **kw):
+    return tiny.ranks(save, world, *DIST_FLAGS, *flags, **kw)
+
 EWC = ["--ewc-fisher", "task", "--ewc-fisher-examples", "16"]  # 16 examples per rank
 
 
@@ -25,9 +29,9 @@ def fisher_file(tiny, path):
     from recadam_fairseq.core import ewc
     from recadam_fairseq.core.anchor import trainable_named_parameters
     from recadam_fairseq.tools import fisher as tool
-    from test_ewc import TRAIN_ARGS
 
-    _, _, model, _ = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
+    _, _, model, _ = tool.setup([tiny.cls_bin, *tiny_classifier_args(), "--batch-size", "16", "--seed", "7", "--cpu",
+                                 "--num-workers", "0", "--restore-file", tiny.pretrained])
     gen = torch.Generator().manual_seed(3)
     ewc.save(str(path), {n: torch.empty(p.shape).exponential_(generator=gen).pow_(3)
                          for n, p in trainable_named_parameters(model)}, 1, "heavy-tailed")
@@ -73,9 +77,7 @@ def runs(tiny, tmp_path_factory):
 
 
 def weights_equal(a, b):
-    assert a["model"].keys() == b["model"].keys()
-    for k in a["model"]:
-        assert torch.equal(a["model"][k], b["model"][k]), k
+    assert_same_weights(a["model"], b["model"])
 
 
 def test_sharded_run_equals_the_unsharded_one_bit_for_bit(tiny, runs):

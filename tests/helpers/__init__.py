@@ -14,7 +14,7 @@ from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # tests/helpers/ -> the repository
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 SCRIPTS = os.path.join(ROOT, "scripts")
 TRAIN_ENTRY = os.path.join(ROOT, "tests", "train_entry.py")  # fairseq-train, --fp16 usable on CPU
@@ -252,6 +252,131 @@ def run_pair(foreach, steps=12, fused=False):
     return torch_params, [g["params"] for g in ref_groups], opt
 
 
+# ----------------------------------------------------------------------------- fairseq's fp16 wrappers, in-process
+FP16_STEPS = 6
+FP16_HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid",
+               anneal_k=0.5, anneal_t0=3, anneal_w=1.0, pretrain_cof=50.0)
+FP16_FLAGS = ["--lr", "1e-2", "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--weight-decay", "0.01",
+              "--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "3", "--recadam-pretrain-cof", "50",
+              "--fp16-init-scale", "1", "--fp16-scale-window", "1000"]
+FP16_MODES = {
+    "fp16-flat": ["--fp16"],
+    "fp16-per-param": ["--fp16", "--fp16-no-flatten-grads"],
+    "memory-efficient-fp16": ["--fp16", "--memory-efficient-fp16"],
+    # fairseq never flattens bf16 and keeps no loss scale; in fairseq-train --bf16 also means --tpu
+    # (fairseq 0.12's options.py), so these layouts are reachable in-process only, off a TPU
+    "bf16": ["--bf16"],
+    "memory-efficient-bf16": ["--memory-efficient-bf16"],
+}
+FP16_HALF = {mode: torch.bfloat16 if "bf16" in mode else torch.float16 for mode in FP16_MODES}
+
+
+def fp16_grads(gen, net):
+    return [torch.randn(p.shape, generator=gen) for p in net.parameters()]
+
+
+def run_wrapper(mode, tmp_path, anchor_dtype="fp32", device="cpu", extra=()):
+    """recadam inside fairseq's fp16 wrapper of ``mode`` (FP16_MODES), in-process: Net with a pretrained encoder,
+    FP16_STEPS steps on fixed half-rounded gradients. Returns (the net, the wrapper)."""
+    from fairseq import optim
+
+    torch.manual_seed(0)
+    pre = Net(head=False)
+    restore = tmp_path / "pre.pt"
+    torch.save({"model": pre.state_dict()}, restore)
+    torch.manual_seed(1)
+    net = Net()
+    net.load_state_dict(pre.state_dict(), strict=False)
+    net = net.to(device, FP16_HALF[mode])
+    cfg = parse(*FP16_FLAGS, *FP16_MODES[mode], "--recadam-anchor-dtype", anchor_dtype, *extra, restore=restore)
+    params = list(net.parameters())
+    if mode.startswith("memory-efficient"):
+        opt = optim.MemoryEfficientFP16Optimizer.build_optimizer(cfg, params)
+    else:
+        opt = optim.FP16Optimizer.build_optimizer(cfg, params)
+    gen = torch.Generator().manual_seed(5)
+    for _ in range(FP16_STEPS):
+        opt.zero_grad()
+        for p, g in zip(params, fp16_grads(gen, net)):
+            p.grad = g.to(device, FP16_HALF[mode])
+        opt._needs_sync = True  # what opt.backward(loss) records: fp16 grads are copied to fp32 at step()
+        opt.all_reduce_grads(net)
+        opt.step()
+    return net, opt
+
+
+def flat_params(net):
+    """Every parameter of ``net`` in fp32, back to back."""
+    return torch.cat([p.detach().float().reshape(-1) for p in net.parameters()])
+
+
+# ----------------------------------------------------------------------------- fairseq's own small models, in-process
+def criterion(name="sentence_prediction_r3f", **over):
+    """A registered criterion ``name`` built in-process from its config dataclass (``over``: its fields)."""
+    from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
+
+    cfg = CRITERION_DATACLASS_REGISTRY[name](**over)
+    return CRITERION_REGISTRY[name](cfg, task=type("Task", (), {})())
+
+
+def stock_roberta(classes=3, dropout=0.0):
+    """fairseq's own RobertaModel (roberta arch), tiny, no dropout by default: the clean and noised passes
+    differ by the noise only."""
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models.roberta import RobertaModel
+
+    d = Dictionary()
+    for i in range(20):
+        d.add_symbol(f"w{i}")
+    args = Namespace(encoder_layers=2, encoder_embed_dim=32, encoder_ffn_embed_dim=64, encoder_attention_heads=2,
+                     max_positions=32, dropout=dropout, attention_dropout=dropout, activation_dropout=0.0,
+                     pooler_dropout=dropout)
+    torch.manual_seed(0)
+    model = RobertaModel.build_model(args, type("Task", (), {"source_dictionary": d})())
+    model.register_classification_head("sentence_classification_head", num_classes=classes)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(d.nspecial, len(d), (5, 9), generator=g)
+    src[:, 0] = d.bos()
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((5,), 9)},
+              "target": torch.randint(0, classes, (5,), generator=g), "ntokens": 45}
+    return model.train(), sample
+
+
+def transformer(dropout=0.3):
+    """fairseq's own transformer, 1+1 layers of width 16, shared embeddings; a batch with padded targets."""
+    from argparse import Namespace
+
+    from fairseq.data import Dictionary
+    from fairseq.models.transformer import TransformerModel, base_architecture
+
+    d = Dictionary()
+    for i in range(20):
+        d.add_symbol(f"w{i}")
+    args = Namespace(encoder_layers=1, decoder_layers=1, encoder_embed_dim=16, decoder_embed_dim=16,
+                     encoder_ffn_embed_dim=32, decoder_ffn_embed_dim=32, encoder_attention_heads=2,
+                     decoder_attention_heads=2, dropout=dropout, attention_dropout=dropout,
+                     max_source_positions=32, max_target_positions=32, share_all_embeddings=True)
+    base_architecture(args)
+    task = type("Task", (), {"source_dictionary": d, "target_dictionary": d})()
+    torch.manual_seed(0)
+    model = TransformerModel.build_model(args, task)
+    g = torch.Generator().manual_seed(0)
+    src = torch.randint(d.nspecial, len(d), (4, 6), generator=g)
+    src[:, -1] = d.eos()
+    target = torch.full((4, 5), d.pad())
+    for i, n in enumerate((5, 2, 4, 3)):
+        target[i, :n] = torch.randint(d.nspecial, len(d), (n,), generator=g)
+        target[i, n - 1] = d.eos()
+    prev = torch.full_like(target, d.pad())
+    prev[:, 0] = d.eos()
+    prev[:, 1:] = target[:, :-1].masked_fill(target[:, :-1] == d.eos(), d.pad())
+    sample = {"net_input": {"src_tokens": src, "src_lengths": torch.full((4,), 6), "prev_output_tokens": prev},
+              "target": target, "ntokens": int(target.ne(d.pad()).sum())}
+    return model.train(), sample, task, d.pad()
+
+
 # ----------------------------------------------------------------------------- launching fairseq-train
 def free_port():
     """A TCP port free on this machine (for --distributed-init-method tcp://127.0.0.1:PORT)."""
@@ -306,6 +431,14 @@ def dumps(save, world):
     return [torch.load(os.path.join(save, f"rank{r}.pt"), map_location="cpu", weights_only=True) for r in range(world)]
 
 
+# the tiny classifier's fairseq-train arguments, without the optimizer, save dir and data
+def tiny_classifier_args():
+    from recadam_fairseq.tools import make_tiny_roberta
+
+    return ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
+            "--init-token", "0", "--separator-token", "2", *make_tiny_roberta.TINY_ARCH]
+
+
 class Tiny:
     """The session's tiny setup (tests/conftest.py's ``tiny`` fixture): its paths, and fairseq-train on it."""
 
@@ -318,12 +451,8 @@ class Tiny:
 
     def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
                       device="cpu", data=None):
-        from recadam_fairseq.tools import make_tiny_roberta
-
         args = [
-            data or self.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
-            "--num-classes", "2", "--init-token", "0", "--separator-token", "2",
-            *make_tiny_roberta.TINY_ARCH,
+            data or self.cls_bin, *tiny_classifier_args(),
             "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
             "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
             "--batch-size", "16", "--seed", "7", "--num-workers", "0",
@@ -374,6 +503,33 @@ def base_env(**kw):
     env = {k: v for k, v in os.environ.items() if k not in drop}
     env.update({k: str(v) for k, v in kw.items()})
     return env
+
+
+def multitask_args(mt, save_dir, *extra, tasks, updates=12, optimizer="adam", restore=True, data=None):
+    """fairseq-train --task glue_multitask on ``mt`` (root, data: the GLUE bins, pretrained) for ``tasks``."""
+    from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+
+    args = [str(data or mt.data), "--task", "glue_multitask", "--mt-tasks", ",".join(tasks),
+            "--criterion", "glue_multitask", *tiny_roberta.TINY_ARCH,
+            "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
+            "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
+            "--batch-size", "4", "--required-batch-size-multiple", "1", "--seed", "3", "--num-workers", "0", "--cpu",
+            "--save-dir", str(save_dir), "--no-epoch-checkpoints", "--user-dir", USER_DIR,
+            "--log-format", "json", "--log-interval", "1",
+            "--best-checkpoint-metric", "glue_avg", "--maximize-best-checkpoint-metric"]
+    if optimizer == "recadam":
+        args += ["--recadam-pretrain-cof", "500"]
+    if restore:
+        args += ["--restore-file", mt.pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
+    return args + list(extra)
+
+
+def train_multitask(mt, save_dir, *extra, check=True, **kw):
+    """One --task glue_multitask run (``multitask_args``): (returncode, log text)."""
+    ((rc, log),) = launch(lambda _: multitask_args(mt, save_dir, *extra, **kw), save_dir, cwd=str(mt.root), check=False)
+    if check and rc != 0:
+        raise AssertionError(f"fairseq-train failed ({rc}):\n{log[-4000:]}")
+    return rc, log
 
 
 # ----------------------------------------------------------------------------- the run plan
@@ -429,7 +585,7 @@ def assert_same_weights(a, b):
     """Two state dicts, every tensor bit for bit (and the same names)."""
     assert a.keys() == b.keys() and a, "nothing to compare" if not a else sorted(a.keys() ^ b.keys())
     for k in a:
-        assert torch.equal(a[k], b[k]), k
+        assert torch.equal(a[k], b[k]), f"{k}: max |diff| {(a[k].double() - b[k].double()).abs().max()}"
 
 
 def assert_same_state(a, b, where="state"):
