@@ -1,11 +1,18 @@
 """The session's fixtures and hooks; everything else the tests share is in tests/helpers/."""
 
+import os
+
 import pytest
 import torch
 
 import recadam_fairseq
 from helpers import Tiny
 from recadam_fairseq.tools import make_tiny_roberta
+
+# One thread per process: the suite runs as 2 xdist workers on CI's 2 cores, each starting fairseq-train
+# processes; more threads would only oversubscribe the cores. Launches inherit it (helpers.launch, the scripts).
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
 
 # In-process tests use fairseq's registries; a test module may have imported the core (no fairseq)
 # first, after which --user-dir skips the package: register explicitly, as a notebook user would.
