@@ -475,6 +475,8 @@ def launch(argv_of_rank: Callable[[int], List[str]], save, world=1, env=None, cw
     [(returncode, log)] by rank; ``check``: every rank must succeed. ``fresh``: a new interpreter for each rank
     (the default forks from the tests' fork server, FORK)."""
     os.makedirs(save, exist_ok=True)
+    # what an interpreter reads as it starts (its sys.path; fairseq looks for wandb at import) needs a new one
+    fresh = fresh or (env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH")) != os.environ.get("PYTHONPATH")
     env = dict(os.environ, **(env or {}))
     names = [os.path.join(save, "train.log" if world == 1 else f"rank{rank}.log") for rank in range(world)]
     procs, files = [], []
