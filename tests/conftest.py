@@ -96,6 +96,24 @@ def load_ckpt(path):
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
+class _Payload:
+    """Unpickled, it would run a shell command: what a checkpoint from anyone may carry."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def code_carrying(path, marker):
+    """A fairseq-looking checkpoint at ``path`` whose unpickling would create ``marker`` (``os.system``, which pickle
+    names posix.system): every reader must refuse it without running it. Returns the refusal's words."""
+    torch.save({"model": {"w": torch.zeros(2)}, "cfg": {"x": _Payload(f"touch {marker}")}}, str(path))
+    return ("refused: loading it would import posix.system, which torch.load's weights-only mode does not do (a "
+            "checkpoint needs only tensors and plain values); load only files you trust")
+
+
 def random_tokens(task, bsz=6, seed=0):
     """(rows of different lengths, right padded, bos ... eos, from the task's dictionary; their lengths)."""
     d = task.source_dictionary
