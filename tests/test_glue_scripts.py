@@ -579,6 +579,36 @@ def test_summarize_mnli_mismatched_and_metrics(tmp_path):
     assert "| **GLUE avg** |  | 83.00 (1/2 tasks) | 45.50 (1/2 tasks) |" in md
 
 
+def test_summarize_names_the_file_that_holds_the_chosen_validation(tmp_path):
+    """Synthetic log: fairseq's save lines and validations (its best_<metric>), the files a run keeps. The pick is
+    checkpoint_best.pt only where fairseq's rule put that validation there (the later of equal bests); an earlier
+    pick (a budget) is its numbered checkpoint if kept, else none (an epoch's end under --no-epoch-checkpoints),
+    never the checkpoint_best.pt or checkpoint_last.pt its save line named, which later saves rewrote."""
+    run_dir = tmp_path / "runs" / "RTE" / "adam" / "seed1"
+    run_dir.mkdir(parents=True)
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_1_8.pt"):
+        (run_dir / name).write_bytes(b"")
+    (run_dir / "done").write_text("")
+    rows = [(4, 60, 0.1, "checkpoint_best.pt"), (8, 70, 0.2, "checkpoint_1_8.pt"), (10, 70, 0.3, "checkpoint_best.pt"),
+            (12, 65, 0.4, "checkpoint_last.pt")]  # update, accuracy, forgetting, the file the save line names
+    lines, best = [], None
+    for n, acc, fgt, named in rows:
+        best = acc if best is None else max(best, acc)
+        lines.append(f"2026-01-01 | INFO | fairseq.checkpoint_utils | Saved checkpoint {run_dir}/{named} (epoch 1 @ {n} "
+                     f"updates, score {acc}) (writing took 0.01 seconds)")
+        lines.append("2026-01-01 | INFO | valid | " + json.dumps(
+            {"epoch": 1, "valid_accuracy": str(acc), "valid_fgt_mlm_loss_delta": str(fgt), "valid_num_updates": str(n),
+             **({"valid_best_accuracy": str(best)} if n > 4 else {})}))
+    (run_dir / "train.log").write_text("\n".join(lines) + "\n")
+    for budget, pick, name in ((None, 10, "checkpoint_best.pt"), ("0.25", 8, "checkpoint_1_8.pt"),
+                               ("0.15", 4, "none (no checkpoint of update 4 kept)")):
+        out = tmp_path / f"out-{budget}"
+        run_args = [] if budget is None else ["--forgetting-budget", budget]
+        run([sys.executable, SUMMARIZE, str(tmp_path / "runs"), "--out", str(out), *run_args], base_env(), check=0)
+        (row,) = read_csv(out / "runs.csv")
+        assert (int(row["best_update"]), row["checkpoint"]) == (pick, name), budget
+
+
 # ------------------------------------------------------------------------- command lines (fake trainer)
 
 FAKE_TRAIN = r'''

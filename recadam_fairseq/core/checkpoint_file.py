@@ -65,7 +65,7 @@ def load(path: str, what: Optional[str] = None, mmap: bool = True):
 
     Raises CheckpointFileError as ``WHAT: why`` (``what`` defaults to the path) when the file is missing, empty,
     cut short, not torch's, or holds anything but tensors and plain values (fairseq's types are allowed by
-    ``recadam_fairseq.safe_globals``)."""
+    ``recadam_fairseq.safe_globals``), unless the user trusts every file (:func:`trusted`)."""
     what = what or path
     if not os.path.isfile(path):
         raise CheckpointFileError(f"{what}: no such file" if not os.path.exists(path) else f"{what}: not a file")
@@ -73,16 +73,23 @@ def load(path: str, what: Optional[str] = None, mmap: bool = True):
         raise CheckpointFileError(f"{what}: an empty file", cut_short=True)
     if _zip_start(path) and not zipfile.is_zipfile(path):  # torch.save's zip: its directory is written last
         raise CheckpointFileError(f"{what}: cut short (no zip directory at its end)", cut_short=True)
+    safe = not trusted()
     try:
         try:
-            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=True)
+            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=safe)
         except RuntimeError as e:  # a legacy (non-zip) file cannot be memory-mapped: read it whole
             if not mmap or "mmap can only be used" not in str(e):
                 raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+            return torch.load(path, map_location="cpu", weights_only=safe)
     except Exception as e:  # noqa: BLE001 - every failure here is the file's
         cut = isinstance(e, (EOFError, zipfile.BadZipFile)) or "PytorchStreamReader failed" in str(e)
         raise CheckpointFileError(f"{what}: {why(e)}", cut_short=cut) from None
+
+
+def trusted() -> bool:
+    """TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD=1: the user trusts every file this process reads, as torch and fairseq's
+    own loads then do (their pickled code runs)."""
+    return os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in ("1", "y", "yes", "true")
 
 
 def _zip_start(path: str) -> bool:

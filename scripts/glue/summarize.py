@@ -154,7 +154,10 @@ def checkpoint_at(run_dir, entries, at, saves):
     have = set(os.listdir(run_dir)) if os.path.isdir(run_dir) else set()
     if best_checkpoint_update(entries, saves) == n and "checkpoint_best.pt" in have:
         return "checkpoint_best.pt"
-    names = [f"checkpoint_{epoch}_{n}.pt"] + ([saves[n]] if n in saves else [])
+    # a numbered or epoch file holds its update for good; checkpoint_best.pt and checkpoint_last.pt are rewritten
+    names = [f"checkpoint_{epoch}_{n}.pt"]
+    if saves.get(n) not in (None, "checkpoint_best.pt", "checkpoint_last.pt"):
+        names.append(saves[n])
     if saves and n == max(saves):
         names.append("checkpoint_last.pt")
     found = next((name for name in names if name in have), None)
