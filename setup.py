@@ -24,6 +24,8 @@ setup(
         # (also the `tensorboard --logdir` viewer and the tests' event reader); tensorboardX (100 kB)
         # silences the "Please install tensorboardX" line that fairseq prints on import.
         "tensorboard": ["tensorboard", "tensorboardX"],
+        # scripts/plot_run.py (make demo's plot of its two runs)
+        "plot": ["matplotlib"],
         # --zero-sharding os (ZeRO stage 1): fairseq wraps the optimizer in fairscale's OSS
         "sharded": ["fairscale==0.4.13"],
         "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard",

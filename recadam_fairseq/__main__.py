@@ -34,7 +34,8 @@ def run_dir_pattern(m: catalogue.Method) -> str:
     for k in m.knobs:
         knob = KNOBS[k]
         if knob.tag_if_changed:
-            name = name.replace(f"-{knob.tag}${knob.var}", f"[-{knob.tag}${knob.var}]")
+            shown = f"<name of ${knob.var}>" if knob.name_part else f"${knob.var}"
+            name = name.replace(f"-{knob.tag}${knob.var}", f"[-{knob.tag}{shown}]")
     return name
 
 

@@ -20,6 +20,7 @@ Adding a method: one :class:`Method` record in ``_SINGLE`` (and its knobs in ``K
 its tests and its page in docs/ (ARCHITECTURE.md's worked example).
 """
 
+import os
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -43,18 +44,34 @@ class Knob:
     json: Optional[str] = None  # its key in run.json (default: key)
     implicit: bool = False  # the default is the flag's own: the scripts add the flag only when the variable is set
     render: Optional[Callable[[str], List[str]]] = None  # flags for a value, when not [flag, value]
+    name_part: Optional[Callable[[str], str]] = None  # its value in run names, when not the value itself
+    checks: Optional[Callable[[str], Optional[str]]] = None  # why a value (of the right type) cannot be used, or None
 
     def flags(self, value: str) -> List[str]:
         return self.render(value) if self.render else [self.flag, value]
 
     def check(self, value: str) -> str:
-        """``value`` if it parses as the knob's type, else a one-line reason."""
+        """``value`` if it parses as the knob's type (and passes its ``checks``), else a one-line reason."""
         if self.type is not str:
             try:
                 self.type(value)
             except ValueError:
                 raise ValueError(f"{self.var}={value!r} is not {'an integer' if self.type is int else 'a number'}") from None
+        why = self.checks(value) if self.checks else None
+        if why:
+            raise ValueError(f"{self.var}={value}: {why}")
         return value
+
+
+def _fisher_name(value: str) -> str:
+    """A Fisher file in run names: its file name without the extension (``task`` is the default, not named)."""
+    return os.path.splitext(os.path.basename(value))[0]
+
+
+def _fisher_check(value: str) -> Optional[str]:
+    if value == "task" or os.path.isfile(value):
+        return None
+    return "no such file (write one with scripts/fisher.py, or EWC_FISHER=task)"
 
 
 def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
@@ -95,8 +112,12 @@ KNOBS: Dict[str, Knob] = {k.key: k for k in (
          "frozen", tag="freeze", render=_frozen_layers(embeddings=True)),
     Knob("freeze", "FREEZE", "0", int, "--freeze-encoder-layers", "encoder layers 0..N-1 frozen", tag="freeze",
          render=_frozen_layers(embeddings=False)),
+    Knob("fisher", "EWC_FISHER", "task", str, "--ewc-fisher", "EWC's F: task (the training set's, before update 1) "
+         "or a file of scripts/fisher.py", tag="F", tag_if_changed=True, json="ewc_fisher", name_part=_fisher_name,
+         checks=_fisher_check),
 )}
 RECADAM_KNOBS = ("anneal_fun", "k", "t0", "gamma")  # in the order of their flags
+WITH_RECADAM = RECADAM_KNOBS + ("fisher",)  # knobs whose flags go where RecAdam lives (the optimizer or the criterion)
 _RECADAM_NAME_ORDER = ("k", "t0", "gamma", "anneal_fun")  # in run names: recadam-k0.5-t250-g1000-linear
 # the optimizer a method runs on, as flags; recadam-w0: RecAdam at w = 0 is fairseq's adam bit for bit, with
 # the optimizer-side listeners (LLRD's lr scales, ChildTuning's masks) that fairseq's adam does not have
@@ -147,9 +168,8 @@ class Method:
         """A METHOD of scripts/seq2seq/finetune.sh (--task translation): not RoBERTa's model or head, not the
         multi-task setting, not EWC's task Fisher (not wired into that script; docs/seq2seq.md's comparison gives
         the coupled criterion a Fisher file of scripts/fisher.py)."""
-        fixed = self.optimizer_fixed + self.criterion_fixed
         return (self.scripts and self.model is None and self.task is None and not self.extra_fixed
-                and "--ewc-fisher" not in fixed)
+                and "fisher" not in self.knobs)
 
     @property
     def seq2seq_criterion(self) -> str:
@@ -178,7 +198,7 @@ class Method:
         own = {"optimizer": [], "criterion": [], "extra": []}
         for key in self.knobs:
             if key in values:
-                group = recadam_group if key in RECADAM_KNOBS else _KNOB_GROUP[key]
+                group = recadam_group if key in WITH_RECADAM else _KNOB_GROUP[key]
                 (out if key in RECADAM_KNOBS else own)[group] += KNOBS[key].flags(str(values[key]))
         # the optimizer's fixed flags pick its variant (--sam-type, --child-tuning), which its knobs then tune
         return {g: out[g] + (list(fixed[g]) + own[g] if g == "optimizer" else own[g] + list(fixed[g])) for g in out}
@@ -197,15 +217,14 @@ class Method:
             value = str(values.get(key, k.default))
             if k.tag is None or (k.tag_if_changed and value == k.default):
                 continue
-            name += f"-{k.tag}{value}"
+            name += f"-{k.tag}{k.name_part(value) if k.name_part and not value.startswith('$') else value}"
         return name
 
     def settings(self, values: Mapping[str, str]) -> Dict[str, str]:
         """run.json's settings of the method: each knob under its json key, and the fixed choices."""
         out = {}
         fixed = list(self.optimizer_fixed) + list(self.criterion_head) + list(self.criterion_fixed)
-        for flag, key in (("--noise-type", "noise_type"), ("--child-tuning", "child_tuning"), ("--sam-type", "sam_type"),
-                          ("--ewc-fisher", "ewc_fisher")):
+        for flag, key in (("--noise-type", "noise_type"), ("--child-tuning", "child_tuning"), ("--sam-type", "sam_type")):
             if flag in fixed:
                 out[key] = fixed[fixed.index(flag) + 1]
         for key in self.knobs:
@@ -238,12 +257,12 @@ _SINGLE: Tuple[Method, ...] = (
            "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
            page="recadam.md"),
     Method("ewc", "EWC: the coupled objective with the penalty weighted by the task's diagonal Fisher at θ*, "
-           "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS,
+           "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS + ("fisher",),
            criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
-           criterion_fixed=("--ewc-fisher", "task"), base="recadam-coupled", multitask=True, page="ewc.md"),
+           base="recadam-coupled", multitask=True, page="ewc.md"),
     Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "
-           "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS, optimizer_fixed=("--ewc-fisher", "task"),
-           base="recadam", multitask=True, page="ewc.md"),
+           "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS + ("fisher",), base="recadam", multitask=True,
+           page="ewc.md"),
     Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
            knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
            refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md"),
@@ -307,9 +326,19 @@ def names(scripts: Optional[bool] = None, seq2seq: bool = False) -> List[str]:
     return [n for n, m in METHODS.items() if (scripts is None or m.scripts == scripts) and (m.seq2seq or not seq2seq)]
 
 
+def closest(name: str, among=None) -> Optional[str]:
+    """The known name a mistyped ``name`` most likely meant (``recadm`` -> ``recadam``), or None."""
+    import difflib
+
+    found = difflib.get_close_matches(name.lower(), list(among or [*METHODS, *ALIASES]), n=1, cutoff=0.75)
+    return found[0] if found else None
+
+
 def get(name: str) -> Method:
-    """The method called ``name`` (or an alias of it); UnknownMethod lists the known names."""
+    """The method called ``name`` (or an alias of it); UnknownMethod names the likeliest one meant, and the known."""
     m = METHODS.get(ALIASES.get(name, name))
     if m is None:
-        raise UnknownMethod(f"unknown method {name!r}; known: {', '.join(METHODS)}")
+        near = closest(name)
+        raise UnknownMethod(f"unknown method {name!r}" + (f" (did you mean {near!r}?)" if near else "")
+                            + f"; known: {', '.join(METHODS)}")
     return m

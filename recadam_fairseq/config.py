@@ -97,7 +97,7 @@ def check_anneal(cfg) -> None:
 
 
 @dataclass
-class ForgettingMeterConfig(CheckpointPaths):
+class ForgettingMeterConfig(CheckpointPaths, BestCheckpointMetric):
     """The forgetting meter (forgetting_meter.py): read by the GLUE criteria and the plug-in's optimizers
     (recadam, samsgd), so any GLUE run has it whichever of the two is fairseq's own."""
 
@@ -112,6 +112,13 @@ class ForgettingMeterConfig(CheckpointPaths):
         metadata={"help": "forgetting meter: mlm, the masked-LM loss (bits) and accuracy of the model's own LM head on "
                           "the probe's sentences (fixed masking); pairs, the zero-shot sentence-pair AUC (cosine of "
                           "mean-pooled states, entailment vs contradiction), for encoders without an LM head"},
+    )
+    forgetting_budget: Optional[float] = field(
+        default=None,
+        metadata={"help": "forgetting meter: the most a validation may forget (the masked-LM loss's rise in bits, or "
+                          "the pair AUC's fall, since θ*) to be checkpoint_best.pt: the meter logs fgt_budget_METRIC, "
+                          "METRIC's value where the validation forgot at most this and the worst value elsewhere, for "
+                          "--best-checkpoint-metric fgt_budget_METRIC (which it needs); unset: no budget"},
     )
 
 

@@ -5,8 +5,10 @@ Installed when fairseq loads the user-dir (``plugin.py``): a ``sys.excepthook`` 
 traceback. The exit status stays 1. ``RECADAM_TRACEBACK=1`` (any value but empty or ``0``) shows the
 traceback of ours too.
 
-Two of fairseq's own start-up failures are a user's input too, and get one line saying what to
-change (:func:`fairseq_input_error`): a checkpoint that does not fit ``--arch`` (fairseq's "Cannot
+Some of fairseq's own start-up failures are a user's input too, and get one line saying what to
+change (:func:`fairseq_input_error`): a checkpoint file fairseq cannot load (refused: it carries code; cut
+short; not a fairseq checkpoint: core/checkpoint_file.py's words, as restore_check.py says them before fairseq
+starts for the files on the command line), a checkpoint that does not fit ``--arch`` (fairseq's "Cannot
 load model parameters from checkpoint", with the first mismatch from torch's message) and
 ``--bf16`` off a TPU (fairseq 0.12's ``options.py`` turns ``--bf16`` into ``--tpu``, and the Trainer
 asks torch_xla for its device). And ``--eval-bleu``'s settings, which fairseq's translation task reads
@@ -71,11 +73,35 @@ def _eval_bleu_error(exc: BaseException, cfg) -> Optional[str]:
     return None
 
 
+def _checkpoint_load_error(exc: BaseException) -> Optional[str]:
+    """fairseq's own load of a checkpoint file (checkpoint_utils.load_checkpoint_to_cpu) failed: the file, and
+    why in core/checkpoint_file.py's words (refused, cut short, not a fairseq checkpoint), or what fairseq
+    could not read in it."""
+    from .core import checkpoint_file
+
+    tb = exc.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name == "load_checkpoint_to_cpu" and code.co_filename.endswith(os.path.join("fairseq", "checkpoint_utils.py")):
+            path = str(tb.tb_frame.f_locals.get("path"))
+            try:
+                checkpoint_file.fairseq_state(path)
+            except checkpoint_file.CheckpointFileError as e:
+                return str(e)
+            first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+            return f"{path}: fairseq cannot read it as a checkpoint ({type(exc).__name__}: {first[:160]})"
+        tb = tb.tb_next
+    return None
+
+
 def fairseq_input_error(exc: Optional[BaseException]) -> Optional[str]:
     """What to change, for fairseq's start-up failures that come from the command line; else None."""
     cfg = _translation_cfg(exc) if isinstance(exc, BaseException) else None
     if cfg is not None:
         return _eval_bleu_error(exc, cfg)
+    loading = _checkpoint_load_error(exc) if isinstance(exc, Exception) else None
+    if loading:
+        return loading
     text = str(exc)
     if text.startswith("Cannot load model parameters from checkpoint ") and type(exc) is Exception:
         path = text[len("Cannot load model parameters from checkpoint "):].split("; please")[0]

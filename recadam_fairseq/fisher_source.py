@@ -30,6 +30,26 @@ from .criterions.glue_core import criterion_name, per_example_loss_of
 logger = logging.getLogger(__name__)
 
 FP16_SCALE = 2.0 ** 16  # first loss scale of fp16 per-example gradients; halved on overflow
+PROGRESS_SECONDS = 30.0  # the pass says how far it is every tenth of its examples, or this often
+
+
+class Progress:
+    """One log line per tenth of the pass's examples, or every PROGRESS_SECONDS (a pass on a CPU thread may take
+    many minutes): ``ewc: the Fisher pass: 102/1024 examples (10%), 118 s, about 1060 s left``."""
+
+    def __init__(self, total: int):
+        self.total, self.start = max(int(total), 1), time.perf_counter()
+        self.next, self.last = self.total / 10, self.start
+
+    def tick(self, done: int) -> None:
+        now = time.perf_counter()
+        if done < self.next and now - self.last < PROGRESS_SECONDS or done >= self.total:
+            return
+        while self.next <= done:
+            self.next += self.total / 10
+        self.last, took = now, now - self.start
+        logger.info(f"ewc: the Fisher pass: {done}/{self.total} examples ({100 * done // self.total}%), {took:.0f} s, "
+                    f"about {took * (self.total - done) / max(done, 1):.0f} s left")
 
 
 _read_by_optimizer = False  # this process built an optimizer that weighs its pull by F (--optimizer recadam)
@@ -126,6 +146,7 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
     half = dtype == torch.float16
     scale = FP16_SCALE if half else 1.0
     sums = ewc.FisherSum(params)
+    progress = Progress(examples or -(-len(criterion.task.dataset(cfg.train_subset)) // world))
     was_training = inner.training
     inner.eval()
     try:
@@ -148,6 +169,7 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
                             raise FloatingPointError("--ewc-fisher task: an fp16 per-example gradient overflows "
                                                      "even without a loss scale")
                         scale /= 2
+                    progress.tick(sums.examples)
                 del losses
     finally:
         inner.train(was_training)

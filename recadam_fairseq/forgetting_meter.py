@@ -17,6 +17,7 @@ plug-in's optimizers when they are built, the GLUE criteria when fairseq first p
 
 import json
 import logging
+import math
 import os
 from contextlib import contextmanager
 from typing import Dict, Optional
@@ -30,6 +31,7 @@ from .anchor_source import restore_path
 from .core import anchor
 from .core import probes
 from .core.errors import ConfigError
+from .core.forgetting import BUDGET_PREFIX, changes, forgetting, within_budget
 from .core.wrappers import unwrap_model
 
 logger = logging.getLogger(__name__)
@@ -43,6 +45,7 @@ def install(cfg, task=None) -> None:
     training step's crash handler); measure θ* and follow the validations from the first training call.
     ``task``: the criterion's, whose dictionary the probe's must be."""
     probe = getattr(cfg, "forgetting_probe", None)
+    check_budget(cfg, bool(probe))
     if not probe:
         return
     if _pending:  # the optimizer installed it (without the task): the criterion adds the dictionary check
@@ -60,6 +63,35 @@ def install(cfg, task=None) -> None:
         return None
 
     events.on_first_training_call(first_call)
+
+
+def best_metric(cfg):
+    """(--best-checkpoint-metric, --maximize-best-checkpoint-metric), or (None, None) in a config built by hand."""
+    try:
+        name, maximize = cfg.best_checkpoint_metric, cfg.maximize_best_checkpoint_metric
+    except Exception:  # noqa: BLE001 - an interpolation without a checkpoint node
+        return None, None
+    return (None, None) if not isinstance(name, str) or name.startswith("${") else (name, bool(maximize))
+
+
+def check_budget(cfg, metered: bool) -> None:
+    """--forgetting-budget and --best-checkpoint-metric fgt_budget_METRIC go together, with the meter."""
+    budget = getattr(cfg, "forgetting_budget", None)
+    best, _ = best_metric(cfg)
+    budgeted = best is not None and best.startswith(BUDGET_PREFIX)
+    if budget is not None and not math.isfinite(float(budget)):
+        raise ConfigError(f"--forgetting-budget {budget}: must be a finite number")
+    if not metered and (budget is not None or budgeted):
+        what = f"--forgetting-budget {budget:g}" if budget is not None else f"--best-checkpoint-metric {best}"
+        raise ConfigError(f"{what} needs the forgetting meter: --forgetting-probe DIR (scripts/binarize_probe.py)")
+    if budget is not None and best is not None and not budgeted:
+        raise ConfigError(f"--forgetting-budget {budget:g}: checkpoint_best.pt follows --best-checkpoint-metric {best}, "
+                          f"which ignores the budget; give --best-checkpoint-metric {BUDGET_PREFIX}{best} (the best {best} "
+                          f"among the validations that forgot at most {budget:g})")
+    if budget is None and budgeted:
+        raise ConfigError(f"--best-checkpoint-metric {best}: the forgetting meter logs it with --forgetting-budget X "
+                          f"(the most a validation may forget); give one, or --best-checkpoint-metric "
+                          f"{best[len(BUDGET_PREFIX):]}")
 
 
 def load_probe(probe: str, kind: str) -> dict:
@@ -204,11 +236,18 @@ class ForgettingMeter:
         return ("mlm_loss", "mlm_acc") if self.kind == "mlm" else ("pairs_auc",)
 
     def log(self, model) -> None:
-        """At the start of a validation subset: measured once per update (MNLI's valid and valid1 share it)."""
+        """At the start of a validation subset: measured once per update (MNLI's valid and valid1 share it); with
+        --forgetting-budget, the metric checkpoint_best.pt follows (report.log_forgetting_budget)."""
         upd = updates_done()
         if self.last is None or self.last[0] != upd:
             self.last = (upd, self.measure(model))
         report.log_forgetting_metrics(self.last[1], self.start_values)
+        budget = getattr(self.cfg, "forgetting_budget", None)
+        best, maximize = best_metric(self.cfg)
+        if budget is not None and best is not None:
+            forgot = forgetting(changes(self.last[1], self.start_values))
+            report.log_forgetting_budget(float(budget), best[len(BUDGET_PREFIX):],
+                                         within_budget(None if forgot is None else forgot[1], float(budget)), maximize)
 
 
 def updates_done() -> Optional[int]:

@@ -13,5 +13,7 @@ from .models import ca_mtl_roberta, roberta_ft  # noqa: F401  (--arch ca_mtl_rob
 from .optim import samsgd  # noqa: F401
 from .criterions import label_smoothed_cross_entropy_r3f, label_smoothed_cross_entropy_rdrop  # noqa: F401
 from .criterions import label_smoothed_cross_entropy_recadam  # noqa: F401  (the coupled objective, seq2seq)
+from . import restore_check
 
 errors_hook.install()
+restore_check.check()  # fairseq-train's checkpoints on its command line: before fairseq makes --save-dir

@@ -4,6 +4,9 @@ import math
 
 from fairseq.logging import metrics
 
+from .core import forgetting
+from .core.errors import ConfigError
+
 RECADAM_METRICS = ("recadam_lambda", "recadam_dist", "recadam_penalty")
 
 
@@ -34,17 +37,31 @@ def log_sam_metrics(rho: float, eps_norm: float, mask_frac: float, sharpness: fl
         metrics.log_scalar(key, value, priority=320 + priority, round=6)
 
 
-FORGETTING_ROUND = 5
-
-
 def log_forgetting_metrics(values: dict, start: dict = None) -> None:
     """The forgetting meter's probe values as ``fgt_<name>`` and, with θ*'s values, ``fgt_<name>_delta`` (now −
     at θ*), logged once per validation pass into its aggregator (forgetting_meter.py)."""
     for priority, (name, value) in enumerate(values.items()):
-        metrics.log_scalar(f"fgt_{name}", value, priority=340 + 2 * priority, round=FORGETTING_ROUND)
+        metrics.log_scalar(f"fgt_{name}", value, priority=340 + 2 * priority, round=forgetting.ROUND)
         if start is not None and name in start:
             metrics.log_scalar(f"fgt_{name}_delta", value - start[name], priority=341 + 2 * priority,
-                               round=FORGETTING_ROUND)
+                               round=forgetting.ROUND)
+
+
+def log_forgetting_budget(budget: float, metric: str, within: bool, maximize: bool) -> None:
+    """``fgt_budget`` (the budget) and ``fgt_budget_<metric>``: ``metric``'s value when this validation forgot at most
+    the budget, else the worst value (−inf maximized, +inf minimized), so that fairseq's ``--best-checkpoint-metric
+    fgt_budget_<metric>`` keeps the best validation within it as checkpoint_best.pt. Derived when the pass's
+    logs are written, after the task metrics (fairseq's own rounding: the logged metric's value exactly)."""
+    worst = -math.inf if maximize else math.inf
+
+    def value(meters):
+        if metric not in meters:
+            raise ConfigError(f"--best-checkpoint-metric {forgetting.BUDGET_PREFIX}{metric}: this run logs no {metric} "
+                              f"at validation (it logs {', '.join(k for k in meters if not k.startswith('_'))})")
+        return meters.get_smoothed_value(metric) if within else worst
+
+    metrics.log_scalar(forgetting.BUDGET, budget, priority=348)
+    metrics.log_derived(forgetting.BUDGET_PREFIX + metric, value, priority=349)
 
 
 BLEU_PASS_MARKER = "_bleu_start_pass"  # hidden ("_"): marks a validation pass as seen (events.on_validation)

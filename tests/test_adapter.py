@@ -6,7 +6,7 @@ import pytest
 import torch
 from fairseq.optim import build_optimizer
 
-from helpers import Net, Toy, parse
+from helpers import Net, Toy, code_carrying, parse
 from recadam_fairseq.core.anchor import AnchorError
 from recadam_fairseq.optim.fairseq_recadam import FairseqRecAdamConfig
 
@@ -115,15 +115,19 @@ def test_anchor_source_reads_the_model_state_of_the_pretrained_file(tmp_path):
 
 @pytest.mark.parametrize("make,match", [
     (lambda p: None, r"--recadam-pretrained-path .*missing.pt: no such file"),
-    (lambda p: p.write_bytes(b"\x00garbage" * 10), r"cannot be read as a torch checkpoint"),
+    (lambda p: p.write_bytes(b"\x00garbage" * 10), r"not a torch checkpoint .*; load only files you trust$"),
     (lambda p: torch.save({"weights": torch.zeros(2)}, p), r"not a fairseq checkpoint"),
+    (lambda p: code_carrying(p, p.parent / "payload-ran"), r"missing.pt: refused: loading it would import posix.system"),
 ])
 def test_bad_pretrained_file_fails_at_build(tmp_path, make, match):
+    """θ*'s file (also the forgetting meter's: core.anchor.load_checkpoint), one line; a file carrying code never
+    runs it."""
     path = tmp_path / "missing.pt"
     make(path)
     cfg = parse("--recadam-pretrained-path", str(path))
     with pytest.raises(AnchorError, match=match):
         build_optimizer(cfg.optimizer, list(Net().parameters()))
+    assert not (tmp_path / "payload-ran").exists()
 
 
 def test_truncated_checkpoint_fails_at_build(tmp_path):
@@ -131,7 +135,7 @@ def test_truncated_checkpoint_fails_at_build(tmp_path):
     data = path.read_bytes()
     path.write_bytes(data[: len(data) // 2])
     cfg = parse("--recadam-pretrained-path", str(path))
-    with pytest.raises(AnchorError, match=r"pretrained.pt: cannot be read as a torch checkpoint"):
+    with pytest.raises(AnchorError, match=r"pretrained.pt: cut short \(no zip directory at its end\)"):
         build_optimizer(cfg.optimizer, list(Net().parameters()))
 
 

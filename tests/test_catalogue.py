@@ -101,6 +101,8 @@ def test_compositions_are_recadam_plus_the_method():
         catalogue.with_recadam(METHODS["lora"])
     with pytest.raises(catalogue.UnknownMethod, match="unknown method 'sgd'; known: adam, recadam, "):
         catalogue.get("sgd")
+    with pytest.raises(catalogue.UnknownMethod, match=r"^unknown method 'recadm' \(did you mean 'recadam'\?\); known: "):
+        catalogue.get("recadm")
 
 
 def test_run_names_keep_their_old_form():
@@ -160,9 +162,10 @@ def test_seq2seq_methods_parse_on_translation_and_the_script_lists_them():
         assert args.criterion.startswith("label_smoothed_cross_entropy_") and args.optimizer == f["optimizer"][1]
     assert not {"r4f", "reinit", "lora", "mixout", "ewc", "recadam-ewc", "ca-mtl"} & set(seq2seq)
     root = os.path.dirname(USER_DIR)
-    usage = open(os.path.join(root, "scripts", "seq2seq", "finetune.sh")).read().split("set -euo pipefail")[0]
-    listed = re.search(r"applies to translation: (.*?)\. `python", usage, re.S).group(1)
-    assert listed.replace("#", " ").split() == seq2seq
+    usage = subprocess.run([os.path.join(root, "scripts", "seq2seq", "finetune.sh"), "--help"], capture_output=True,
+                           text=True, env=dict(os.environ, PYTHON=sys.executable), check=True).stdout
+    listed = re.search(r"^METHOD \(the catalogue.*?\n(.*?)^The methods' knobs", usage, re.S | re.M).group(1)
+    assert listed.split() == seq2seq
     page = open(os.path.join(root, "docs", "seq2seq.md")).read()
     listed = re.search(r"Its\nmethods: (.*?) \(`scripts", page, re.S).group(1)
     assert listed.replace(",", " ").split() == seq2seq

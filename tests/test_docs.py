@@ -32,6 +32,7 @@ MARKERS = [
     ("docs/forgetting.md", "<!-- forgetting-multitask:start -->", "<!-- forgetting-multitask:end -->"),
     ("README.md", "<!-- forgetting-summary:start -->", "<!-- forgetting-summary:end -->"),
     ("README.md", "<!-- quickstart:start -->", "<!-- quickstart:end -->"),            # tests/test_quickstart.py
+    ("docs/glue.md", "<!-- after-quickstart:start -->", "<!-- after-quickstart:end -->"),  # the same test
 ]
 
 # ```python blocks that are not run here, each with why: (page, a line the block holds) -> reason.
@@ -103,6 +104,17 @@ def test_readme_is_a_short_manual():
     bash = "\n".join(code_blocks(text, "bash"))
     for cmd in ("make demo", "make test"):
         assert re.search(rf"^{cmd}\b", bash, re.M), f"README.md shows no `{cmd}` command"
+
+
+def test_what_the_walk_throughs_write_is_ignored():
+    """What the documented commands write at the repository's root is in .gitignore: make demo (demo-out), the
+    quickstart and glue.md (runs, hf-sst2), seq2seq.md's walk-through (mt-tiny, mt-runs), make forgetting."""
+    with open(os.path.join(ROOT, ".gitignore"), encoding="utf-8") as f:
+        ignored = {ln.strip().strip("/") for ln in f if ln.strip() and not ln.startswith("#")}
+    written = {"demo-out", "runs", "hf-sst2", "mt-tiny", "mt-runs", "forgetting-out"}
+    assert written <= ignored, sorted(written - ignored)
+    pages = read(os.path.join(ROOT, "docs", "seq2seq.md")) + read(os.path.join(ROOT, "docs", "glue.md"))
+    assert all(f" {d}/" in pages or f" {d} " in pages for d in ("mt-tiny", "mt-runs", "hf-sst2")), "the pages' names"
 
 
 def test_pages_exist():

@@ -242,6 +242,7 @@ def test_normalise_and_check_name_the_file():
 
 # --------------------------------------------------------------------------- the Fisher, by hand
 TRAIN_ARGS = [*tiny_classifier_args(), "--batch-size", "16", "--seed", "7", "--cpu", "--num-workers", "0"]
+NO_ARCH = [*tiny_classifier_args(arch=False), "--batch-size", "16", "--seed", "7", "--cpu", "--num-workers", "0"]
 
 
 def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
@@ -312,7 +313,8 @@ def runs(tiny, tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ewc")
     task_file = str(root / "fisher.pt")
-    assert tool.main(["--out", task_file, "--examples", "32", "--", tiny.cls_bin, *TRAIN_ARGS,
+    # no architecture flags: scripts/fisher.py reads them from the checkpoint, as the task scripts do
+    assert tool.main(["--out", task_file, "--examples", "32", "--", tiny.cls_bin, *NO_ARCH,
                       "--restore-file", tiny.pretrained]) == 0
     raw = torch.load(task_file)
     ones = str(root / "ones.pt")
@@ -406,6 +408,36 @@ def test_fisher_file_is_the_task_runs_f(runs):
         torch.testing.assert_close(g, want[n].reshape(g.shape), rtol=1e-5, atol=1e-7, msg=n)
 
 
+def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
+    """The task run's Fisher pass (32 examples) logs a line each tenth of its examples, then its time and F; the
+    task scripts' terminal (tools/progress.py) shows those lines, not only train.log."""
+    from recadam_fairseq.tools.progress import progress_line
+
+    lines = [ln for ln in runs["task"][1].splitlines() if " | recadam_fairseq.fisher_source | ewc: " in ln]
+    shown = [progress_line(ln) for ln in lines]
+    passes = [s for s in shown if s and s.startswith("  ewc: the Fisher pass: ")]
+    assert len(passes) == 9 and passes[0].startswith("  ewc: the Fisher pass: 4/32 examples (12%), "), shown
+    assert None not in shown and any(s.startswith("  ewc: the Fisher pass took ") for s in shown)
+
+
+def test_fisher_py_bad_input_is_one_line(tiny, tmp_path, capsys):
+    """An --arch that does not build the checkpoint's tensors, and a --restore-file that carries code: one line
+    each, before any model is built; the code never runs."""
+    from helpers import code_carrying
+    from recadam_fairseq.tools import fisher as tool
+
+    refusal = code_carrying(tmp_path / "code.pt", tmp_path / "payload-ran")
+    cases = (([*NO_ARCH, "--arch", "roberta_base", "--restore-file", tiny.pretrained],
+              f"--arch roberta_base builds 12 layers of width 768, but --restore-file {tiny.pretrained} holds 2 "
+              f"layers of width 64: leave --arch out to take the checkpoint's (roberta --encoder-layers 2 "
+              f"--encoder-embed-dim 64 --encoder-ffn-embed-dim 128 --encoder-attention-heads 2)"),
+             ([*NO_ARCH, "--restore-file", str(tmp_path / "code.pt")], f"--restore-file {tmp_path / 'code.pt'}: {refusal}"))
+    for args, message in cases:
+        assert tool.main(["--out", str(tmp_path / "f.pt"), "--", tiny.cls_bin, *args]) == 1
+        assert capsys.readouterr().err == f"fisher.py: error: {message}\n"
+    assert not (tmp_path / "f.pt").exists() and not (tmp_path / "payload-ran").exists()
+
+
 def test_two_ranks_sum_their_examples_fisher(runs):
     """2 CPU ranks, 16 examples each: F on both ranks is the 1-rank run's F of the same 32 examples (the ranks'
     sums added), up to the order of the fp32 sums."""
@@ -469,13 +501,18 @@ def test_flags_and_files_refused_before_training(tmp_path):
     junk = tmp_path / "junk.pt"
     junk.write_text("not a checkpoint")
     torch.save({"model": {}}, tmp_path / "ckpt.pt")
-    cases += [({"ewc_fisher": str(junk)}, f"--ewc-fisher {junk}: not a Fisher file"),
-              ({"ewc_fisher": str(tmp_path / "ckpt.pt")}, f"--ewc-fisher {tmp_path / 'ckpt.pt'}: not a Fisher file")]
+    from helpers import code_carrying
+
+    refusal = code_carrying(tmp_path / "code.pt", tmp_path / "payload-ran")
+    cases += [({"ewc_fisher": str(junk)}, f"--ewc-fisher {junk}: not a torch checkpoint"),
+              ({"ewc_fisher": str(tmp_path / "ckpt.pt")}, f"--ewc-fisher {tmp_path / 'ckpt.pt'}: not a Fisher file"),
+              ({"ewc_fisher": str(tmp_path / "code.pt")}, f"--ewc-fisher {tmp_path / 'code.pt'}: {refusal}")]
     for change, msg in cases:
         with pytest.raises(ConfigError) as e:
             add_fisher(SimpleNamespace(**{**vars(cfg), **change}))
         assert str(e.value).startswith(msg) and "\n" not in str(e.value), str(e.value)
     assert add_fisher(SimpleNamespace(**{**vars(cfg), "ewc_fisher": ""})) is None  # off
+    assert not (tmp_path / "payload-ran").exists()
 
     p = torch.zeros(3)
     opt = RecAdam([p], **HP, fused=False, defer_anchors=True)

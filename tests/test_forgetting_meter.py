@@ -1,9 +1,10 @@
 """The forgetting meter (--forgetting-probe, --forgetting-meter mlm|pairs) through the real fairseq-train.
 
 Launches, two at a time: the mlm meter (plain Adam through --optimizer recadam -w 0, fairseq's own criterion,
-validation and a checkpoint at updates 4 and 8, TensorBoard), the same run without the meter, the pairs
-meter (sentence_prediction_recadam with fairseq's adam), and three bad inputs. The expected values are
-computed here by hand: one sentence at a time, the full LM head, float64, sklearn's AUC.
+validation and a checkpoint at updates 4, 8 and 12, TensorBoard, a forgetting budget for checkpoint_best.pt), the
+same run without the meter, the pairs meter (sentence_prediction_recadam with fairseq's adam), and three bad
+inputs. The expected values are computed here by hand: one sentence at a time, the full LM head, float64,
+sklearn's AUC.
 """
 
 import glob
@@ -20,6 +21,10 @@ from recadam_fairseq.tools import binarize_probe
 
 VALIDATE = ["--validate-interval-updates", "4", "--save-interval-updates", "4", "--keep-interval-updates", "-1",
             "--log-format", "json", "--dropout", "0.1", "--attention-dropout", "0.1"]
+# the mlm run and its twin without the meter: 12 updates at an lr that moves the tiny model, so the best accuracy
+# (update 12) forgets more than BUDGET and the validations before it less (checked by the test, from the log)
+MOVES = ["--lr", "3e-3"]
+BUDGET = 0.009
 
 
 def read_lines(path):
@@ -53,10 +58,12 @@ def runs(tiny, tmp_path_factory):
     torch.save(state, headless)
 
     adam_w0 = ["--recadam-anneal-w", "0"]
+    budget = ["--forgetting-budget", str(BUDGET), "--best-checkpoint-metric", "fgt_budget_accuracy",
+              "--maximize-best-checkpoint-metric"]  # what finetune.sh's FORGETTING_BUDGET adds
     jobs = {
-        "mlm": lambda: tiny.train(root / "mlm", *adam_w0, *VALIDATE, "--forgetting-probe", mlm,
-                                  "--tensorboard-logdir", str(root / "tb"), updates=8, validate=True),
-        "plain": lambda: tiny.train(root / "plain", *adam_w0, *VALIDATE, updates=8, validate=True),
+        "mlm": lambda: tiny.train(root / "mlm", *adam_w0, *VALIDATE, *MOVES, "--forgetting-probe", mlm, *budget,
+                                  "--tensorboard-logdir", str(root / "tb"), updates=12, validate=True),
+        "plain": lambda: tiny.train(root / "plain", *adam_w0, *VALIDATE, *MOVES, updates=12, validate=True),
         "pairs": lambda: tiny.train(root / "pairs", "--criterion", "sentence_prediction_recadam", *VALIDATE,
                                     "--forgetting-probe", pairs, "--forgetting-meter", "pairs", optimizer="adam",
                                     updates=4, validate=True),
@@ -123,7 +130,7 @@ def test_mlm_meter_at_each_validation_is_that_checkpoint_s(tiny, runs):
     import json
 
     recs = valid_records(runs["log_mlm"][1])
-    assert sorted(recs) == [4, 8]
+    assert sorted(recs) == [4, 8, 12]
     with open(runs["root"] / "mlm" / "forgetting_meter.json") as f:
         start = json.load(f)["start"]
     for upd in (4, 8):
@@ -151,6 +158,70 @@ def test_meter_does_not_change_training(runs):
         assert not [k for k in r if "fgt_" in k]
 
 
+def test_forgetting_budget_makes_checkpoint_best_the_best_validation_within_it(runs, tmp_path):
+    """--forgetting-budget (FORGETTING_BUDGET) with --best-checkpoint-metric fgt_budget_accuracy: checkpoint_best.pt is
+    the best accuracy among the validations that forgot at most the budget (fairseq's tie rule: the later one), read
+    here from the log, and not the best accuracy overall; summarize.py picks the same validation and names the file,
+    and under another budget names the numbered checkpoint that holds its pick."""
+    import csv
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    recs = valid_records(runs["log_mlm"][1])
+    acc = {u: float(r["valid_accuracy"]) for u, r in recs.items()}
+    forgot = {u: float(r["valid_fgt_mlm_loss_delta"]) for u, r in recs.items()}
+    within = [u for u in sorted(acc) if forgot[u] <= BUDGET]
+    want = max(within, key=lambda u: (acc[u], u))
+    unbudgeted = max(acc, key=lambda u: (acc[u], u))
+    assert want != unbudgeted, (acc, forgot)  # the budget binds: the case to test
+    for u, r in recs.items():  # over the budget: the worst value, which fairseq never prefers
+        assert float(r["valid_fgt_budget_accuracy"]) == (acc[u] if u in within else -math.inf)
+    run = runs["root"] / "mlm"
+    best = load_ckpt(run / "checkpoint_best.pt")
+    kept = load_ckpt(run / f"checkpoint_1_{want}.pt")
+    assert best["optimizer_history"][-1]["num_updates"] == want
+    assert all(torch.equal(best["model"][k], kept["model"][k]) for k in kept["model"])
+    summarize = os.path.join(ROOT, "scripts", "glue", "summarize.py")
+    line = subprocess.run([sys.executable, summarize, "--run", str(run)], capture_output=True, text=True).stdout
+    assert line.startswith(f"best dev accuracy {acc[want]:g} at update {want} of 12 within its forgetting budget "
+                           f"{BUDGET:g} (checkpoint_best.pt), 3 validations"), line
+    for budget, pick, name in ((BUDGET, want, "checkpoint_best.pt"), (1.0, unbudgeted, f"checkpoint_1_{unbudgeted}.pt")):
+        out = tmp_path / str(budget)
+        subprocess.run([sys.executable, summarize, str(run), "--out", str(out), "--forgetting-budget", str(budget)],
+                       check=True, capture_output=True)
+        with open(out / "runs.csv") as f:
+            (row,) = csv.DictReader(f)
+        assert (int(row["best_update"]), row["checkpoint"]) == (pick, name)
+
+
+def test_budget_flags_go_together_in_one_line():
+    """--forgetting-budget without the meter or without --best-checkpoint-metric fgt_budget_METRIC, or the metric
+    without the budget: one line each, before training."""
+    from types import SimpleNamespace
+
+    from recadam_fairseq.core.errors import ConfigError
+    from recadam_fairseq.forgetting_meter import check_budget
+
+    def cfg(budget, best):
+        return SimpleNamespace(forgetting_budget=budget, best_checkpoint_metric=best, maximize_best_checkpoint_metric=True)
+
+    check_budget(cfg(0.01, "fgt_budget_accuracy"), True)
+    check_budget(cfg(None, "accuracy"), False)
+    for c, metered, message in (
+            (cfg(0.01, "fgt_budget_accuracy"), False, "--forgetting-budget 0.01 needs the forgetting meter: "
+                                                      "--forgetting-probe DIR"),
+            (cfg(0.01, "accuracy"), True, "--forgetting-budget 0.01: checkpoint_best.pt follows --best-checkpoint-metric "
+                                          "accuracy, which ignores the budget; give --best-checkpoint-metric "
+                                          "fgt_budget_accuracy"),
+            (cfg(None, "fgt_budget_mcc"), True, "--best-checkpoint-metric fgt_budget_mcc: the forgetting meter logs it "
+                                                "with --forgetting-budget X")):
+        with pytest.raises(ConfigError) as e:
+            check_budget(c, metered)
+        assert str(e.value).startswith(message) and "\n" not in str(e.value), str(e.value)
+
+
 def test_mlm_meter_reaches_tensorboard(runs):
     event_acc = pytest.importorskip("tensorboard.backend.event_processing.event_accumulator")
     logdir = runs["root"] / "tb" / "valid"
@@ -158,9 +229,9 @@ def test_mlm_meter_reaches_tensorboard(runs):
     acc = event_acc.EventAccumulator(str(logdir), size_guidance={"scalars": 0})
     acc.Reload()
     recs = valid_records(runs["log_mlm"][1])
-    for tag in ("fgt_mlm_loss", "fgt_mlm_acc", "fgt_mlm_loss_delta", "fgt_mlm_acc_delta"):
+    for tag in ("fgt_mlm_loss", "fgt_mlm_acc", "fgt_mlm_loss_delta", "fgt_mlm_acc_delta", "fgt_budget_accuracy"):
         got = {e.step: e.value for e in acc.Scalars(tag)}
-        assert sorted(got) == [4, 8], tag
+        assert sorted(got) == [4, 8, 12], tag
         for step, value in got.items():
             assert value == pytest.approx(float(recs[step][f"valid_{tag}"]), rel=1e-6, abs=1e-9), (tag, step)
 
@@ -197,6 +268,21 @@ def test_pairs_meter_is_the_zero_shot_auc_by_hand(tiny, runs):
     assert [d_lines[i] for i in pairs["premise"]] == [x[0] for x in lines]
     assert [d_lines[i] for i in pairs["hypothesis"]] == [x[1] for x in lines]
     assert list(pairs["label"]) == [int(x[2] == "entailment") for x in lines]
+
+
+def test_fairseq_adam_with_the_plugin_criterion_logs_its_distance_from_theta_star(tiny, runs):
+    """The pairs run (fairseq's adam, sentence_prediction_recadam's decoupled objective) logs recadam_dist as RecAdam
+    does: at update 4, Σ(θ − θ*)² of checkpoint_1_4.pt against the pretrained file in float64, over the model's
+    tensors the checkpoint has (each stored tensor once: the LM head's weight is the tied embedding)."""
+    logged = {int(r["num_updates"]): float(r["recadam_dist"]) for r in json_records(runs["log_pairs"][1], "train_inner")}
+    assert sorted(logged) == [1, 2, 3, 4]  # --log-interval 1
+    pre, now = load_ckpt(tiny.pretrained)["model"], load_ckpt(runs["root"] / "pairs" / "checkpoint_1_4.pt")["model"]
+    seen, want = set(), 0.0
+    for k, v in now.items():
+        if k in pre and pre[k].shape == v.shape and v.data_ptr() not in seen:
+            seen.add(v.data_ptr())
+            want += float(((v.double() - pre[k].double()) ** 2).sum())
+    assert logged[4] == pytest.approx(want, rel=1e-5) and logged[1] < logged[4]
 
 
 def test_bad_probes_are_one_line_errors(tiny, runs):
@@ -255,6 +341,14 @@ def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, 
     p = subprocess.run([finetune, "SST-2", "adam"], env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr
     assert f"--forgetting-probe {runs['pairs']} --forgetting-meter pairs" in " ".join(p.stdout.split(" \\\n  "))
+    p = subprocess.run([finetune, "SST-2", "adam"], env=dict(env, FORGETTING_BUDGET="0.05"), capture_output=True,
+                       text=True)
+    command = " ".join(p.stdout.split(" \\\n  "))
+    assert "--forgetting-budget 0.05" in command and "--best-checkpoint-metric fgt_budget_accuracy " in command, p.stderr
+    p = subprocess.run([finetune, "SST-2", "adam"], env={k: v for k, v in dict(env, FORGETTING_BUDGET="0.05").items()
+                                                         if k not in ("FORGETTING_PROBE", "FORGETTING_METER")}, capture_output=True, text=True)
+    assert p.returncode == 2 and p.stderr.strip().endswith("FORGETTING_BUDGET=0.05 needs FORGETTING_PROBE=DIR "
+                                                           "(scripts/binarize_probe.py)"), p.stderr
     p = subprocess.run([finetune, "SST-2", "adam"], env=dict(env, CRITERION="sentence_prediction"),
                        capture_output=True, text=True)
     assert p.returncode == 2 and p.stderr.strip().endswith("CRITERION=sentence_prediction with METHOD adam has "

@@ -21,7 +21,7 @@ from collections import defaultdict
 
 import pytest
 
-from helpers import ROOT, TRAIN_ENTRY, USER_DIR, anchors, assert_same_run, base_env, run_plan
+from helpers import ROOT, TRAIN_ENTRY, USER_DIR, anchors, assert_same_run, base_env, code_carrying, run_plan
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 from recadam_fairseq import catalogue
@@ -195,8 +195,13 @@ def test_the_terminal_says_how_the_run_did_and_nothing_else(glue):
     scores = valid_values(log, "accuracy")
     best = max(scores)
     update = re.findall(r'"valid_accuracy": "?([-\d.]+)"?.*?"valid_num_updates": "?(\d+)', log)
-    at = next(u for v, u in update if float(v) == best)
-    assert out[-1] == f"== done: {run_dir} (best dev accuracy {best:g} at update {at} of 8, {len(scores)} validations)"
+    at = [u for v, u in update if float(v) == best][-1]  # of equal scores the later: fairseq's checkpoint_best.pt
+    assert out[-1] == (f"== done: {run_dir} (best dev accuracy {best:g} at update {at} of 8 (checkpoint_best.pt), "
+                       f"{len(scores)} validations)")
+    import torch
+
+    kept = torch.load(run_dir / "checkpoint_best.pt", map_location="cpu", weights_only=False)
+    assert kept["optimizer_history"][-1]["num_updates"] == int(at)  # the file the line names holds that update
     assert f"== RTE adam seed 1 -> {run_dir}" in out
     assert [line for line in out if line.startswith("  valid at update")] == [
         line for line in out[1:-1] if "valid" in line] and len(scores) == 2
@@ -346,7 +351,7 @@ def test_killed_run_resumes_bit_for_bit(glue):
 
 def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
     """A cut-short checkpoint_last.pt is set aside for the newest complete one; a checkpoint that cannot be
-    read for another reason (here: this Python has no torch) stops, and nothing is moved."""
+    read for another reason (one that carries code; this Python has no torch) stops, and nothing is moved."""
     import torch
 
     prelaunch = _glue_script("prelaunch")
@@ -360,6 +365,13 @@ def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
                         rf"\(update 4\)", line), line
     assert (tmp_path / "checkpoint_last.pt").read_bytes() == good
     assert prelaunch.resume(str(tmp_path)) == f"resuming {tmp_path} from checkpoint_last.pt (update 4)"
+    code = tmp_path / "code" / "checkpoint_last.pt"
+    code.parent.mkdir()
+    refusal = code_carrying(code, tmp_path / "payload-ran")
+    with pytest.raises(prelaunch.Stop) as e:
+        prelaunch.resume(str(code.parent))
+    assert str(e.value) == f"{code}: {refusal}" and os.listdir(code.parent) == ["checkpoint_last.pt"]
+    assert not (tmp_path / "payload-ran").exists()
 
     def no_torch(module):
         raise prelaunch.Stop(f"PYTHON=x cannot import {module}")
@@ -372,14 +384,14 @@ def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
 
 
 def test_rerun_of_finished_or_changed_run(glue):
-    """A finished run is not trained again; another command for a started run stops, naming RESTART=1;
-    RESTART=1 starts it over."""
-    result(glue, ("RTE", "adam"))
+    """A finished run is not trained again, and says its score as it did when it ended; another command for a
+    started run stops, naming RESTART=1; RESTART=1 starts it over."""
+    score = result(glue, ("RTE", "adam")).splitlines()[-1].split(" (", 1)[1][:-1]  # "== done: RUN (SCORE)"
     env = glue["env"]
     run_dir = glue["runs"] / "RTE" / "adam" / "seed1"
     before = (run_dir / "checkpoint_last.pt").stat().st_mtime_ns
     p = run([FINETUNE, "RTE", "adam", *TINY_EXTRA], env, check=0)
-    assert f"== already done: {run_dir} (RESTART=1 trains it again)" in p.stdout
+    assert p.stdout.splitlines()[-1] == f"== already done: {run_dir} ({score}; RESTART=1 trains it again)"
     p = run([FINETUNE, "RTE", "adam", *TINY_EXTRA], dict(env, LR="3e-5"), check=2)
     msg = [ln for ln in p.stdout.splitlines() if "error" in ln]
     assert msg == [f"finetune.sh: error: {run_dir} was started with another command (was: --lr 2e-5; now: --lr 3e-5): "
@@ -529,6 +541,36 @@ def test_summarize_mnli_mismatched_and_metrics(tmp_path):
     assert "| **GLUE avg** |  | 83.00 (1/2 tasks) | 45.50 (1/2 tasks) |" in md
 
 
+def test_summarize_names_the_file_that_holds_the_chosen_validation(tmp_path):
+    """Synthetic log: fairseq's save lines and validations (its best_<metric>), the files a run keeps. The pick is
+    checkpoint_best.pt only where fairseq's rule put that validation there (the later of equal bests); an earlier
+    pick (a budget) is its numbered checkpoint if kept, else none (an epoch's end under --no-epoch-checkpoints),
+    never the checkpoint_best.pt or checkpoint_last.pt its save line named, which later saves rewrote."""
+    run_dir = tmp_path / "runs" / "RTE" / "adam" / "seed1"
+    run_dir.mkdir(parents=True)
+    for name in ("checkpoint_best.pt", "checkpoint_last.pt", "checkpoint_1_8.pt"):
+        (run_dir / name).write_bytes(b"")
+    (run_dir / "done").write_text("")
+    rows = [(4, 60, 0.1, "checkpoint_best.pt"), (8, 70, 0.2, "checkpoint_1_8.pt"), (10, 70, 0.3, "checkpoint_best.pt"),
+            (12, 65, 0.4, "checkpoint_last.pt")]  # update, accuracy, forgetting, the file the save line names
+    lines, best = [], None
+    for n, acc, fgt, named in rows:
+        best = acc if best is None else max(best, acc)
+        lines.append(f"2026-01-01 | INFO | fairseq.checkpoint_utils | Saved checkpoint {run_dir}/{named} (epoch 1 @ {n} "
+                     f"updates, score {acc}) (writing took 0.01 seconds)")
+        lines.append("2026-01-01 | INFO | valid | " + json.dumps(
+            {"epoch": 1, "valid_accuracy": str(acc), "valid_fgt_mlm_loss_delta": str(fgt), "valid_num_updates": str(n),
+             **({"valid_best_accuracy": str(best)} if n > 4 else {})}))
+    (run_dir / "train.log").write_text("\n".join(lines) + "\n")
+    for budget, pick, name in ((None, 10, "checkpoint_best.pt"), ("0.25", 8, "checkpoint_1_8.pt"),
+                               ("0.15", 4, "none (no checkpoint of update 4 kept)")):
+        out = tmp_path / f"out-{budget}"
+        run_args = [] if budget is None else ["--forgetting-budget", budget]
+        run([sys.executable, SUMMARIZE, str(tmp_path / "runs"), "--out", str(out), *run_args], base_env(), check=0)
+        (row,) = read_csv(out / "runs.csv")
+        assert (int(row["best_update"]), row["checkpoint"]) == (pick, name), budget
+
+
 # ------------------------------------------------------------------------- command lines (fake trainer)
 
 FAKE_TRAIN = r'''
@@ -659,7 +701,8 @@ def test_baseline_method_flags(fake):
 # a value off its default for every knob (R3F_EPS, which the scripts leave implicit, included)
 OFF_DEFAULT = {"anneal_fun": "linear", "k": "0.3", "t0": "77", "gamma": "123", "lambda": "0.2", "eps": "2e-05",
                "rho": "0.11", "keep_ratio": "0.2", "mask_iter_e": "7", "decay": "0.8", "reinit": "1", "rank": "4",
-               "lora_alpha": "16", "p": "0.5", "ratio": "0.2", "alpha": "0.5", "layers": "1", "freeze": "1"}
+               "lora_alpha": "16", "p": "0.5", "ratio": "0.2", "alpha": "0.5", "layers": "1", "freeze": "1",
+               "fisher": "rte-fisher.pt"}  # (a file: the test makes it, absolute)
 
 
 def test_every_method_through_finetune_is_the_catalogue_s(fake):
@@ -668,9 +711,11 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
     _, _, adam = fake("MRPC", "adam")
     base = flags(adam)[0]
     assert set(OFF_DEFAULT) == set(catalogue.KNOBS)
+    off = dict(OFF_DEFAULT, fisher=str(fake.tmp / OFF_DEFAULT["fisher"]))
+    open(off["fisher"], "w").close()
     for name in catalogue.names(scripts=True):
         m = catalogue.get(name)
-        values = {k: OFF_DEFAULT[k] for k in m.knobs}
+        values = {k: off[k] for k in m.knobs}
         _, run_dir, argv = fake("MRPC", name, SAVE_DIR=fake.tmp / "every",
                                 **{catalogue.KNOBS[k].var: v for k, v in values.items()})
         got = {k: v for k, v in flags(argv)[0].items() if k not in ("--save-dir", "--arch", "--lr") and base.get(k) != v}
@@ -826,6 +871,9 @@ def test_failed_training_leaves_no_done_marker(fake):
     (["RTE"], {}, "expected TASK METHOD"),
     (["WNLI", "adam"], {}, "unknown TASK 'WNLI'"),
     (["RTE", "sgd"], {}, "unknown METHOD 'sgd'"),
+    (["RTE", "recadm"], {}, "unknown METHOD 'recadm' (did you mean recadam?)"),
+    (["RTE", "recadam-ewc"], {"EWC_FISHER": "/no/such.pt"}, "EWC_FISHER=/no/such.pt: no such file (write one with "
+                                                            "scripts/fisher.py, or EWC_FISHER=task)"),
     (["RTE", "adam"], {"ROBERTA_PATH": None}, "ROBERTA_PATH is not set"),
     (["RTE", "adam"], {"ROBERTA_PATH": "/no/such.pt"}, "ROBERTA_PATH=/no/such.pt: no such file"),
     (["RTE", "adam"], {"ROBERTA_PATH": "/"}, "ROBERTA_PATH=/ is a directory: give the checkpoint file in it"),
@@ -846,6 +894,33 @@ def test_finetune_errors(fake, args, env, message):
     p = run([FINETUNE, *args], e)
     assert p.returncode == 2 and p.stdout.strip().splitlines()[-1].startswith(f"finetune.sh: error: {message}"), p.stdout
     assert not os.path.exists(fake.env["SAVE_DIR"]), "nothing written"
+
+
+def test_a_checkpoint_carrying_code_is_refused_in_one_line(fake):
+    """ROBERTA_PATH read for its architecture: a file that carries code stops finetune.sh in one line (the plug-in's
+    words: what, why, to load only files you trust), before anything is written; the code never runs."""
+    path = fake.tmp / "model-code.pt"
+    refusal = code_carrying(path, fake.tmp / "payload-ran")
+    p = run([FINETUNE, "RTE", "adam"], dict(fake.env, ROBERTA_PATH=str(path), ARCH="", MAX_POSITIONS=""))
+    assert p.returncode == 2 and p.stdout.splitlines()[-1] == f"finetune.sh: error: ROBERTA_PATH={path}: {refusal}"
+    assert not os.path.exists(fake.env["SAVE_DIR"]) and not (fake.tmp / "payload-ran").exists()
+
+
+def test_ewc_from_the_scripts(fake):
+    """--help lists the catalogue's METHODs (ewc and recadam-ewc among them) and EWC_FISHER; EWC_FISHER=FILE runs in
+    a run directory of its own (the file's name), not the task Fisher's."""
+    p = run([FINETUNE, "--help"], fake.env, check=0)
+    listed = p.stdout.split("METHOD (the catalogue", 1)[1].split("\n", 1)[1].split("The methods' knobs", 1)[0].split()
+    assert listed == catalogue.names(scripts=True) and {"ewc", "recadam-ewc"} <= set(listed)
+    assert "  EWC_FISHER [task]  --ewc-fisher: " in p.stdout
+    fisher = fake.tmp / "rte-fisher.pt"
+    fisher.write_bytes(b"")  # its content is the plug-in's to check
+    for method in ("ewc", "recadam-ewc"):
+        _, task_dir, task_argv = fake("RTE", method)
+        _, file_dir, file_argv = fake("RTE", method, EWC_FISHER=str(fisher))
+        assert os.path.basename(os.path.dirname(task_dir)) == f"{method}-k0.1-t1000"
+        assert os.path.basename(os.path.dirname(file_dir)) == f"{method}-k0.1-t1000-Frte-fisher"
+        assert (last(flags(task_argv)[0], "--ewc-fisher"), last(flags(file_argv)[0], "--ewc-fisher")) == ("task", str(fisher))
 
 
 def test_grid_resumes_and_reports_failures(fake):

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from helpers import ROOT, SCRIPTS, load_ckpt
+from helpers import ROOT, SCRIPTS, code_carrying, load_ckpt
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.interpolate import interpolate, shared_names
 from recadam_fairseq.tools import interpolate as wise
@@ -172,11 +172,14 @@ def test_script_bad_input_is_one_line(tiny, finetuned, tmp_path, capsys):
     torch.save({"weights": torch.zeros(2)}, tmp_path / "plain.pt")
     torch.save({"model": {"other.weight": torch.zeros(3)}}, tmp_path / "other.pt")
     torch.save({"model": load_ckpt(tiny.pretrained)["model"]}, tmp_path / "no-cfg.pt")
+    refusal = code_carrying(tmp_path / "code.pt", tmp_path / "payload-ran")
     out = str(tmp_path / "out.pt")
     cases = [
         ([str(tmp_path / "missing.pt"), "--pretrained", tiny.pretrained], f"{tmp_path / 'missing.pt'}: no such file"),
         ([finetuned, "--pretrained", str(tmp_path / "missing.pt")], f"--pretrained {tmp_path / 'missing.pt'}: no such"),
-        ([str(tmp_path / "notes.txt"), "--pretrained", tiny.pretrained], "notes.txt: cannot be read as a torch"),
+        ([str(tmp_path / "notes.txt"), "--pretrained", tiny.pretrained], "notes.txt: not a torch checkpoint"),
+        ([str(tmp_path / "code.pt"), "--pretrained", tiny.pretrained], f"code.pt: {refusal}"),
+        ([finetuned, "--pretrained", str(tmp_path / "code.pt")], f"--pretrained {tmp_path / 'code.pt'}: {refusal}"),
         ([str(tmp_path / "plain.pt"), "--pretrained", tiny.pretrained], "plain.pt: not a fairseq checkpoint"),
         ([str(tmp_path / "no-cfg.pt"), "--pretrained", tiny.pretrained], "no-cfg.pt: not a fairseq training"),
         ([finetuned, "--pretrained", str(tmp_path / "other.pt")], "share no model tensor"),
@@ -198,7 +201,7 @@ def test_script_bad_input_is_one_line(tiny, finetuned, tmp_path, capsys):
             assert wise.main(argv) == 1
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and err.startswith("interpolate.py: error: ") and message in err, (argv, err)
-    assert not os.path.exists(out)
+    assert not os.path.exists(out) and not (tmp_path / "payload-ran").exists()
     proc = _run(finetuned, "--pretrained", tiny.pretrained, "--alpha", "-1", "--out", out)  # the real entry point
     assert proc.returncode == 1 and proc.stderr == "interpolate.py: error: --alpha -1: must be in [0, 1] " \
         "(0: the pretrained weights, 1: the fine-tuned ones)\n", proc.stderr

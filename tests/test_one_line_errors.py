@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from helpers import one_error_line, run_plan
+from helpers import code_carrying, one_error_line, run_plan
 
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
@@ -50,6 +50,11 @@ def runs(tiny, tmp_path_factory):
     tensor = nan_checkpoint(tiny, bad)
     train_label = label_data(tiny, str(root / "train-label"), train={17: "2"})
     valid_label = label_data(tiny, str(root / "valid-label"), valid={9: "2"})
+    refusal = code_carrying(root / "code.pt", root / "payload-ran")
+    torch.save({"model": {"w": torch.zeros(2)}}, root / "bare.pt")  # read by the plug-in, not by fairseq (no history)
+    # plain fairseq-train (fairseq's criterion and optimizer): the save directory is not made; fairscale's import
+    # warnings (fairseq's, not the run's: the demo's .venv has no fairscale) are left out of the line count
+    plain = {"optimizer": "adam", "restore": False, "env": {"PYTHONWARNINGS": "ignore::FutureWarning"}}
     cases = {
         "nan": ((*CRIT, "--recadam-pretrained-path", bad), {}),
         "k0": ((*CRIT, "--recadam-anneal-k", "0"), {}),
@@ -58,6 +63,10 @@ def runs(tiny, tmp_path_factory):
         "restore": ((*CRIT, "--restore-file", str(root / "no-such.pt")), {"optimizer": "adam", "restore": False}),
         "rho0": (("--sam-type", "fisher-sam", "--rho", "0"), {"optimizer": "samsgd", "updates": 2}),
         "ewc_unread": ((*CRIT, "--ewc-fisher", "task"), {"optimizer": "adam"}),
+        "code": (("--restore-file", str(root / "code.pt"), "--save-dir", str(root / "code" / "made")), plain),
+        "code_ft": (("--finetune-from-model", str(root / "code.pt"), "--save-dir", str(root / "code_ft" / "made")),
+                    plain),
+        "bare": (("--restore-file", str(root / "bare.pt")), plain),
     }
 
     def go(item):
@@ -69,7 +78,8 @@ def runs(tiny, tmp_path_factory):
         return name, tiny.train(save, *extra, check=False, fresh=name == "k0", **kw)
 
     out = run_plan({item[0]: (lambda item=item: go(item)[1]) for item in cases.items()})
-    return {"root": root, "out": out, "tensor": tensor, "bad": bad, "data": {"train": train_label, "valid": valid_label}}
+    return {"root": root, "out": out, "tensor": tensor, "bad": bad, "data": {"train": train_label, "valid": valid_label},
+            "refusal": refusal}
 
 
 def result(runs, name, rc_zero=False):
@@ -105,6 +115,26 @@ def test_missing_restore_file_with_a_plugin_component(runs):
     msg = one_error_line(result(runs, "restore"))
     assert msg == f"--restore-file {runs['root'] / 'no-such.pt'}: no such file (fairseq would train from random weights)"
     assert (runs["root"] / "restore" / "checkpoint_last.pt").read_bytes() == b"an earlier run's checkpoint"
+
+
+@pytest.mark.parametrize("flag", ["--restore-file", "--finetune-from-model"])
+def test_plain_fairseq_train_refuses_a_checkpoint_carrying_code_in_one_line(runs, flag):
+    """fairseq-train with neither the plug-in's criterion nor its optimizer (only --user-dir): a checkpoint that
+    carries code stops the run in one line saying why, before fairseq makes --save-dir or logs a line; the code
+    never runs. (fairseq makes the directory before it builds any component: the plug-in reads the file at its
+    import, restore_check.py.)"""
+    name = "code" if flag == "--restore-file" else "code_ft"
+    rc, log = runs["out"][name]
+    assert rc == 1 and log.splitlines() == [f"train_entry.py: error: {flag} {runs['root'] / 'code.pt'}: "
+                                            f"{runs['refusal']}"], log[-3000:]
+    assert not (runs["root"] / name / "made").exists() and not (runs["root"] / "payload-ran").exists()
+
+
+def test_a_checkpoint_only_fairseq_cannot_read_is_one_line(runs):
+    """A file the plug-in reads but fairseq's loader cannot (no optimizer history): fairseq's own failure, as one
+    line naming the file (errors_hook.py)."""
+    msg = one_error_line(result(runs, "bare"))
+    assert msg == f"{runs['root'] / 'bare.pt'}: fairseq cannot read it as a checkpoint (KeyError: 'best_loss')"
 
 
 def test_a_fisher_nothing_reads(runs):

@@ -18,7 +18,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import LORA, NO_DROPOUT, ROOT, TINY_FT, load_ckpt, train_multitask
+from helpers import LORA, NO_DROPOUT, ROOT, TINY_FT, code_carrying, load_ckpt, train_multitask
 from helpers.glue_files import WORDS, write_bpe
 
 from recadam_fairseq.tools import export_hf, predict
@@ -150,6 +150,9 @@ def test_bad_input_stops_with_one_line(tiny, runs, tmp_path, capsys):
         f"--bpe-dir {tmp_path}: no encoder.json"
     assert one_line_error(capsys, [str(runs.wise), str(one), "--data", str(tmp_path / "nowhere")]) == \
         f"--data {tmp_path / 'nowhere'}: no such directory"
+    refusal = code_carrying(tmp_path / "code.pt", tmp_path / "payload-ran")  # predict.py and export_hf.py read so
+    assert one_line_error(capsys, [str(tmp_path / "code.pt")]) == f"{tmp_path / 'code.pt'}: {refusal}"
+    assert not (tmp_path / "payload-ran").exists()
 
 
 def readme_snippet():
@@ -190,6 +193,12 @@ def test_readme_snippet_runs_as_printed_on_the_tiny_model(tiny, runs):
     assert [g[1] for g in got] == pytest.approx(probs.max(-1).values.tolist(), abs=1e-6)
 
 
+def hf_config_of(out):
+    from transformers import RobertaConfig
+
+    return RobertaConfig.from_pretrained(str(out))
+
+
 def hf_logits(out, toks, pad):
     from transformers import RobertaForSequenceClassification
 
@@ -199,10 +208,11 @@ def hf_logits(out, toks, pad):
 
 
 @pytest.mark.parametrize("which", ["lora", "mt"])
-def test_export_gives_fairseqs_logits(tiny, runs, tmp_path, which):
+def test_export_gives_fairseqs_logits(tiny, runs, tmp_path, which, capsys):
     out = tmp_path / "hf"
     argv = [str(runs.lora), str(out)] if which == "lora" else [str(runs.mt), str(out), "--task-name", "RTE"]
     assert export_hf.main(argv) == 0
+    assert "bare numbers" not in capsys.readouterr().out  # RTE's labels are words
     assert {"model.safetensors", "config.json"} <= set(os.listdir(out))
     head = HEAD if which == "lora" else "rte"
     ckpt = (runs.lora if which == "lora" else runs.mt) / "checkpoint_best.pt"
@@ -211,6 +221,13 @@ def test_export_gives_fairseqs_logits(tiny, runs, tmp_path, which):
     theirs, config = hf_logits(out, toks, pad=1)
     assert (theirs - logits).abs().max() < 1e-5
     assert [config.id2label[i] for i in range(2)] == names
+    if which == "mt":  # SST-2's labels are "0" and "1", in the label dictionary's order: said in one line
+        assert export_hf.main([str(runs.mt), str(tmp_path / "sst2"), "--task-name", "SST-2"]) == 0
+        out = capsys.readouterr().out
+        id2label = hf_config_of(tmp_path / "sst2").id2label
+        shown = ", ".join(f"{i}: {id2label[i]!r}" for i in range(2))
+        assert f"export_hf.py: the label names are bare numbers as in the data, not words: id2label is {{{shown}}}" \
+            in out, out
 
 
 def test_exported_tokenizer_encodes_as_prepare_glue(tmp_path):

@@ -1,5 +1,6 @@
 """The README's CPU quickstart, run exactly as printed (all but its `make demo` line, which is the set-up
-this suite already ran), in a fresh directory that holds the repository's scripts and package."""
+this suite already ran), in a fresh directory that holds the repository's scripts and package; then the docs'
+commands that follow it (docs/glue.md: predict.py and the Hugging Face export of its Adam run)."""
 
 import os
 import re
@@ -9,12 +10,13 @@ import sys
 from helpers import ROOT
 
 START, END = "<!-- quickstart:start -->", "<!-- quickstart:end -->"
+AFTER = ("docs/glue.md", "<!-- after-quickstart:start -->", "<!-- after-quickstart:end -->")
 
 
-def quickstart_lines():
-    with open(os.path.join(ROOT, "README.md"), encoding="utf-8") as f:
+def quickstart_lines(page="README.md", start=START, end=END):
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
         text = f.read()
-    block = text.split(START, 1)[1].split(END, 1)[0]
+    block = text.split(start, 1)[1].split(end, 1)[0]
     code = re.search(r"```bash\n(.*?)```", block, re.S).group(1)
     return [ln for ln in code.splitlines() if ln.strip()]
 
@@ -29,7 +31,9 @@ def test_readme_quickstart_runs_as_printed(tmp_path, tiny):
     os.symlink(tiny.pretrained, tmp_path / "demo-out" / "tiny" / "pretrained.pt")
     os.symlink(tiny.glue_bin, tmp_path / "demo-out" / "tiny" / "glue-bin")
     os.symlink(os.path.dirname(os.path.dirname(sys.executable)), tmp_path / ".venv")  # this suite's venv
-    script = "set -euo pipefail\n" + "\n".join(lines[1:]) + "\n"
+    after = quickstart_lines(*AFTER)  # the docs' commands on its runs, in the same shell (its exports)
+    script = "set -euo pipefail\n" + "\n".join(lines[1:] + ["echo '== after the quickstart'; exec 2> after.err"]
+                                                 + after) + "\n"
     env = {k: v for k, v in os.environ.items() if k not in ("ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "FP16")}
     env["OMP_NUM_THREADS"] = "1"
     p = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -39,6 +43,19 @@ def test_readme_quickstart_runs_as_printed(tmp_path, tiny):
     assert done == ["SST-2/adam/seed1", "SST-2/recadam-k0.1-t10/seed1"], done
     summary = (runs / "summary.md").read_text()
     assert "| SST-2 | accuracy |" in summary, summary
+    # both runs log their distance from θ* (Adam through the plug-in's criterion): the README's comparison
+    from helpers import json_records
+
+    dist = {name: float(json_records((runs / "SST-2" / name / "seed1" / "train.log").read_text(), "train_inner")[-1]
+                        ["recadam_dist"]) for name in ("adam", "recadam-k0.1-t10")}
+    assert 0 < dist["recadam-k0.1-t10"] < dist["adam"], dist
+    # predict.py: two labelled lines, and nothing else (no library warnings); the export: its files and one line
+    # saying that SST-2's label names are numbers
+    out, err = p.stdout.split("== after the quickstart\n", 1)[1].splitlines(), (tmp_path / "after.err").read_text()
+    assert [ln.split("\t")[0] in ("0", "1") and 0.5 <= float(ln.split("\t")[1]) <= 1 for ln in out[:2]] == [True] * 2
+    assert err == "", err
+    assert any("the label names are bare numbers" in ln for ln in out), out
+    assert {"model.safetensors", "config.json"} <= set(os.listdir(tmp_path / "hf-sst2"))
 
 
 def test_tiny_model_arch_flags_are_the_checkpoint_s(tiny):

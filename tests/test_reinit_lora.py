@@ -17,8 +17,8 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import (LORA, NO_DROPOUT, TINY_FT, assert_one_line_error, build_tiny, load_ckpt, random_tokens,
-                     run_jobs)
+from helpers import (LORA, NO_DROPOUT, TINY_FT, assert_one_line_error, build_tiny, code_carrying, load_ckpt,
+                     random_tokens, run_jobs)
 from recadam_fairseq.core import lora
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.tools import interpolate as wise
@@ -343,6 +343,11 @@ def test_lora_merged_checkpoint_loads_in_plain_fairseq(runs, tiny, tmp_path, pre
     script.main([os.path.join(d["lora"], "checkpoint_last.pt"), merged])  # in process
     with pytest.raises(SystemExit, match=r"pretrained.pt: not a LoRA checkpoint"):
         script.main([tiny.pretrained, str(tmp_path / "x.pt")])
+    refusal = code_carrying(tmp_path / "code.pt", tmp_path / "payload-ran")
+    with pytest.raises(SystemExit) as e:
+        script.main([str(tmp_path / "code.pt"), str(tmp_path / "x.pt")])
+    assert str(e.value) == f"merge_lora.py: error: {tmp_path / 'code.pt'}: {refusal}"
+    assert not (tmp_path / "payload-ran").exists() and not (tmp_path / "x.pt").exists()
     state = load_ckpt(merged)
     assert not lora.is_lora_state(state["model"]) and "last_optimizer_state" not in state
     assert state["cfg"]["model"].arch == "roberta" and not hasattr(state["cfg"]["model"], "lora_rank")

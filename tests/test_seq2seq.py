@@ -729,12 +729,13 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
     delta = {tag: {int(r[f"{tag}_num_updates"]): float(r[f"{tag}_bleu_delta"]) for r in json_records(log, tag)}
              for tag in ("valid", "test")}
     assert sorted(bleu["valid"]) == sorted(bleu["test"]) == [4, 8]  # one validation before the kill, one after
-    at = max(bleu["valid"], key=lambda u: (bleu["valid"][u], -u))  # fairseq keeps the first of equal bests
+    at = max(bleu["valid"], key=lambda u: (bleu["valid"][u], u))  # checkpoint_best.pt: the later of equal bests
     # BLEU at θ* (--eval-bleu-start), measured before the kill, read back by the resumed run: its change on the
     # original domain (test) is the forgetting
     assert (run_dir / "bleu_start.json").exists() and "--eval-bleu-start: BLEU at θ* from " in log
     fell = 0.0 - delta["test"][at]
-    assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8, 2 validations, "
+    assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8 "
+                       f"(checkpoint_best.pt), 2 validations, "
                        f"forgetting there {fell:+.4g} (BLEU on test since θ*); there: test bleu {bleu['test'][at]:g} "
                        f"({delta['test'][at]:+g} since θ*))")
     assert any(ln.startswith("  test at update 8: loss ") and f", bleu {delta['test'][8]:+.4g} since θ*" in ln
@@ -765,4 +766,6 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
         assert f"  {flags} \\" in command or command.rstrip().endswith(f"  {flags}"), flags
     assert load_ckpt(run_dir / "checkpoint_last.pt")["optimizer_history"][-1]["num_updates"] == 8
     again = go()
-    assert again.returncode == 0 and again.stdout.splitlines()[-1] == f"== already done: {run_dir} (RESTART=1 trains it again)"
+    score = out[-1].split(" (", 1)[1][:-1]  # said again, as when it ended
+    assert again.returncode == 0 and again.stdout.splitlines()[-1] == \
+        f"== already done: {run_dir} ({score}; RESTART=1 trains it again)"

@@ -43,8 +43,9 @@ from typing import Dict, List, Optional, Tuple
 from .. import catalogue
 
 # knobs a spec does not vary: their flags at these values (those left out add no flag)
-PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8"}
-SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha")
+# (EWC's F: the task's, which ewc_fisher.py swaps for the task's one shared file)
+PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8", "fisher": "task"}
+SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha", "fisher")
 DEFAULTS = {"t0": 40.0, "lambda": 1.0}  # the comparison's own, for its 200-update runs
 RECORDED_AS = {"recadam-r3f": "recadam+r3f", "recadam-fsam": "recadam+fsam"}  # the recorded runs' spelling
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order

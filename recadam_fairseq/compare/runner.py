@@ -227,7 +227,8 @@ def logged_figures(log):
     return {"fairseq_valid_accuracy": (float(next(v for k, v in valid[-1].items() if k.endswith("accuracy"))) / 100
                                        if valid else None),
             "logged_recadam_dist": float(inner[-1]["recadam_dist"]) if inner else None,
-            "logged_recadam_lambda": float(inner[-1]["recadam_lambda"]) if inner else None}
+            "logged_recadam_lambda": float(inner[-1]["recadam_lambda"]) if inner and "recadam_lambda" in inner[-1]
+            else None}  # (fairseq's adam logs the distance through the plug-in's criterion, without λ)
 
 
 def measure_run(ctx, setting, seed, cmd, run_dir, env, train_s, say):

@@ -21,6 +21,7 @@ from typing import Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from . import checkpoint_file
 from .errors import ConfigError
 from .wrappers import unwrap_model
 
@@ -40,27 +41,15 @@ def trainable_named_parameters(model: torch.nn.Module) -> List[Tuple[str, Tensor
 def load_checkpoint(path: str) -> dict:
     """A fairseq checkpoint, memory-mapped where possible (tensors are read when used).
 
-    Raises AnchorError naming the file when it is missing, unreadable, truncated or not a
-    fairseq checkpoint (a dict whose ``model`` is a state dict of tensors).
+    Raises AnchorError naming the file when it is missing, unreadable, cut short, refused (it carries code)
+    or not a fairseq checkpoint (a dict whose ``model`` is a state dict of tensors): checkpoint_file's words.
     """
-    if not os.path.exists(path):
-        raise AnchorError(f"{path}: no such file")
-    if not os.path.isfile(path) or not os.access(path, os.R_OK):
+    if os.path.exists(path) and (not os.path.isfile(path) or not os.access(path, os.R_OK)):
         raise AnchorError(f"{path}: not a readable file")
     try:
-        try:
-            state = torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-        except RuntimeError as e:  # legacy (non-zip) checkpoints cannot be memory-mapped
-            if "mmap" not in str(e):
-                raise
-            state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - every failure here means "not a usable checkpoint"
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise AnchorError(f"{path}: cannot be read as a torch checkpoint (truncated or corrupt?): {first}") from e
-    model = state.get("model") if isinstance(state, dict) else None
-    if not isinstance(model, dict) or not model or not all(torch.is_tensor(v) for v in model.values()):
-        raise AnchorError(f"{path}: not a fairseq checkpoint (it has no 'model' state dict of tensors)")
-    return state
+        return checkpoint_file.fairseq_state(path)
+    except checkpoint_file.CheckpointFileError as e:
+        raise AnchorError(str(e)) from None
 
 
 def pretrained_names(model: torch.nn.Module, state: Dict[str, Tensor],

@@ -22,6 +22,7 @@ from typing import Container, Dict, Iterable, Optional, Sequence, Tuple
 import torch
 from torch import Tensor
 
+from . import checkpoint_file
 from .errors import ConfigError
 
 FLAG = "--ewc-fisher"
@@ -105,10 +106,7 @@ def load(path: str) -> Tuple[Dict[str, Tensor], str]:
     where = f"{FLAG} {path}"
     if not os.path.isfile(path):
         raise ConfigError(f"{where}: no such file (write one with scripts/fisher.py, or use {FLAG} {TASK})")
-    try:
-        st = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001 - any unreadable file
-        raise ConfigError(f"{where}: not a Fisher file ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+    st = checkpoint_file.load(path, where, mmap=False)  # refused, cut short, not torch's: one line
     if not isinstance(st, dict) or not isinstance(st.get("fisher"), dict) or not st["fisher"]:
         raise ConfigError(f"{where}: not a Fisher file (scripts/fisher.py writes a dict with a non-empty 'fisher')")
     return dict(st["fisher"]), f"{where} ({st.get('examples', '?')} examples, {st.get('source', '?')})"

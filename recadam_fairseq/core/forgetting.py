@@ -12,6 +12,19 @@ from typing import Dict, Optional, Tuple
 # logged change -> (what it is, sign making "forgot" positive)
 DELTAS = {"fgt_mlm_loss_delta": ("mlm loss (bits)", 1.0), "fgt_pairs_auc_delta": ("pair AUC", -1.0)}
 BLEU_DELTA = "bleu_delta"  # --eval-bleu-start's bleu − bleu_start of one subset (bleu_start.py)
+ROUND = 5  # the meter's values and changes, as logged (and so as read back)
+BUDGET = "fgt_budget"  # --forgetting-budget, logged at each validation
+BUDGET_PREFIX = BUDGET + "_"  # fgt_budget_<metric>: <metric> where the validation forgot at most the budget
+
+
+def changes(values: Dict[str, float], start: Optional[Dict[str, float]]) -> Dict[str, float]:
+    """The meter's ``fgt_<name>_delta`` (now − at θ*) of its measured ``values``, rounded as logged."""
+    return {f"fgt_{k}_delta": round(v - start[k], ROUND) for k, v in values.items() if start and k in start}
+
+
+def within_budget(forgot: Optional[float], budget: float) -> bool:
+    """A validation that forgot ``forgot`` (None: not known) is within ``budget``: the meter's and summarize.py's rule."""
+    return forgot is not None and forgot <= budget
 
 
 def _float(x) -> Optional[float]:

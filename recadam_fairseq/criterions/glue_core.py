@@ -20,6 +20,7 @@ from fairseq.logging import metrics
 from fairseq.logging.meters import MetersDict, safe_round
 
 from .. import forgetting_meter
+from . import theta_distance
 from ..config import check_checkpoint_paths
 from ..core import glue_metrics
 from ..core.errors import ConfigError
@@ -35,7 +36,8 @@ LABEL_FREE_METRICS = {"cm": ("mcc",), "reg": tuple(REGRESSION_METRICS)}
 
 class ChecksPathsWhenTraining:
     """Mixed into the GLUE criteria: ``--restore-file`` / ``--finetune-from-model`` are checked, and the
-    forgetting meter (``--forgetting-probe``) installed, when fairseq's Trainer first puts the criterion in
+    forgetting meter (``--forgetting-probe``) and the distance to θ* (theta_distance.py) installed, when fairseq's
+    Trainer first puts the criterion in
     training mode, before the first update and outside the step's crash handler. fairseq-validate, which
     rebuilds criteria from a checkpoint whose files may be long gone, never does."""
 
@@ -43,6 +45,7 @@ class ChecksPathsWhenTraining:
         if mode and not getattr(self, "_paths_checked", False):
             check_checkpoint_paths(self.cfg)
             forgetting_meter.install(self.cfg, self.task)
+            theta_distance.install(self)  # recadam_dist where the optimizer and the objective log none
             self._paths_checked = True
         return super().train(mode)
 

@@ -28,7 +28,7 @@ from ..core import r3f
 from ..core.errors import ConfigError
 from ..core.glue_tasks import HEAD_TO_TASK, head_primary_metric
 from ..report import log_target_loss
-from . import coupled_term, glue_core
+from . import coupled_term, glue_core, theta_distance
 from .sentence_prediction_recadam import SentencePredictionRecAdamConfig
 
 
@@ -123,6 +123,7 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         metrics.log_scalar("loss", float(total("loss")) / max(sample_size, 1) / math.log(2), sample_size, round=3)
         log_target_loss(logging_outputs)
         coupled_term.reduce(logging_outputs)
+        theta_distance.reduce(logging_outputs)
         keys = set().union(*[log.keys() for log in logging_outputs]) if logging_outputs else set()
         if "mt_scored" in keys:
             metrics.log_scalar("mt_scored", float(total("mt_scored")), round=1)

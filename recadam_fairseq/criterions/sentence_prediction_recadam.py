@@ -9,10 +9,13 @@
   R-Drop (``--rdrop-alpha`` > 0: two dropout passes, the task loss of both), ``r3f_term.py``;
   ``sentence_prediction_r3f`` / ``sentence_prediction_rdrop`` turn one on by default; and the paper's coupled
   RecAdam objective (``--recadam-objective coupled``, ``coupled_term.py``). The default,
-  ``decoupled``, leaves the penalty to ``--optimizer recadam``.
+  ``decoupled``, leaves the penalty to ``--optimizer recadam``; over another optimizer (fairseq's adam) the
+  criterion logs ``recadam_dist`` itself (``theta_distance.py``).
 """
 
 from dataclasses import dataclass
+
+from omegaconf import II
 
 from fairseq.criterions import register_criterion
 from fairseq.criterions.fairseq_criterion import FairseqCriterion
@@ -24,7 +27,7 @@ from ..config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDr
 from ..core import r3f
 from ..core.errors import ConfigError
 from ..report import log_target_loss
-from . import coupled_term, glue_core, r3f_term
+from . import coupled_term, glue_core, r3f_term, theta_distance
 from .label_check import check_labels
 
 
@@ -34,6 +37,7 @@ class SentencePredictionRecAdamConfig(RecAdamHyperparams, RecAdamObjective, R3FH
     # fairseq's sentence_prediction flags, as its SentencePredictionConfig declares them
     classification_head_name: str = redefault(SentencePredictionConfig, "classification_head_name")
     regression_target: bool = redefault(SentencePredictionConfig, "regression_target")
+    log_interval: int = II("common.log_interval")  # theta_distance.py: recadam_dist on log steps
 
 
 @register_criterion("sentence_prediction_recadam", dataclass=SentencePredictionRecAdamConfig)
@@ -131,6 +135,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         log_target_loss(logging_outputs)
         r3f_term.reduce_symm_kl(logging_outputs)
         coupled_term.reduce(logging_outputs)
+        theta_distance.reduce(logging_outputs)
         glue_core.reduce_dev(logging_outputs)
 
     @staticmethod

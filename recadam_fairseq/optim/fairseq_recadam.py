@@ -17,6 +17,7 @@ from omegaconf import II, OmegaConf
 
 from .. import events, fisher_source, forgetting_meter
 from ..anchor_source import build_anchors, pretrained_model_state
+from ..criterions import theta_distance
 from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, EWCHyperparams, ForgettingMeterConfig,
                       LayerLRHyperparams, RecAdamHyperparams, SAMHyperparams, check_anneal, check_checkpoint_paths,
                       lr_values, redefault)
@@ -122,6 +123,7 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         check_sharding(cfg)
         self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True,
                                         cuda_graph=str(cfg.recadam_fused) == "cuda-graph")(params, **hp)
+        theta_distance.optimizer_reports_it()  # recadam_dist: logged by after_step, not by the criterion
         forgetting_meter.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning

@@ -147,8 +147,18 @@ def write_tokenizer(dictionary, bpe_dir: str, out: str):
     return tok
 
 
-def export(run: str, out: str, data=None, task_name=None, bpe_dir=None, checkpoint_file=None) -> float:
-    """Write OUT; return the largest logit difference measured."""
+def bare_labels_note(labels) -> str:
+    """A line for label names that are bare numbers (GLUE's SST-2: "0", "1", ordered as fairseq's label dictionary
+    counted them): id2label maps each output to its name, which need not be the output's own index."""
+    if not labels or not all(str(n).lstrip("-").isdigit() for n in labels):
+        return ""
+    shown = ", ".join(f"{i}: {n!r}" for i, n in enumerate(labels))
+    return (f"the label names are bare numbers as in the data, not words: id2label is {{{shown}}} (output i is "
+            f"the label named, not label i); edit id2label in config.json to name them")
+
+
+def export(run: str, out: str, data=None, task_name=None, bpe_dir=None, checkpoint_file=None):
+    """Write OUT; return the largest logit difference measured and a note on the label names ("" if none)."""
     try:
         import transformers  # noqa: F401
     except ImportError:
@@ -160,10 +170,13 @@ def export(run: str, out: str, data=None, task_name=None, bpe_dir=None, checkpoi
     hf = to_hf(clf)
     diff = largest_logit_difference(clf, hf)
     os.makedirs(out, exist_ok=True)
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # its "Writing model shards" bar: one file here
     hf.save_pretrained(out)  # model.safetensors, config.json
     if bpe_dir is not None:
         write_tokenizer(task.source_dictionary, bpe_dir, out)
-    return diff
+    return diff, "" if clf.regression else bare_labels_note(clf.labels)
 
 
 def main(argv=None) -> int:
@@ -177,12 +190,14 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     logging.getLogger("fairseq").setLevel(logging.WARNING)
     try:
-        diff = export(args.run, args.out, args.data, args.task_name, args.bpe_dir, args.checkpoint_file)
+        diff, note = export(args.run, args.out, args.data, args.task_name, args.bpe_dir, args.checkpoint_file)
     except PredictError as e:
         print(f"{PROG}: error: {e}", file=sys.stderr)
         return 2
     what = "model, tokenizer" if args.bpe_dir else "model (no tokenizer: give --bpe-dir for one)"
     print(f"{PROG}: {what} -> {args.out}; largest logit difference to fairseq {diff:.2e}")
+    if note:
+        print(f"{PROG}: {note}")
     return 0
 
 

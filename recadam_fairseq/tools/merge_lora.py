@@ -63,9 +63,12 @@ def merge(path: str, out: str) -> dict:
     import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
     from recadam_fairseq.core.lora import lora_scaling
 
-    state = torch.load(path, map_location="cpu", weights_only=True)
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        sys.exit(f"merge_lora.py: error: {path}: not a fairseq checkpoint (no 'model' state dict)")
+    from recadam_fairseq.core import checkpoint_file
+
+    try:
+        state = checkpoint_file.fairseq_state(path)
+    except checkpoint_file.CheckpointFileError as e:  # refused, cut short, not fairseq's: one line
+        sys.exit(f"merge_lora.py: error: {e}")
     if not is_lora(state):
         sys.exit(f"merge_lora.py: error: {path}: not a LoRA checkpoint (no '...parametrizations.weight.original' "
                  f"tensors; trained with --lora-rank?)")

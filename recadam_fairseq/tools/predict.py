@@ -54,22 +54,13 @@ def find_checkpoint(path: str, checkpoint_file: Optional[str] = None) -> str:
 
 def peek_config(ckpt: str) -> dict:
     """The checkpoint's task config as a dict, read without loading its tensors (mmap)."""
-    import torch
-
     import recadam_fairseq.safe_globals  # noqa: F401  (torch >= 2.6: fairseq's checkpoint types)
+    from recadam_fairseq.core import checkpoint_file
 
-    try:
-        try:
-            state = torch.load(ckpt, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as e:  # torch's legacy (non-zip) format cannot be mapped: read it whole
-            if "mmap" not in str(e):
-                raise
-            state = torch.load(ckpt, map_location="cpu", weights_only=True)
-    except Exception as e:  # a truncated file, a pickle of another kind: one line, whatever torch says
-        raise PredictError(f"{ckpt}: not a readable fairseq checkpoint ({type(e).__name__}: "
-                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
-    if not isinstance(state, dict) or not isinstance(state.get("model"), dict):
-        raise PredictError(f"{ckpt}: not a fairseq checkpoint (no 'model' state dict)")
+    try:  # refused, cut short, not fairseq's: one line (fairseq's own load of it comes after this check)
+        state = checkpoint_file.fairseq_state(ckpt)
+    except checkpoint_file.CheckpointFileError as e:
+        raise PredictError(str(e)) from None
     if state.get("cfg") is not None:
         return dict(state["cfg"]["task"])
     if state.get("args") is not None:  # fairseq < 0.10: one argparse namespace

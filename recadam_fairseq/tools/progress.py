@@ -5,14 +5,19 @@ terminal gets one line per log interval and per validation, and the errors. ``fo
 log as it grows (the run writes it itself, so a pipe the user closes, ``| head``, loses nothing).
 """
 
+import math
 import os
 import signal
 import sys
 import time
 from typing import Optional
 
-from ..core.forgetting import BLEU_DELTA, forgetting, label
+from ..core.forgetting import BLEU_DELTA, BUDGET, forgetting, label, within_budget
 from .plot_run import parse_log_lines
+
+
+# loggers whose INFO lines the terminal shows too: EWC's Fisher pass before update 1 (its progress, its time, F)
+SHOWN_LOGGERS = ("recadam_fairseq.fisher_source",)
 
 
 def _num(x) -> str:
@@ -21,6 +26,13 @@ def _num(x) -> str:
     except (TypeError, ValueError):
         return str(x)
     return f"{v:.4g}" if abs(v) < 1e4 else f"{v:.0f}"
+
+
+def _float(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return None
 
 
 def _signed(x) -> str:
@@ -32,11 +44,15 @@ def _signed(x) -> str:
 
 def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
     """The terminal's line for one line of fairseq's log, or None: a train interval, a validation,
-    the end of training, a logged warning or error (the script prints the run's error last)."""
+    the end of training, a logged warning or error (the script prints the run's error last), the INFO lines
+    of SHOWN_LOGGERS."""
     stripped = line.rstrip("\n")
     for level in (" | WARNING | ", " | ERROR | "):  # fairseq's and the plug-in's (not Python's warnings)
         if level in stripped:
             return "  " + level.strip(" |").lower() + ": " + stripped.split(level, 1)[1].split(" | ", 1)[-1]
+    for name in SHOWN_LOGGERS:  # the plug-in's own lines a user waits on (EWC's Fisher pass and its F)
+        if f" | INFO | {name} | " in stripped:
+            return "  " + stripped.split(f" | INFO | {name} | ", 1)[1]
     if "done training in" in stripped:
         return "  " + stripped.split("| ", 3)[-1].strip()
     records = parse_log_lines([stripped])
@@ -62,10 +78,15 @@ def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
         best = next((r[k] for k in r if k.startswith(f"{subset}_best_")), None)
         fgt = forgetting(r, subset + "_")  # the forgetting meter's, when the run has one
         bleu = r.get(f"{subset}_{BLEU_DELTA}")  # --eval-bleu-start's change since θ*, on each subset
+        budget = _float(r.get(f"{subset}_{BUDGET}"))  # --forgetting-budget: may this one be checkpoint_best.pt
+        over = budget is not None and not within_budget(fgt[1] if fgt else None, budget)
         return (f"  {subset} at update {r[f'{subset}_num_updates']}: loss {_num(r.get(f'{subset}_loss'))}"
-                + (f", {shown}" if shown else "") + (f" (best {_num(best)})" if best is not None else "")
+                + (f", {shown}" if shown else "") + (f" (best {_num(best)})" if best is not None and
+                                                     math.isfinite(_float(best) or 0) else "")
+                + (" (none within the budget yet)" if best is not None and not math.isfinite(_float(best) or 0) else "")
                 + (f", bleu {_signed(bleu)} since θ*" if bleu is not None else "")
-                + (f", forgetting {fgt[1]:+.4g}: {label(fgt[0])} since θ*" if fgt else ""))
+                + (f", forgetting {fgt[1]:+.4g}: {label(fgt[0])} since θ*" if fgt else "")
+                + (f", over the budget {budget:g}" if over else ""))
     return None
 
 

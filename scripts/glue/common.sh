@@ -1,8 +1,17 @@
 # Shared by finetune.sh and multitask.sh (sourced): asking Python, fp16, the architecture, the run directory.
 # The caller sets SCRIPT_DIR, PYTHON, DRY_RUN and defines die() and note().
 
-# The script's header comment (everything up to `set -euo pipefail`): its usage.
-usage() { sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; }
+# The script's header comment (everything up to `set -euo pipefail`): its usage; then, for a script that takes a
+# METHOD (METHODS_OF set: empty for finetune.sh, --multitask, --seq2seq), the catalogue's METHODs and their variables.
+usage() {
+  sed -n '2,/^set -euo pipefail/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  if [ -n "${METHODS_OF+set}" ]; then
+    local train=${FAIRSEQ_TRAIN:-fairseq-train}
+    echo
+    "${PYTHON:-$(python_of "${train%% *}")}" "$SCRIPT_DIR/prelaunch.py" methods $METHODS_OF ||
+      echo "(python -m recadam_fairseq methods lists them)"
+  fi
+}
 
 # The Python that runs fairseq-train: the first word if it is a python, else the command's shebang
 # (#!/path/python, or #!/usr/bin/env [-S] python3).
@@ -87,16 +96,26 @@ arch_flags() {
 }
 
 # The forgetting meter (docs/forgetting-meter.md): FORGETTING_PROBE=DIR (written by scripts/binarize_probe.py)
-# and FORGETTING_METER [mlm] | pairs become --forgetting-probe / --forgetting-meter on CMD.
+# and FORGETTING_METER [mlm] | pairs become --forgetting-probe / --forgetting-meter on CMD; FORGETTING_BUDGET=X
+# --forgetting-budget X, and BEST_METRIC (the --best-checkpoint-metric to give) fgt_budget_METRIC: checkpoint_best.pt
+# is then the best validation among those that forgot at most X. forgetting_flags METRIC (the task's metric).
 forgetting_flags() {
+  BEST_METRIC=$1
   if [ -z "${FORGETTING_PROBE:-}" ]; then
     [ -z "${FORGETTING_METER:-}" ] || die "FORGETTING_METER=$FORGETTING_METER needs FORGETTING_PROBE=DIR (scripts/binarize_probe.py)"
+    [ -z "${FORGETTING_BUDGET:-}" ] || die "FORGETTING_BUDGET=$FORGETTING_BUDGET needs FORGETTING_PROBE=DIR (scripts/binarize_probe.py)"
     return 0
   fi
   case "${FORGETTING_METER:=mlm}" in mlm|pairs) ;; *) die "FORGETTING_METER must be mlm or pairs, got '$FORGETTING_METER'" ;; esac
   [ "$DRY_RUN" = 1 ] || [ -d "$FORGETTING_PROBE" ] ||
     die "FORGETTING_PROBE=$FORGETTING_PROBE: no such directory (write it with scripts/binarize_probe.py)"
   CMD+=(--forgetting-probe "$FORGETTING_PROBE" --forgetting-meter "$FORGETTING_METER")
+  if [ -n "${FORGETTING_BUDGET:-}" ]; then
+    [[ $FORGETTING_BUDGET =~ ^-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?$ ]] ||
+      die "FORGETTING_BUDGET must be a number (the most a validation may forget), got '$FORGETTING_BUDGET'"
+    CMD+=(--forgetting-budget "$FORGETTING_BUDGET")
+    BEST_METRIC=fgt_budget_$1
+  fi
 }
 
 has_checkpoints() { compgen -G "$1/checkpoint*.pt" > /dev/null; }
@@ -118,7 +137,7 @@ write_command() {
        [ "$(grep -v '^#' "$run/command.sh" | flag_lines)" != "$(echo "$body" | flag_lines)" ]; then
     die "$run was started with another command ($(command_change "$(grep -v '^#' "$run/command.sh")" "$body")): RESTART=1 starts it over with this one, or choose another SAVE_DIR"
   elif [ -f "$run/done" ] && [ "$DRY_RUN" != 1 ]; then
-    echo "== already done: $run (RESTART=1 trains it again)"
+    echo "== already done: $run ($(run_score "$run"); RESTART=1 trains it again)"
     exit 0
   fi
   mkdir -p "$run"
@@ -195,6 +214,12 @@ train_and_mark_done() {
     exit "$rc"
   fi
   date '+%Y-%m-%d %H:%M:%S' > "$run/done"
-  echo "== done: $run ($("$PYTHON" "$SCRIPT_DIR/summarize.py" --run "$run" ${SUMMARY_METRIC:+--metric "$SUMMARY_METRIC"} \
-    2>/dev/null || echo "no dev score in its log"))"
+  echo "== done: $run ($(run_score "$run"))"
+}
+
+# run_score RUN: the run's best dev score, where, and the file holding it (summarize.py --run; SUMMARY_METRIC:
+# that metric, with the other subsets' at its update), for the end line and a finished run's `== already done`.
+run_score() {
+  "$PYTHON" "$SCRIPT_DIR/summarize.py" --run "$1" ${SUMMARY_METRIC:+--metric "$SUMMARY_METRIC"} 2>/dev/null ||
+    echo "no dev score in its log"
 }

@@ -5,10 +5,8 @@
 #   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
 #
 # TASK:   MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B (case-insensitive)
-# METHOD: a method of the catalogue (recadam_fairseq/catalogue.py; the table in docs/glue.md):
-#         adam recadam recadam-coupled r3f r4f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd reinit
-#         recadam-reinit lora mixout recadam-mixout childtune-d childtune-f recadam-childtune-d rdrop
-#         recadam-rdrop. `python -m recadam_fairseq methods METHOD` shows its flags and variables.
+# METHOD: a method of the catalogue (recadam_fairseq/catalogue.py; the table in docs/glue.md), listed with its
+#         variables at the end of this help. `python -m recadam_fairseq methods METHOD` shows its flags.
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Resuming: the same command again continues an interrupted run from its newest checkpoint (fairseq's
@@ -25,15 +23,15 @@
 #   MAX_UPDATE    total updates [the recipe's: 10 epochs]; warmup is scaled in proportion (at least 1), and the
 #                 run stops there however many epochs that takes
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]: a checkpoint (and validation) every N updates
-#   the method's knobs, each from its variable: K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid] (RecAdam),
-#                 R3F_LAMBDA [0.7], RHO [0.05] KEEP_RATIO [0.1] MASK_ITER_E [100] (SAM), LLRD [0.9], REINIT [2],
-#                 LORA_RANK [8] LORA_ALPHA [8], MIXOUT [0.9], CHILD_RATIO [0.3], RDROP_ALPHA [1.0], ...
-#                 (the whole list: python -m recadam_fairseq methods METHOD)
+#   the method's knobs, each from its variable (listed at the end): K [0.1] T0 [1000] GAMMA [5000] (RecAdam),
+#                 EWC_FISHER [task] (ewc, recadam-ewc: task, or a file of scripts/fisher.py), RHO, LLRD, ...
 #   CRITERION     [sentence_prediction_recadam; the method's own where it has one (R3F, R-Drop, the coupled
 #                 objective), which takes no other]; with sentence_prediction the task's metric flag
 #                 (--report-mcc, --report-acc-and-f1, --report-pearson-and-spearman) is added
 #   FORGETTING_PROBE  a probe directory (scripts/binarize_probe.py): the forgetting meter logs what the model
 #                 loses from pretraining at each validation; FORGETTING_METER [mlm] | pairs (docs/forgetting-meter.md)
+#   FORGETTING_BUDGET  with the meter: checkpoint_best.pt is the best validation among those that forgot at most
+#                 this (the masked-LM loss's rise in bits, or the pair AUC's fall)
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train] (may hold several words)
 #   PYTHON        [the interpreter of FAIRSEQ_TRAIN]: reads the recipe, the checkpoint and the machine
 #   RESTART=1     start the run over (its checkpoints and log are deleted)
@@ -49,6 +47,7 @@ die() { echo "finetune.sh: error: $*" >&2; exit 2; }
 note() { echo "finetune.sh: $*" >&2; }
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
+METHODS_OF=""  # usage lists the catalogue's METHODs of this script
 source "$SCRIPT_DIR/common.sh"
 
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
@@ -182,11 +181,11 @@ if [ -n "${FORGETTING_PROBE:-}" ] && [ "$CRITERION" = sentence_prediction ] &&
    [[ " ${METHOD_FLAGS[*]} " != *" --optimizer recadam "* && " ${METHOD_FLAGS[*]} " != *" --optimizer samsgd "* ]]; then
   die "FORGETTING_PROBE needs the plug-in's criterion or optimizer, which carry the meter: CRITERION=sentence_prediction with METHOD $METHOD has neither (leave CRITERION unset)"
 fi
-forgetting_flags
+forgetting_flags "$METRIC"  # BEST_METRIC: METRIC, or with FORGETTING_BUDGET its value within the budget
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
 # MNLI: valid = matched, valid1 = mismatched (data-prep/prepare_glue.py); the first one picks the best checkpoint
 [ "$TASK" != MNLI ] || CMD+=(--valid-subset valid,valid1)
-CMD+=(--best-checkpoint-metric "$METRIC" --maximize-best-checkpoint-metric
+CMD+=(--best-checkpoint-metric "$BEST_METRIC" --maximize-best-checkpoint-metric
   --seed "$SEED" --save-dir "$RUN" --no-epoch-checkpoints
   --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
   --log-format json --log-interval 100
@@ -206,6 +205,7 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
   printf ', "metric": %s, "lr": %s, "batch": %s' "$(json_str "$METRIC")" "$(json_str "$LR")" "$BATCH"
   printf ', "total_updates": %s, "warmup_updates": %s' "$TOTAL" "$WARMUP"
   printf '%s' "$METHOD_JSON"
+  [ -z "${FORGETTING_BUDGET:-}" ] || printf ', "forgetting_budget": %s' "$(json_str "$FORGETTING_BUDGET")"
   printf '}\n'
 } > "$RUN/run.json"
 

@@ -16,12 +16,13 @@
 #   ARCH          [the checkpoint's --arch and sizes]; ca_mtl_roberta_base / _large for the task-conditioned model
 #   MAX_POSITIONS [the checkpoint's]
 #   FREEZE        [lower: the lower half of the layers]; none, or layers such as 0-5 (recadam_fairseq/core/layers.py)
-#   METHOD        [adam] or recadam (K [0.1] T0 [1000] GAMMA [5000] ANNEAL_FUN [sigmoid]: RecAdam on the shared
-#                 weights): the catalogue's methods of the multi-task setting (python -m recadam_fairseq methods)
+#   METHOD        [adam]: a method of the multi-task setting (recadam: RecAdam on the shared weights, K [0.1]
+#                 T0 [1000] ...), listed with their variables at the end of this help
 #   LR [2e-5]  BATCH [32]  EPOCHS [5]  SEED [1]  FP16 [auto: 1 with a CUDA device]  NUM_GPUS [1]
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]
 #   SAVE_DIR      [runs]; the run is $SAVE_DIR/MTL/<ARCH>-<SAMPLING>-<METHOD>/seed$SEED (summarize.py reads it)
-#   FORGETTING_PROBE  [none] the forgetting meter's probe, FORGETTING_METER [mlm] | pairs (docs/forgetting-meter.md)
+#   FORGETTING_PROBE  [none] the forgetting meter's probe, FORGETTING_METER [mlm] | pairs (docs/forgetting-meter.md),
+#                 FORGETTING_BUDGET: checkpoint_best.pt the best glue_avg among the validations that forgot at most it
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train]   PYTHON [fairseq-train's]
 #   RESTART=1     start the run over        DRY_RUN=1     print the command (written to $RUN/command.sh)
 set -euo pipefail
@@ -30,6 +31,7 @@ die() { echo "multitask.sh: error: $*" >&2; exit 2; }
 note() { echo "multitask.sh: $*" >&2; }
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO_DIR=$(cd "$SCRIPT_DIR/../.." && pwd)
+METHODS_OF=--multitask  # usage lists the catalogue's METHODs of this script
 source "$SCRIPT_DIR/common.sh"
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
 
@@ -100,8 +102,8 @@ CMD=("${TRAIN[@]}" "$DATA_DIR" --user-dir "$USER_DIR"
 [ "$FP16" = 0 ] || CMD+=(--fp16 --fp16-init-scale 4 --threshold-loss-scale 1 --fp16-scale-window 128)
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
 [[ ",$TASKS," != *",MNLI,"* ]] || CMD+=(--valid-subset valid,valid1)  # MNLI-mm as valid1
-forgetting_flags
-CMD+=(--find-unused-parameters --best-checkpoint-metric glue_avg --maximize-best-checkpoint-metric
+forgetting_flags glue_avg  # BEST_METRIC: glue_avg, or with FORGETTING_BUDGET its value within the budget
+CMD+=(--find-unused-parameters --best-checkpoint-metric "$BEST_METRIC" --maximize-best-checkpoint-metric
   --seed "$SEED" --save-dir "$RUN" --no-epoch-checkpoints
   --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
   --log-format json --log-interval 100 "$@")

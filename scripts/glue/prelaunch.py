@@ -5,6 +5,7 @@
                       [--freeze SPEC] [--cuda] [--steps DATA_DIR BATCH GPUS]
     prelaunch.py resume RUN_DIR
     prelaunch.py follow LOG [--offset BYTES] [--metric M] [--pid PID]
+    prelaunch.py methods [--multitask | --seq2seq]
 
 ``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
   --method     METHOD (its name in the catalogue, recadam_fairseq/catalogue.py), METHOD_NAME (the run
@@ -28,6 +29,9 @@
                --max-tokens a batch may hold fewer examples)
 Errors are one line on stderr (exit 2), naming the input.
 
+``methods`` prints the METHODs of the script (finetune.sh's; --multitask: multitask.sh's, --seq2seq:
+scripts/seq2seq/finetune.sh's) and their knobs' variables, from the catalogue: the end of the scripts' --help.
+
 ``follow`` prints the progress lines of fairseq's log LOG as it grows (recadam_fairseq/tools/progress.py)
 until SIGTERM or until process PID (the calling script) is gone.
 
@@ -48,7 +52,7 @@ import shutil
 import struct
 import sys
 import time
-import zipfile
+from typing import List
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))  # the repository: recadam_fairseq without install
@@ -57,16 +61,6 @@ from recadam_fairseq import catalogue  # noqa: E402  (pure Python: no torch)
 from recadam_fairseq.core import glue_tasks  # noqa: E402
 from recadam_fairseq.core.errors import ConfigError  # noqa: E402
 from recadam_fairseq.core.layers import parse_layers  # noqa: E402
-
-# What makes two RoBERTa encoders different shapes: fairseq-train flags read from the checkpoint.
-SIZE_KEYS = ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
-             "activation_fn")
-# ... and two encoder-decoders (transformer*, bart_*); a boolean is its flag when on and off by default
-SEQ2SEQ_SIZE_KEYS = SIZE_KEYS + (
-    "decoder_layers", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "max_source_positions",
-    "max_target_positions", "encoder_normalize_before", "decoder_normalize_before", "share_all_embeddings",
-    "share_decoder_input_output_embed", "layernorm_embedding", "no_scale_embedding")
-
 
 class Stop(Exception):
     """A one-line error for the calling script."""
@@ -79,74 +73,40 @@ class Truncated(Stop):
 
 def load(path: str, what: str):
     """A fairseq checkpoint, memory-mapped (tensors are not read). Truncated if the file is cut short or
-    empty; Stop if it cannot be read for another reason (this Python lacks torch, an unknown pickled type)."""
+    empty; Stop if it cannot be read for another reason (this Python lacks torch, a file carrying code: the
+    plug-in's words, core/checkpoint_file.py)."""
     if not os.path.isfile(path):
         raise Stop(f"{what}: no such file")
-    if os.path.getsize(path) == 0:
-        raise Truncated(f"{what}: an empty file")
-    torch = need("torch")
+    need("torch")
     need("recadam_fairseq.safe_globals")  # the types fairseq pickles
-    if not zipfile.is_zipfile(path):  # torch.save's format: the zip directory is written last
-        raise Truncated(f"{what}: cut short (no zip directory at its end)")
+    checkpoint_file = need("recadam_fairseq.core.checkpoint_file")
     try:
-        return torch.load(path, map_location="cpu", mmap=True, weights_only=True)
-    except (EOFError, zipfile.BadZipFile) as e:
-        raise Truncated(f"{what}: cut short ({type(e).__name__})") from None
-    except Exception as e:  # noqa: BLE001 - any other failure: say what it is, do not guess
-        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
-        if "PytorchStreamReader failed" in first:
-            raise Truncated(f"{what}: cut short ({first[:120]})") from None
-        raise Stop(f"{what}: cannot be read: {first[:200]}") from None
+        return checkpoint_file.load(path, what)
+    except checkpoint_file.CheckpointFileError as e:
+        raise (Truncated if e.cut_short else Stop)(str(e)) from None
 
 
-def model_config(state: dict) -> dict:
-    """The model's arguments: cfg.model (fairseq >= 0.10) or the legacy args namespace."""
-    cfg = state.get("cfg") or {}
-    model = cfg.get("model") if isinstance(cfg, dict) else None
-    if model is None:
-        model = state.get("args")
-    if model is None:
-        return {}
-    return dict(model) if isinstance(model, dict) else vars(model)
+def arch_of(path: str, what: str, arch_given: str = "", keys=None) -> dict:
+    need("fairseq.models")
+    from recadam_fairseq.tools import checkpoint_arch as ca
 
-
-def arch_of(path: str, what: str, arch_given: str = "", keys=SIZE_KEYS) -> dict:
-    m = model_config(load(path, what))
-    arch = m.get("arch") or m.get("_name")
-    if not arch:
-        raise Stop(f"{what}: the checkpoint does not say its architecture (no cfg.model.arch): set ARCH")
-    defaults = arch_defaults(arch)
-    flags = []
-    for k in keys:
-        if k not in m or m[k] is None or str(m[k]) == str(defaults.get(k)):
-            continue
-        if isinstance(m[k], bool):  # a store_true flag: only its being on can be said
-            flags += [f"--{k.replace('_', '-')}"] if m[k] and not defaults.get(k) else []
-        else:
-            flags += [f"--{k.replace('_', '-')}", str(m[k])]
-    if arch_given:  # the model ARCH builds must be the one the checkpoint holds
-        want = arch_defaults(arch_given)
-        size = [(k, want.get(k), m.get(k)) for k in ("encoder_layers", "encoder_embed_dim")]
-        if any(w is not None and h is not None and int(w) != int(h) for _, w, h in size):
-            (_, wl, hl), (_, wd, hd) = size
-            raise Stop(f"ARCH={arch_given} builds {wl} layers of width {wd}, but {what} holds {hl} layers of width "
-                       f"{hd}: leave ARCH unset to take the checkpoint's ({arch} {' '.join(flags)})".rstrip(" )") + ")")
-    return {"CKPT_ARCH": arch, "CKPT_ARCH_FLAGS": " ".join(flags),
-            "CKPT_MAX_POSITIONS": int(m.get("max_positions") or m.get("tokens_per_sample") or 512),
-            "CKPT_LAYERS": int(m.get("encoder_layers") or defaults.get("encoder_layers") or 0)}
+    m = ca.model_config(load(path, what))
+    try:
+        arch, flags = ca.arch_flags(m, what, keys or ca.SIZE_KEYS)
+        why = ca.mismatch(m, arch_given, what, "ARCH=", "leave ARCH unset") if arch_given else None
+    except ca.ArchError as e:
+        raise Stop(f"{e}: set ARCH") from None
+    if why:  # the model ARCH builds must be the one the checkpoint holds
+        raise Stop(why)
+    return {"CKPT_ARCH": arch, "CKPT_ARCH_FLAGS": " ".join(flags), "CKPT_MAX_POSITIONS": ca.max_positions(m),
+            "CKPT_LAYERS": int(m.get("encoder_layers") or ca.arch_defaults(arch).get("encoder_layers") or 0)}
 
 
 def arch_defaults(arch: str) -> dict:
-    """The sizes fairseq's --arch ARCH sets when the flags do not."""
-    ARCH_CONFIG_REGISTRY = need("fairseq.models").ARCH_CONFIG_REGISTRY
-    import recadam_fairseq
+    need("fairseq.models")
+    from recadam_fairseq.tools.checkpoint_arch import arch_defaults as defaults
 
-    recadam_fairseq.register()  # ca_mtl_roberta_* archs
-    if arch not in ARCH_CONFIG_REGISTRY:
-        return {}
-    ns = argparse.Namespace()
-    ARCH_CONFIG_REGISTRY[arch](ns)
-    return vars(ns)
+    return defaults(arch)
 
 
 def num_updates(state: dict) -> int:
@@ -222,11 +182,13 @@ def need(module: str):
 # --------------------------------------------------------------------------- main
 def method_plan(name: str, env, multitask: bool = False, seq2seq: bool = False) -> dict:
     """What METHOD adds to the task scripts' command, its knobs read from ``env``."""
-    shown = [n for n in catalogue.names(scripts=True, seq2seq=seq2seq) if catalogue.METHODS[n].multitask or not multitask]
+    shown = script_methods(multitask, seq2seq)
     try:
         m = catalogue.get(name)
     except catalogue.UnknownMethod:
-        raise Stop(f"unknown METHOD '{name}'; choose one of {' '.join(shown)}") from None
+        near = catalogue.closest(name, shown)
+        raise Stop(f"unknown METHOD '{name}'" + (f" (did you mean {near}?)" if near else "")
+                   + f"; choose one of {' '.join(shown)}") from None
     if m.name not in shown:
         raise Stop(f"METHOD {name} is not one of this script's; choose one of {' '.join(shown)}"
                    + ("" if m.scripts else " (it runs in the comparison: scripts/forgetting/run.py --methods)")
@@ -243,6 +205,27 @@ def method_plan(name: str, env, multitask: bool = False, seq2seq: bool = False) 
             "METHOD_FT": int(m.needs_ft), "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
             "METHOD_SETTINGS": " ".join(f"{knobs[k].var}={v}" for k, v in values.items()),
             "METHOD_JSON": "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in m.settings(values).items())}
+
+
+def script_methods(multitask: bool = False, seq2seq: bool = False) -> List[str]:
+    """The METHODs a task script takes, in the catalogue's order."""
+    return [n for n in catalogue.names(scripts=True, seq2seq=seq2seq) if catalogue.METHODS[n].multitask or not multitask]
+
+
+def methods_help(multitask: bool = False, seq2seq: bool = False) -> str:
+    """The scripts' --help on METHOD, from the catalogue: the names, then each knob's variable, default and flag."""
+    import textwrap
+
+    names = script_methods(multitask, seq2seq)
+    lines = ["METHOD (the catalogue, recadam_fairseq/catalogue.py; python -m recadam_fairseq methods METHOD: one in full):"]
+    lines += textwrap.wrap(" ".join(names), 100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+    lines.append("The methods' knobs, each from its variable [default]:")
+    for key, knob in catalogue.KNOBS.items():
+        users = [n for n in names if key in catalogue.METHODS[n].knobs]
+        if users:
+            who = ", ".join(users) if len(users) <= 4 else f"{len(users)} methods: {', '.join(users[:3])}, ..."
+            lines.append(f"  {knob.var} [{knob.default}]  {knob.flag}: {knob.help} ({who})")
+    return "\n".join(lines)
 
 
 def plan(args) -> dict:
@@ -272,7 +255,9 @@ def plan(args) -> dict:
             out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
     if args.checkpoint:
         what = f"{'PRETRAINED' if args.seq2seq else 'ROBERTA_PATH'}={args.checkpoint}"
-        out.update(arch_of(args.checkpoint, what, args.arch or "", SEQ2SEQ_SIZE_KEYS if args.seq2seq else SIZE_KEYS))
+        from recadam_fairseq.tools.checkpoint_arch import SEQ2SEQ_SIZE_KEYS
+
+        out.update(arch_of(args.checkpoint, what, args.arch or "", SEQ2SEQ_SIZE_KEYS if args.seq2seq else None))
     if args.ft:
         if args.arch:
             out["ARCH"] = ft_arch(args.arch, "ARCH")
@@ -327,6 +312,9 @@ def main(argv=None) -> int:
     p.add_argument("--steps", nargs=3, metavar=("DATA_DIR", "BATCH", "GPUS"))
     r = sub.add_parser("resume")
     r.add_argument("run_dir")
+    m = sub.add_parser("methods")
+    m.add_argument("--multitask", action="store_true")
+    m.add_argument("--seq2seq", action="store_true")
     f = sub.add_parser("follow")
     f.add_argument("log")
     f.add_argument("--offset", type=int, default=0)
@@ -338,7 +326,9 @@ def main(argv=None) -> int:
             from recadam_fairseq.tools import progress
 
             return progress.follow(args.log, args.offset, args.metric, args.pid)
-        if args.cmd == "resume":
+        if args.cmd == "methods":
+            print(methods_help(args.multitask, args.seq2seq))
+        elif args.cmd == "resume":
             print(resume(args.run_dir))
         else:
             for k, v in plan(args).items():  # a list as a bash array

@@ -23,7 +23,11 @@ left out of the tables unless --include-unfinished.
 Runs with the forgetting meter (FORGETTING_PROBE=..., docs/forgetting-meter.md) show, per run, the forgetting
 at the chosen validation: the masked-LM loss's rise since θ* (bits) or the pair AUC's fall. With
 --forgetting-budget X, a run's best validation is the best among those that forgot at most X (a run without
-the meter: among all, noted); its update is where that checkpoint is (kept when saved at that update).
+the meter: among all, noted); without it, a run trained with a budget (FORGETTING_BUDGET, --forgetting-budget)
+is read with its own. Of equal scores the later validation is taken, as fairseq's checkpoint_best.pt takes it.
+Each run names the file that holds the chosen validation's weights: checkpoint_best.pt when it is the one
+fairseq kept there (a run trained with the same budget, or none with none), else a numbered, epoch or last
+checkpoint saved at that update and still there, else none.
 Translation runs (scripts/seq2seq/finetune.sh, laid out as RUNS_DIR/<DATA>/<METHOD>/seed<N>/, scored by the
 metric run.json names: bleu) forget in BLEU: its fall since θ* on the subsets after ``valid`` (the original
 domain's), from the ``bleu_delta`` that --eval-bleu-start logs; --forgetting-budget applies to it as above.
@@ -46,7 +50,7 @@ from collections import defaultdict
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 from recadam_fairseq import catalogue  # noqa: E402  (pure Python: the methods)
 from recadam_fairseq.core import glue_tasks  # noqa: E402  (pure Python: the GLUE task table)
-from recadam_fairseq.core.forgetting import forgetting, label  # noqa: E402  (pure Python: the meter's names)
+from recadam_fairseq.core.forgetting import BUDGET, forgetting, label, within_budget  # noqa: E402  (the meter's names)
 from recadam_fairseq.core.glue_tasks import head_name  # noqa: E402
 
 TASKS = glue_tasks.RECIPE_TASKS
@@ -108,6 +112,56 @@ def parse_log(path):
 
 
 OTHERS = "_others"  # a valid entry's key for {subset: entry} of the other subsets validated at its update
+SAVED = re.compile(r"Saved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates")
+
+
+def saved_checkpoints(path):
+    """{update: the file fairseq named when it saved there} from its "Saved checkpoint" lines (the first of the
+    files written at that update: epoch, numbered, best, last, in fairseq's order)."""
+    out = {}
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            m = SAVED.search(line)
+            if m:
+                out[int(m.group(3))] = os.path.basename(m.group(1))
+    return out
+
+
+def run_budget(entries):
+    """The --forgetting-budget the run was trained with (the meter logs it at each validation), or None."""
+    return next((b for b in (to_float(e.get(BUDGET)) for e in reversed(entries)) if b is not None), None)
+
+
+def best_checkpoint_update(entries, saves):
+    """The update of the validation fairseq's checkpoint_best.pt holds: the last one saved whose score under the
+    run's --best-checkpoint-metric (the one with a logged best_<metric>) equals that best (fairseq rewrites
+    checkpoint_best.pt on a tie); None when the log cannot say."""
+    tracked = next((k[len("best_"):] for e in entries for k in e if k.startswith("best_")), None)
+    found = None
+    for e in entries:
+        x, best, n = to_float(e.get(tracked)), to_float(e.get(f"best_{tracked}")), to_float(e.get("num_updates"))
+        if tracked and x is not None and n is not None and int(n) in saves and (best is None or x == best):
+            found = int(n)
+    return found
+
+
+def checkpoint_at(run_dir, entries, at, saves):
+    """The file of ``run_dir`` that holds validation ``at``'s weights, or a note saying there is none."""
+    n = to_float(at.get("num_updates"))
+    if n is None:
+        return ""
+    n, epoch = int(n), at.get("epoch")
+    have = set(os.listdir(run_dir)) if os.path.isdir(run_dir) else set()
+    if best_checkpoint_update(entries, saves) == n and "checkpoint_best.pt" in have:
+        return "checkpoint_best.pt"
+    # a numbered or epoch file holds its update for good; checkpoint_best.pt and checkpoint_last.pt are rewritten
+    names = [f"checkpoint_{epoch}_{n}.pt"]
+    if saves.get(n) not in (None, "checkpoint_best.pt", "checkpoint_last.pt"):
+        names.append(saves[n])
+    if saves and n == max(saves):
+        names.append("checkpoint_last.pt")
+    found = next((name for name in names if name in have), None)
+    return found or f"none (no checkpoint of update {n} kept)"
 
 
 def run_forgetting(entry):
@@ -117,15 +171,16 @@ def run_forgetting(entry):
 
 
 def best_of(entries, metric, budget=None):
-    """(best value, its stats) over validations; (None, None) if the metric was never logged. With a
-    forgetting ``budget``: over the validations whose forgetting is at most it (all, without the meter)."""
+    """(best value, its stats) over validations, the later of equal ones (as fairseq's checkpoint_best.pt);
+    (None, None) if the metric was never logged. With a forgetting ``budget``: over the validations whose
+    forgetting is at most it (all, without the meter)."""
     best, at = None, None
     for e in entries:
         f = run_forgetting(e) if budget is not None else None
-        if f is not None and f[1] > budget:
+        if f is not None and not within_budget(f[1], budget):
             continue
         x = to_float(e.get(metric))
-        if x is not None and (best is None or x > best):
+        if x is not None and (best is None or x >= best):
             best, at = x, e
     return best, at
 
@@ -168,7 +223,7 @@ def read_run(run_dir, root, budget=None):
         "seed": seed, "status": "done" if os.path.exists(os.path.join(run_dir, "done")) else "unfinished",
         "metric": metric, "best": None, "best_update": "", "other": "", "mm": None,
         "last_update": "", "total_updates": meta.get("total_updates", ""), "validations": 0, "note": "",
-        "path": rel, "forgetting": None, "forgetting_metric": "",
+        "path": rel, "forgetting": None, "forgetting_metric": "", "budget": budget, "checkpoint": "",
     }
     log = os.path.join(run_dir, "train.log")
     if not os.path.exists(log):
@@ -179,6 +234,8 @@ def read_run(run_dir, root, budget=None):
     entries = valid.get("valid", [])
     run["validations"] = len(entries)
     run["last_update"] = "" if last is None else last
+    if budget is None:  # a run trained with a budget is read with it: its checkpoint_best.pt is that one
+        budget = run["budget"] = run_budget(entries)
     best, at = best_of(entries, metric, budget)
     if best is None:
         run["note"] = f"no {metric} in the validations" if entries else "no validation yet"
@@ -187,6 +244,7 @@ def read_run(run_dir, root, budget=None):
     else:
         run["best"] = best
         run["best_update"] = at.get("num_updates", "")
+        run["checkpoint"] = checkpoint_at(run_dir, entries, at, saved_checkpoints(log))
         fgt = run_forgetting(at)
         if fgt is not None:
             run["forgetting_metric"], run["forgetting"] = label(fgt[0]), fgt[1]
@@ -202,7 +260,8 @@ def read_multitask_run(run_dir, root):
     """A --task glue_multitask run (laid out as MTL/<NAME>/seed<N>): one row per task it trained.
 
     All tasks are scored at one validation, the one with the best ``glue_avg`` (the checkpoint
-    --best-checkpoint-metric glue_avg keeps: one model for every task, as submitted). A user's own
+    --best-checkpoint-metric glue_avg keeps: one model for every task, as submitted; within the run's own
+    forgetting budget when it was trained with one). A user's own
     tasks (``--mt-tasks NAME``, not GLUE) get no row: the run's note names them.
     """
     base = read_run(run_dir, root)
@@ -210,11 +269,12 @@ def read_multitask_run(run_dir, root):
     if not os.path.exists(log):
         return [base]
     valid, _ = parse_log(log)
-    best, at = best_of(valid.get("valid", []), "glue_avg")
+    best, at = best_of(valid.get("valid", []), "glue_avg", base["budget"])
     if best is None:
         base["note"] = "no glue_avg in the validations" if valid.get("valid") else "no validation yet"
         return [base]
     upd = at.get("num_updates", "")
+    base["checkpoint"] = checkpoint_at(run_dir, valid["valid"], at, saved_checkpoints(log))
     glue_heads = {head_name(t) for t in glue_tasks.TASKS}
     own = sorted(k[: -len("_loss")] for k in at if k.endswith("_loss") and not k.startswith("best_")
                  and k[: -len("_loss")] not in glue_heads | {"", "target"})
@@ -337,19 +397,25 @@ def write_csv(path, rows, fields):
 def run_line(run_dir, metric=None):
     """One run in one line, for the end of the task scripts: its best dev score and where. ``metric`` (the
     seq2seq script's bleu): that metric, and each other validated subset's at the same update."""
-    valid, last = parse_log(os.path.join(run_dir, "train.log"))
+    log = os.path.join(run_dir, "train.log")
+    valid, last = parse_log(log)
     entries = valid.get("valid", [])
     given = metric is not None
     metric = metric or ("glue_avg" if any("glue_avg" in e for e in entries) else primary_metric(
         os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))))
-    best, at = best_of(entries, metric)
+    budget = run_budget(entries)
+    best, at = best_of(entries, metric, budget)
     if best is None:
+        if budget is not None and best_of(entries, metric)[0] is not None:
+            return f"every one of its {len(entries)} validations forgot more than its forgetting budget {budget:g}"
         return f"no {metric} in its {len(entries)} validations" if entries else "no validation in its log"
     fgt = run_forgetting(at)
     there = [f"{subset} {metric} {to_float(e[metric]):g}" + (f" ({to_float(e[metric + '_delta']):+g} since θ*)" if
                                                              to_float(e.get(metric + "_delta")) is not None else "")
              for subset, e in (at.get(OTHERS) or {}).items() if given and to_float(e.get(metric)) is not None]
-    return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}, "
+    return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}"
+            + ("" if budget is None else f" within its forgetting budget {budget:g}")
+            + f" ({checkpoint_at(run_dir, entries, at, saved_checkpoints(log))}), "
             f"{len(entries)} validations" + ("" if fgt is None else f", forgetting there {fgt[1]:+.4g} "
                                                                    f"({label(fgt[0])} since θ*)")
             + (f"; there: {', '.join(there)}" if there else ""))
@@ -387,7 +453,7 @@ def main(argv=None):
     # runs.csv
     run_fields = ["task", "method", "config", "k", "t0", "seed", "status", "metric", "best", "best_update", "other",
                   "mm", "validations", "last_update", "total_updates", "note", "path", "forgetting",
-                  "forgetting_metric"]
+                  "forgetting_metric", "budget", "checkpoint"]
     write_csv(os.path.join(out, "runs.csv"), [dict(r, mm=r["mm"]) for r in runs], run_fields)
     # variants.csv
     write_csv(os.path.join(out, "variants.csv"), variants,
@@ -482,10 +548,13 @@ def main(argv=None):
                "What each run lost from pretraining by its best validation (forgetting meter: the masked-LM loss's "
                "rise since θ*, or the pair AUC's fall; translation: BLEU's fall since θ* on the original domain's "
                "subset; positive = forgot)"
-               + (f", the best among validations that forgot at most {budget:g}" if budget is not None else "") + ".",
-               "", "| run | metric | best | update | forgetting | probe |", "|---|---|---|---|---|---|"]
+               + (f", the best among validations that forgot at most {budget:g}" if budget is not None else
+                  ", within the run's own budget where it was trained with one") + ", and the file holding it.",
+               "", "| run | metric | best | update | forgetting | budget | probe | checkpoint |",
+               "|---|---|---|---|---|---|---|---|"]
         md += [f"| {r['path']} | {r['metric']} | {fmt(r['best'])} | {r['best_update']} | {r['forgetting']:+.4f} | "
-               f"{r['forgetting_metric']} |" for r in metered] + [""]
+               f"{'' if r['budget'] is None else format(r['budget'], 'g')} | {r['forgetting_metric']} | "
+               f"{r['checkpoint']} |" for r in metered] + [""]
     noscore = [r for r in runs if r["status"] == "done" and r["best"] is None]
     if noscore:
         md += ["## Finished runs without a score", ""] + [f"- {r['path']}: {r['note']}" for r in noscore] + [""]

@@ -5,10 +5,9 @@
 #
 #   scripts/seq2seq/finetune.sh METHOD [extra fairseq-train args...]
 #
-# METHOD: a method of the catalogue (recadam_fairseq/catalogue.py) that applies to translation: adam recadam
-#         recadam-coupled r3f recadam-r3f sam fsam recadam-fsam llrd recadam-llrd childtune-d childtune-f
-#         recadam-childtune-d rdrop recadam-rdrop. `python -m recadam_fairseq methods METHOD` shows its flags and
-#         variables; its GLUE criterion becomes the seq2seq twin (label_smoothed_cross_entropy_recadam, _r3f, _rdrop).
+# METHOD: a method of the catalogue (recadam_fairseq/catalogue.py) that applies to translation, listed with its
+#         variables at the end of this help. `python -m recadam_fairseq methods METHOD` shows its flags; its GLUE
+#         criterion becomes the seq2seq twin (label_smoothed_cross_entropy_recadam, _r3f, _rdrop).
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
 #
 # Resuming: the same command again continues an interrupted run from its newest checkpoint (checkpoint_last.pt
@@ -47,6 +46,7 @@ die() { echo "finetune.sh: error: $*" >&2; exit 2; }
 note() { echo "finetune.sh: $*" >&2; }
 REPO_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 SCRIPT_DIR=$REPO_DIR/scripts/glue  # the task scripts' shared helpers: common.sh, prelaunch.py, summarize.py
+METHODS_OF=--seq2seq  # usage lists the catalogue's METHODs of this script
 source "$SCRIPT_DIR/common.sh"
 
 case "${1:-}" in -h|--help) usage; exit 0 ;; esac
@@ -141,6 +141,7 @@ CMD+=(--valid-subset "$VALID_SUBSETS" --best-checkpoint-metric bleu --maximize-b
   ${EXTRA[@]+"${EXTRA[@]}"})  # (this form: an empty array is "unbound" to set -u before bash 4.4)
 
 SETTINGS="LR=$LR MAX_TOKENS=$MAX_TOKENS TOTAL=$TOTAL WARMUP=$WARMUP FP16=$FP16 NUM_GPUS=$NUM_GPUS${METHOD_SETTINGS:+ $METHOD_SETTINGS}"
+METRIC=bleu SUMMARY_METRIC=bleu  # the follower's and the end lines' metric
 write_command "$RUN" "$(basename "${DATA:-data}") $METHOD seed $SEED" "$SETTINGS" "${#TRAIN[@]}" "${CMD[@]}"
 
 if [ "$DRY_RUN" = 1 ]; then
@@ -158,5 +159,4 @@ json_str() { local s=${1//\\/\\\\}; printf '"%s"' "${s//\"/\\\"}"; }
 } > "$RUN/run.json"
 
 echo "== $(basename "$DATA") $METHOD seed $SEED -> $RUN"
-METRIC=bleu SUMMARY_METRIC=bleu  # the follower's and the end line's metric
 train_and_mark_done "$RUN"

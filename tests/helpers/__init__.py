@@ -511,12 +511,13 @@ def dumps(save, world):
     return [torch.load(os.path.join(save, f"rank{r}.pt"), map_location="cpu", weights_only=True) for r in range(world)]
 
 
-# the tiny classifier's fairseq-train arguments, without the optimizer, save dir and data
-def tiny_classifier_args():
+def tiny_classifier_args(arch=True):
+    """The tiny classifier's fairseq-train arguments, without the optimizer, save dir and data (``arch``: with its
+    architecture flags)."""
     from recadam_fairseq.tools import make_tiny_roberta
 
     return ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-            "--init-token", "0", "--separator-token", "2", *make_tiny_roberta.TINY_ARCH]
+            "--init-token", "0", "--separator-token", "2", *(make_tiny_roberta.TINY_ARCH if arch else [])]
 
 
 class Tiny:
@@ -659,6 +660,24 @@ def run_jobs(jobs, workers=2):
     for part in run_plan(dict(enumerate(jobs)), workers=workers).values():
         out.update(part)
     return out
+
+
+class _Payload:
+    """Unpickled, it would run a shell command: what a checkpoint from anyone may carry."""
+
+    def __init__(self, command):
+        self.command = command
+
+    def __reduce__(self):
+        return os.system, (self.command,)
+
+
+def code_carrying(path, marker):
+    """A fairseq-looking checkpoint at ``path`` whose unpickling would create ``marker`` (``os.system``, which pickle
+    names posix.system): every reader must refuse it without running it. Returns the refusal's words."""
+    torch.save({"model": {"w": torch.zeros(2)}, "cfg": {"x": _Payload(f"touch {marker}")}}, str(path))
+    return ("refused: loading it would import posix.system, which torch.load's weights-only mode does not do (a "
+            "checkpoint needs only tensors and plain values); load only files you trust")
 
 
 # ----------------------------------------------------------------------------- comparing runs
