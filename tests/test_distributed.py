@@ -7,12 +7,11 @@ exactly the same computation up to the order of the gradient reduction.
 
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import (DIST_FLAGS, TRAIN_ENTRY, anchors, dumps, free_port, json_records, load_ckpt, relative_gap,
+from helpers import (DIST_FLAGS, TRAIN_ENTRY, anchors, dumps, fast_train, free_port, json_records, load_ckpt, relative_gap,
                      run_jobs)
 
 # fp32 sums of the same gradients in another order, then 12 Adam steps (whose normalisation
@@ -159,7 +158,7 @@ def test_launch_script_cpu_local_and_dry_runs(tiny, tmp_path):
     script = os.path.join(os.path.dirname(TRAIN_ENTRY), "..", "scripts", "launch_multinode.sh")
     save = tmp_path / "launched"
     args = [a for a in tiny.finetune_args(save, *DIST_FLAGS, "--max-update", "4") if a != "--cpu"]
-    env = dict(os.environ, NUM_PROCS="2", MASTER_PORT=str(free_port()), FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}")
+    env = dict(os.environ, NUM_PROCS="2", MASTER_PORT=str(free_port()), FAIRSEQ_TRAIN=fast_train())
     out = subprocess.run(["bash", script, "cpu-local", *args], env=env, capture_output=True, text=True, cwd=tiny.root)
     assert out.returncode == 0, (out.stdout + out.stderr)[-4000:]
     ck = load_ckpt(save / "checkpoint_last.pt")

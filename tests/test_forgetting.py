@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import ROOT, load_ckpt
+from helpers import ROOT, fast_interpreter, load_ckpt
 
 from recadam_fairseq.compare import cli, ewc_fisher, measure, methods, plan, plot, prepare, report, runner, stats, summary
 from recadam_fairseq.compare.context import RunContext
@@ -515,13 +515,13 @@ def pipeline(tmp_path_factory, converted):
     epoch's end (update 3), where fairseq writes checkpoint1.pt and no interval checkpoint."""
     work = tmp_path_factory.mktemp("forgetting")
     (work / "README.md").write_text(README_BEFORE)
-    res = cli.main([
-        "--work", str(work), "--results", str(work / "results"), "--sdist-dir", sdists(tmp_path_factory),
-        "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24",
-        "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
-        "--methods", *ALL_METHODS, "--early-every", "1", "--early-methods", "adam", "freeze", "--keep-checkpoints",
-        "--readme", str(work / "README.md")])
-    return work, res
+    argv = ["--work", str(work), "--results", str(work / "results"), "--sdist-dir", sdists(tmp_path_factory),
+            "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24",
+            "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
+            "--methods", *ALL_METHODS, "--early-every", "1", "--early-methods", "adam", "freeze", "--keep-checkpoints",
+            "--readme", str(work / "README.md")]
+    with fast_interpreter():
+        return work, cli.main(argv)
 
 
 def _names():
@@ -722,6 +722,11 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path):
     give the row's numbers again, exactly (one thread, the same seed); so do its interpolations, measured
     in memory and from the files scripts/interpolate.py writes. CA-MTL's run: its own arch, and the checkpoint
     with the most tensors θ* lacks."""
+    with fast_interpreter():
+        _reproduce_a_row(pipeline, tmp_path)
+
+
+def _reproduce_a_row(pipeline, tmp_path):
     name = "ca-mtl-freeze3"
     work, res = pipeline
     (run,) = [r for r in res["runs"] if r["name"] == name]
@@ -760,10 +765,11 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path):
 
 def _same_settings(work, converted, *argv):
     """run.py on the pipeline's work with its settings (so its runs count as done) and ``argv``."""
-    return cli.main([
-        "--work", str(work), "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40",
-        "--snli-pairs", "24", "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4",
-        "--seeds", "3", "--early-every", "1", "--early-methods", "adam", "freeze", *argv])
+    with fast_interpreter():
+        return cli.main([
+            "--work", str(work), "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40",
+            "--snli-pairs", "24", "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1",
+            "--lr", "1e-4", "--seeds", "3", "--early-every", "1", "--early-methods", "adam", "freeze", *argv])
 
 
 def test_changed_alphas_measure_again_without_training(pipeline, converted, capsys):
@@ -873,11 +879,12 @@ def tasks_pipeline(tmp_path_factory, converted):
     common = ["--work", str(work), "--sdist-dir", sdists(tmp_path_factory), "--pretrained-dir", converted,
               "--train-size", "32", "--test-size", "24", "--snli-pairs", "16", "--batch-size", "16",
               "--log-interval", "1", "--seeds", "3", "--early-every", "0", "--interpolate", "0.5"]
-    res = {t: cli.main(common + ["--task", t, "--results", str(work / t), "--updates", "2", "--methods", m,
-                                 "--fisher-examples", "8"])
-           for t, m in (("tweets", "adam"), ("nli", "recadam-ewc:k=0.5,t0=1"))}
-    res["multi"] = cli.main(common + ["--task", "multi", "--results", str(work / "multi"), "--updates", "3",
-                                             "--methods", "recadam-ca-mtl:k=0.5,t0=1,freeze=3"])
+    with fast_interpreter():
+        res = {t: cli.main(common + ["--task", t, "--results", str(work / t), "--updates", "2", "--methods", m,
+                                     "--fisher-examples", "8"])
+               for t, m in (("tweets", "adam"), ("nli", "recadam-ewc:k=0.5,t0=1"))}
+        res["multi"] = cli.main(common + ["--task", "multi", "--results", str(work / "multi"), "--updates", "3",
+                                          "--methods", "recadam-ca-mtl:k=0.5,t0=1,freeze=3"])
     return work, res
 
 

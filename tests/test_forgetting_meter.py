@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import assert_one_line_error, json_records, load_ckpt, run_jobs
+from helpers import assert_one_line_error, fast_python, json_records, load_ckpt, run_jobs
 from recadam_fairseq.core import probes
 from recadam_fairseq.tools import binarize_probe
 
@@ -133,16 +133,19 @@ def test_mlm_meter_at_each_validation_is_that_checkpoint_s(tiny, runs):
     assert sorted(recs) == [4, 8, 12]
     with open(runs["root"] / "mlm" / "forgetting_meter.json") as f:
         start = json.load(f)["start"]
-    for upd in (4, 8):
-        loss, acc = mlm_by_hand(str(runs["root"] / "mlm" / f"checkpoint_1_{upd}.pt"), tiny.cls_bin, runs["mlm"])
+    by_hand = {}
+    for upd in (4, 8, 12):
+        loss, acc = by_hand[upd] = mlm_by_hand(str(runs["root"] / "mlm" / f"checkpoint_1_{upd}.pt"), tiny.cls_bin,
+                                               runs["mlm"])
         r = recs[upd]
         assert float(r["valid_fgt_mlm_loss"]) == pytest.approx(loss, abs=2e-5)
         assert float(r["valid_fgt_mlm_acc"]) == pytest.approx(acc, abs=2e-5)
         assert float(r["valid_fgt_mlm_loss_delta"]) == pytest.approx(loss - start["mlm_loss"], abs=2e-5)
         assert float(r["valid_fgt_mlm_acc_delta"]) == pytest.approx(acc - start["mlm_acc"], abs=2e-5)
     assert abs(float(recs[8]["valid_fgt_mlm_loss_delta"])) > 5e-5  # the encoder moved: a change the log shows
-    # each validation measured anew: a meter that logged one measurement twice would fail the checks above
-    assert abs(float(recs[8]["valid_fgt_mlm_loss"]) - float(recs[4]["valid_fgt_mlm_loss"])) > 1e-4
+    # each validation measured anew: a meter that logged update 4's measurement again at 12 fails the checks above,
+    # as the two checkpoints' losses differ by more than their tolerance
+    assert abs(by_hand[12][0] - by_hand[4][0]) > 1e-4
 
 
 def test_meter_does_not_change_training(runs):
@@ -336,7 +339,7 @@ def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, 
 
     env = {k: v for k, v in os.environ.items() if not k.startswith(("FORGETTING_", "CRITERION", "DRY_RUN"))}
     env.update(ROBERTA_PATH=tiny.pretrained, DATA_DIR=tiny.glue_bin, SAVE_DIR=str(tmp_path / "dry"), DRY_RUN="1",
-               FP16="0", PYTHON=sys.executable, FORGETTING_PROBE=runs["pairs"], FORGETTING_METER="pairs")
+               FP16="0", PYTHON=fast_python(), FORGETTING_PROBE=runs["pairs"], FORGETTING_METER="pairs")
     finetune = os.path.join(ROOT, "scripts", "glue", "finetune.sh")
     p = subprocess.run([finetune, "SST-2", "adam"], env=env, capture_output=True, text=True)
     assert p.returncode == 0, p.stderr

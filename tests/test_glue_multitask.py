@@ -12,14 +12,13 @@ import math
 import os
 import re
 import subprocess
-import sys
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 import torch
 
-from helpers import (ROOT, USER_DIR, dumps, json_records, launch_ranks, load_ckpt, multitask_args, parse_config,
+from helpers import (ROOT, USER_DIR, dumps, fast_python, json_records, launch_ranks, load_ckpt, multitask_args, parse_config,
                      train_multitask)
 from helpers.glue_files import GLUE, WORDS, write_bpe, write_tsv
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
@@ -528,7 +527,7 @@ def test_bad_sampling_mode_and_freeze_range(mt, capsys):
 
 def test_multitask_script_dry_run(mt, tmp_path):
     env = dict(os.environ, DRY_RUN="1", DATA_DIR=str(mt.data), TASKS="cola,sts-b,MNLI", ROBERTA_PATH=mt.pretrained,
-               SAVE_DIR=str(tmp_path), PYTHON=sys.executable, BATCH="4", METHOD="recadam")
+               SAVE_DIR=str(tmp_path), PYTHON=fast_python(), BATCH="4", METHOD="recadam")
     out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh"), "--seed", "5"], env=env,
                          capture_output=True, text=True)
     assert out.returncode == 0, out.stderr

@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT
+from helpers import ROOT, fast_python
 
 E2E = os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py")
 RUN_SH = os.path.join(ROOT, "scripts", "gpu", "run.sh")
@@ -20,7 +20,7 @@ START, END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
 
 
 def _e2e(*args, cwd):
-    return subprocess.run([sys.executable, E2E, *args], capture_output=True, text=True, cwd=cwd)
+    return subprocess.run([fast_python(), E2E, *args], capture_output=True, text=True, cwd=cwd)
 
 
 @pytest.fixture(scope="module")

@@ -31,7 +31,7 @@ from argparse import Namespace
 import pytest
 import torch
 
-from helpers import (ONE_THREAD, TRAIN_ENTRY, USER_DIR, base_env, json_records, launch, launch_ranks, load_ckpt,
+from helpers import (ONE_THREAD, USER_DIR, base_env, fast_train, json_records, launch, launch_ranks, load_ckpt,
                      load_model, one_error_line, parse_config, run_plan, trainable_names, transformer)
 from recadam_fairseq.tools import make_tiny_translation as tiny_mt
 
@@ -709,7 +709,7 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
     env = {k: v for k, v in base_env().items() if k not in mine}
     env.update(base_env(PRETRAINED=os.path.join(pair.setup, "pretrained.pt"), DATA=os.path.join(pair.setup, "b-bin"),
                    SAVE_DIR=str(tmp_path), MAX_UPDATE=8, SAVE_INTERVAL_UPDATES=4, LR="1e-3", K="0.5", T0="4",
-                   GAMMA="500", BEAM=1, MAX_TOKENS=512, FP16=0, FAIRSEQ_TRAIN=f"{sys.executable} {TRAIN_ENTRY}",
+                   GAMMA="500", BEAM=1, MAX_TOKENS=512, FP16=0, FAIRSEQ_TRAIN=fast_train(),
                    OMP_NUM_THREADS=1))
     cmd = [script, "recadam-rdrop", "--cpu", "--num-workers", "0"]
 

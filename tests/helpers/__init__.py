@@ -4,12 +4,12 @@ that spreads launches over the two xdist workers' cores, and the comparisons of 
 Test modules import from here and from conftest's fixtures only: no test module imports another.
 """
 
+import contextlib
 import math
 import os
 import socket
 import subprocess
 import sys
-import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Dict, Iterable, List, Optional
 
@@ -395,103 +395,29 @@ def distributed_args(world, rank, port, device="cpu", backend="legacy_ddp", one_
     return args + (["--distributed-backend", "gloo"] if device == "cpu" or one_gpu else [])
 
 
-# Launches fork from a server that imported torch and fairseq once (the standard library's forkserver): each
-# fairseq-train then starts in ~0.3 s instead of ~3 s of imports, and runs tests/train_entry.py as __main__ with
-# its own argv, environment, working directory and output, as `python train_entry.py ...` would. The plug-in is
-# imported by each run's --user-dir. RECADAM_TEST_FORK=0: a new interpreter per launch.
-FORK = os.environ.get("RECADAM_TEST_FORK", "1") != "0"
-_fork = []
-_fork_lock = threading.Lock()
-
-
-def _fork_context():
-    with _fork_lock:
-        if not _fork:
-            import multiprocessing
-
-            ctx = multiprocessing.get_context("forkserver")
-            ctx.set_forkserver_preload(["helpers.preload"])
-            _fork.append(ctx)
-    return _fork[0]
-
-
-def _entry_in_child(entry, argv, env, cwd, log):
-    """The fork server's child: ``python ENTRY ARGV`` with ``env`` in ``cwd``, stdout and stderr to ``log``."""
-    import atexit
-    import runpy
-
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
-    os.environ.clear()
-    os.environ.update(env)
-    if cwd:
-        os.chdir(cwd)
-    if env.get("OMP_NUM_THREADS"):
-        torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
-    sys.argv = [entry, *argv]
-    code = 0
-    try:
-        runpy.run_path(entry, run_name="__main__")
-    except SystemExit as e:  # as the interpreter ends a script
-        if e.code is not None and not isinstance(e.code, int):
-            print(e.code, file=sys.stderr)
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except BaseException:  # noqa: BLE001 - as the interpreter: sys.excepthook (the plug-in's one line), status 1
-        sys.excepthook(*sys.exc_info())
-        code = 1
-    atexit._run_exitfuncs()
-    sys.stdout.flush()
-    sys.stderr.flush()
-    os._exit(code)
-
-
-class _Forked:
-    """A forked launch with subprocess.Popen's wait() and returncode."""
-
-    def __init__(self, entry, argv, env, cwd, log):
-        self.proc = _fork_context().Process(target=_entry_in_child, args=(entry, argv, env, cwd, log))
-        self.proc.start()
-
-    def wait(self, timeout=None):
-        self.proc.join(timeout)
-        if self.proc.exitcode is None:
-            self.proc.kill()
-            self.proc.join()
-            raise subprocess.TimeoutExpired("fairseq-train (forked)", timeout)
-        return self.returncode
-
-    @property
-    def returncode(self):
-        code = self.proc.exitcode
-        return 128 - code if code is not None and code < 0 else code  # a signal, as a shell reports it
-
-
 def launch(argv_of_rank: Callable[[int], List[str]], save, world=1, env=None, cwd=None, timeout=600,
            entry=TRAIN_ENTRY, check=True, fresh=False):
     """fairseq-train once per rank (``argv_of_rank(rank)``: that rank's arguments, its distributed flags
     included), all at once; each rank's output in SAVE/rank<R>.log (one rank: SAVE/train.log). Returns
-    [(returncode, log)] by rank; ``check``: every rank must succeed. ``fresh``: a new interpreter for each rank
-    (the default forks from the tests' fork server, FORK)."""
+    [(returncode, log)] by rank; ``check``: every rank must succeed. Each rank forks from the tests' fork server
+    (``fast_python()``); ``fresh``: a new interpreter for each rank."""
     os.makedirs(save, exist_ok=True)
-    # what an interpreter reads as it starts (its sys.path; fairseq looks for wandb at import) needs a new one
-    fresh = fresh or (env or {}).get("PYTHONPATH", os.environ.get("PYTHONPATH")) != os.environ.get("PYTHONPATH")
+    python = sys.executable if fresh else fast_python()
     env = dict(os.environ, **(env or {}))
     names = [os.path.join(save, "train.log" if world == 1 else f"rank{rank}.log") for rank in range(world)]
-    procs, files = [], []
+    procs = []
     for rank in range(world):
-        if FORK and not fresh:
-            procs.append(_Forked(entry, list(argv_of_rank(rank)), env, cwd and str(cwd), names[rank]))
-            continue
-        f = open(names[rank], "w")
-        procs.append(subprocess.Popen([sys.executable, entry, *argv_of_rank(rank)], stdout=f,
-                                      stderr=subprocess.STDOUT, env=env, cwd=cwd))
-        files.append(f)
-    for p in procs:
-        p.wait(timeout=timeout)
-    for f in files:
-        f.close()
+        with open(names[rank], "w") as f:
+            procs.append(subprocess.Popen([python, entry, *argv_of_rank(rank)], stdout=f, stderr=subprocess.STDOUT,
+                                          env=env, cwd=cwd))
+    try:
+        for p in procs:
+            p.wait(timeout=timeout)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
     out = [(p.returncode, open(name).read()) for name, p in zip(names, procs)]
     if check:
         for r, (rc, text) in enumerate(out):
@@ -567,6 +493,32 @@ class Tiny:
                            backend=backend, one_gpu=one_gpu, env={"RECADAM_DUMP_DIR": str(save_dir), **(env or {})},
                            cwd=self.root, timeout=timeout)
         return [log for _, log in out]
+
+
+# The processes the task scripts and the comparison start (fairseq-train, prelaunch.py, measure.py, ...): forked
+# from a server that imported torch and fairseq once (helpers/fork_server.py). Not for a test of what a fresh
+# interpreter prints (import-time warnings, the one-line error of a real start-up): those keep sys.executable.
+def fast_python():
+    """A ``python`` whose ``python SCRIPT ARGS`` forks from this worker's server (helpers/fork_server.py)."""
+    from helpers import fork_server
+
+    return fork_server.python()
+
+
+def fast_train(script=TRAIN_ENTRY):
+    """FAIRSEQ_TRAIN for the task scripts: ``script`` (the tests' fairseq-train) through ``fast_python()``."""
+    return f"{fast_python()} {script}"
+
+
+@contextlib.contextmanager
+def fast_interpreter():
+    """sys.executable as ``fast_python()`` (fairseq-train beside it) for an in-process tool, such as the comparison,
+    that starts ``sys.executable SCRIPT`` and its directory's fairseq-train."""
+    import pytest
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys, "executable", fast_python())
+        yield
 
 
 # The env vars the task scripts (scripts/glue, scripts/seq2seq) read: their tests start from none of them set.
