@@ -43,10 +43,6 @@ MULTITASK_SETTINGS = ("adam", "recadam:0.1:25", "ca-mtl:0", "ca-mtl:3", "recadam
                       "recadam-ca-mtl:k=0.1,t0=25,freeze=3", "recadam:0.1:75", "ewc:0.1:50:5", "recadam-ewc:0.1:50:500")
 # WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
 DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
-# relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
-COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2,
-        "rdrop": 2, "recadam-rdrop": 2, "childtune-d": 1.6, "recadam-childtune-d": 1.6,  # D: + one Fisher pass
-        "ewc": 1.3}  # the coupled penalty's gradient over every weight
 
 
 def best_on_movie(rows):
