@@ -114,6 +114,15 @@ def test_run_names_keep_their_old_form():
         "recadam-fsam-k0.1-t1000-g1000-linear-rho0.05"
     assert METHODS["lora"].run_name(at_defaults(METHODS["lora"])) == "lora-r8-a8"
     assert METHODS["r3f"].run_name({"lambda": "0.2"}) == "r3f"
+    # read back (scripts/glue/summarize.py): each method's knobs as named, at the defaults and off them
+    for m in METHODS.values():
+        for values in (at_defaults(m), {k: KNOBS[k].off_default for k in m.knobs}):
+            named = {k: KNOBS[k].name_part(v) if KNOBS[k].name_part else v for k, v in values.items()
+                     if KNOBS[k].tag is not None and not (KNOBS[k].tag_if_changed and v == KNOBS[k].default)}
+            assert catalogue.parse_run_name(m.run_name(values)) == (m.name, named), m.name
+    assert catalogue.parse_run_name("recadam-k1e-05-t100") == ("recadam", {"k": "1e-05", "t0": "100"})
+    assert catalogue.parse_run_name("recadam-k0.1-x") == ("recadam", {})  # settings it cannot read: none
+    assert catalogue.parse_run_name("sgd-k0.1") == ("sgd-k0.1", {})  # no method: the whole name
     with pytest.raises(ValueError, match=r"^RHO='x' is not a number$"):
         KNOBS["rho"].check("x")
     with pytest.raises(ValueError, match=r"^REINIT='1.5' is not an integer$"):
@@ -195,12 +204,8 @@ def test_benchmarks_and_gpu_pass_read_the_catalogue():
 
 
 def e2e_methods():
-    """The GPU pass's methods: each catalogue method it times (its table's rows)."""
-    import ast
-
-    tree = ast.parse(open(os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py"), encoding="utf-8").read())
-    table = next(n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "CATALOGUE")
-    return [k.value for k in table.keys]
+    """The GPU pass's rows: each catalogue method's (its table's rows)."""
+    return [v.label for m in METHODS.values() for v in m.variants("gpu")]
 
 
 def comparison_values(s):
