@@ -6,8 +6,8 @@
 # Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
 # methods with RecAdam's knobs (recadam-*, ewc) once per (k, t0) in KS x T0S, the others once per seed.
 # A run whose `done` marker exists is skipped ("skip"); an unfinished one continues from its newest
-# checkpoint ("resume"; RESTART=1 starts every run of the grid over). A failed run does not stop the grid: the failures are listed at the
-# end (exit 1).
+# checkpoint ("resume"; RESTART=1 starts every run of the grid over). A failed run does not stop the grid:
+# the failures are listed at the end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
 #              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
