@@ -302,7 +302,6 @@ SEQ2SEQ_CRITERIA = {None: "label_smoothed_cross_entropy_recadam",
                     "sentence_prediction_rdrop": "label_smoothed_cross_entropy_rdrop"}
 
 SAM_KNOBS = ("rho", "keep_ratio", "mask_iter_e")
-ESAM_TYPE = ("--sam-type", "esam")
 GPU = Variant("gpu")  # the GPU pass at its own settings
 
 
