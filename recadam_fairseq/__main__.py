@@ -71,7 +71,7 @@ def describe(m: catalogue.Method) -> str:
     if m.scripts:
         lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
     if m.aliases:
-        lines.append(f"  also spelled: {', '.join(m.aliases)}")
+        lines.append(f"  old spelling, still taken: {', '.join(m.aliases)}")
     for other, why in m.refuses:
         lines.append(f"  does not combine with {other}: {why}")
     return "\n".join(lines)
@@ -121,8 +121,7 @@ def glue_table() -> str:
         if not m.scripts:
             continue
         variables = ", ".join(f"`{KNOBS[k].var}` [{KNOBS[k].default}]" for k in m.knobs) or "-"
-        also = f" (also `{'`, `'.join(m.aliases)}`)" if m.aliases else ""
-        rows.append(f"| `{m.name}`{also} | `{flag_text(m, placeholders(m))}` | {variables} | "
+        rows.append(f"| `{m.name}` | `{flag_text(m, placeholders(m))}` | {variables} | "
                     f"`{run_dir_pattern(m)}` | {m.base or '-'} |")
     return "\n".join(rows)
 

@@ -16,7 +16,7 @@ the GPU pass's), what an update costs, and how its run directories are named (:f
 them back); the order of the records is every list's.
 
 RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with
-RecAdam's optimizer and knobs. ``recadam+X`` (the comparison's first spelling) names the same method.
+RecAdam's optimizer and knobs. ``recadam+X``, the comparison's old spelling, is still taken for it.
 One record is named so without being one: ``recadam-ewc`` (EWC's Fisher inside RecAdam's pull; ``ewc`` is
 the coupled EWC loss over adam, and both at once would pull twice); see :attr:`Method.composed_of`.
 
@@ -202,7 +202,8 @@ class Method:
     refuses: Tuple[Tuple[str, str], ...] = ()  # (method, why): combinations it stops with one line
     page: str = ""  # its page in docs/
     scripts: bool = True  # a METHOD of finetune.sh and grid.sh
-    aliases: Tuple[str, ...] = ()  # other spellings of its name (the comparison's recadam+r3f)
+    aliases: Tuple[str, ...] = ()  # old spellings of its name, still taken (recadam+r3f)
+    composed_of: Optional[str] = None  # X when this is RecAdam + X (built by with_recadam)
     cost: float = 1.0  # the time of an update, relative to Adam's (the comparison starts the dearest runs first)
     comparison: bool = True  # a method of the forgetting comparison (scripts/forgetting/run.py --methods)
     translation: bool = False  # a method of the translation comparison (scripts/seq2seq/compare.py)
@@ -214,12 +215,6 @@ class Method:
     @property
     def needs_ft(self) -> bool:
         return self.model == "roberta_ft"
-
-    @property
-    def composed_of(self) -> Optional[str]:
-        """X when this is RecAdam + X (built by :func:`with_recadam`), else None: ``recadam-ewc`` is a method of
-        its own (EWC's Fisher in RecAdam's pull), not RecAdam + ``ewc`` (the coupled EWC loss)."""
-        return self.aliases[0][len("recadam+"):] if self.aliases and self.aliases[0].startswith("recadam+") else None
 
     @property
     def seq2seq(self) -> bool:
@@ -416,6 +411,7 @@ def with_recadam(m: Method) -> Method:
         raise UnknownMethod(f"recadam-{m.name}: {m.name} does not combine with RecAdam ({why})")
     return replace(m, name=f"recadam-{m.name}", summary=f"RecAdam with {m.name}", optimizer="recadam",
                    knobs=RECADAM_KNOBS + m.knobs, base="recadam", aliases=(f"recadam+{m.name}",),
+                   composed_of=m.name,
                    multitask=m.multitask and m.name != "freeze", translation=False, translation_as=None,
                    colour=None, bench=())
 

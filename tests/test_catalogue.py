@@ -218,7 +218,7 @@ def comparison_values(s):
 
 def test_comparison_reads_the_catalogue():
     """The comparison's --methods: every catalogue method's flags, at the comparison's values, are the
-    catalogue's; its recorded spellings (recadam+r3f) and the catalogue's name the same method."""
+    catalogue's; the old spelling (recadam+r3f) names the same method, recorded under the catalogue's name."""
     for name, m in METHODS.items():
         s = comparison.parse(name)
         f = comparison.flags(s, 12)
@@ -230,7 +230,7 @@ def test_comparison_reads_the_catalogue():
         facts = PINNED[name][1]
         assert got == want and f["arch"] == facts.get("model") and f["restore"] == facts.get("restore", True), name
         assert all(comparison.parse(a) == s for a in m.aliases), name
-    assert comparison.setting_name(comparison.parse("recadam-r3f")) == "recadam+r3f-k0.1-t40-g5000-lambda1"
+    assert comparison.setting_name(comparison.parse("recadam+r3f")) == "recadam-r3f-k0.1-t40-g5000-lambda1"
 
 
 def test_the_command_line(tmp_path):

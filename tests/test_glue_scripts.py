@@ -714,7 +714,7 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
         assert os.path.basename(os.path.dirname(run_dir)) == m.run_name(values)
         meta = json.load(open(os.path.join(run_dir, "run.json")))
         assert {k: meta[k] for k in m.settings(values)} == m.settings(values) and meta["method"] == name
-    _, run_dir, _ = fake("MRPC", "recadam+r3f")  # the comparison's spelling: the same method and directory
+    _, run_dir, _ = fake("MRPC", "recadam+r3f")  # the old spelling, still taken: the same method and directory
     assert os.path.basename(os.path.dirname(run_dir)) == "recadam-r3f-k0.1-t1000"
 
 

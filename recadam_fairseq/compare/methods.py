@@ -9,7 +9,7 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     recadam-random-init:0.1:40   no --restore-file: random weights, the pull recalls θ* (the paper's choice)
     r3f:1   r4f:1             λ of the consistency term (R4F: + spectral norm on the head)
     sam:0.05   fsam:0.05      ρ (fsam: SAM with FSAM's Fisher mask, keep ratio 0.1)
-    recadam+r3f:k=0.1,t0=40,lambda=1      recadam+fsam:k=0.1,t0=40,rho=0.05
+    recadam-r3f:k=0.1,t0=40,lambda=1      recadam-fsam:k=0.1,t0=40,rho=0.05
     freeze:3                  the embeddings and encoder layers 0..N-1 frozen (glue_multitask's freezing)
     ca-mtl:0   ca-mtl:3       CA-MTL's task-conditioned encoder (ca_mtl_roberta) on the target task,
                               encoder layers 0..N-1 frozen (the paper freezes the lower half)
@@ -31,8 +31,8 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
 Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed), the
 catalogue's (recadam_fairseq/catalogue.py: its flags, knobs and models); nothing here runs anything. The
 comparison's own choices: which knobs a spec varies (the rest at the catalogue's defaults or pinned
-below), t0 and R3F's λ defaults for its 200-update runs, and the names its runs were recorded under
-(``recadam+r3f``, ``recadam+fsam``: the catalogue's recadam-r3f, recadam-fsam; both spellings are taken).
+below), t0 and R3F's λ defaults for its 200-update runs. A spec's name is the catalogue's (its old spelling
+``recadam+X`` is taken too, and recorded under the catalogue's).
 In the multi-task setting (``flags(..., multitask=True)``) every run trains on all the target tasks at
 once through ``--task glue_multitask`` (uniform task sampling), and only the methods of
 MULTITASK_METHODS are allowed.
@@ -47,9 +47,8 @@ from .. import catalogue
 PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8", "fisher": "task"}
 SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha", "fisher")
 DEFAULTS = {"t0": 40.0, "lambda": 1.0}  # the comparison's own, for its 200-update runs
-RECORDED_AS = {"recadam-r3f": "recadam+r3f", "recadam-fsam": "recadam+fsam"}  # the recorded runs' spelling
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
-    RECORDED_AS.get(n, n): tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
+    n: tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
     for n, m in catalogue.METHODS.items() if m.comparison}
 INT_KNOBS = tuple(k for k, knob in catalogue.KNOBS.items() if knob.type is int and k not in SPEC_EXCLUDED)
 # knob: (default, its prefix in run names); gamma None: --gamma
@@ -60,7 +59,7 @@ RECADAM = ("k", "t0", "gamma")
 # the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
 MT_TASK = "SST-2"
 # what the multi-task setting compares: plain RoBERTa and CA-MTL, each with and without RecAdam
-MULTITASK_METHODS = tuple(RECORDED_AS.get(n, n) for n, m in catalogue.METHODS.items() if m.multitask and m.comparison)
+MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask and m.comparison)
 
 
 class MethodError(ValueError):
@@ -75,7 +74,6 @@ def parse(spec: str, gamma: float = 5000.0) -> dict:
     """``NAME[:VALUES]`` -> {"method": NAME, knob: value, ...}; errors name the spec."""
     name, _, rest = spec.strip().partition(":")
     name = catalogue.ALIASES.get(name, name)
-    name = RECORDED_AS.get(name, name)
     if name not in METHODS:
         raise MethodError(f"--methods {spec!r}: unknown method {name!r}; known: {', '.join(METHODS)}")
     knobs = METHODS[name]

@@ -11,7 +11,7 @@ DEFAULT_METHODS = (
     "recadam-ewc:0.1:50:500", "recadam-ewc:0.1:50:5000", "recadam-ewc:0.1:50:10000",
     "r3f:1", "r3f:5", "r4f:1",
     "sam:0.05", "sam:0.2", "fsam:0.05", "fsam:0.2",
-    "recadam+r3f:k=0.1,t0=50,lambda=1", "recadam+fsam:k=0.1,t0=50,rho=0.05",
+    "recadam-r3f:k=0.1,t0=50,lambda=1", "recadam-fsam:k=0.1,t0=50,rho=0.05",
     "freeze:2", "freeze:4", "freeze:6",
     "ca-mtl:0", "ca-mtl:3",
     "llrd:0.9", "llrd:0.7", "recadam-llrd:k=0.1,t0=25,decay=0.9",
@@ -27,7 +27,7 @@ DEFAULT_METHODS = (
 TASK_METHODS = (
     "adam", "recadam:0.1:25", "recadam-coupled:0.1:50", "recadam-random-init:0.1:50",
     "ewc:0.1:50:5", "recadam-ewc:0.1:50:500", "r3f:1", "r4f:1", "sam:0.05", "fsam:0.05",
-    "recadam+r3f:k=0.1,t0=50,lambda=1", "recadam+fsam:k=0.1,t0=50,rho=0.05",
+    "recadam-r3f:k=0.1,t0=50,lambda=1", "recadam-fsam:k=0.1,t0=50,rho=0.05",
     "freeze:2", "ca-mtl:0",
     "llrd:0.9", "recadam-llrd:k=0.1,t0=25,decay=0.9", "reinit:1", "recadam-reinit:k=0.1,t0=25,reinit=1", "lora:8",
     "mixout:0.5", "recadam-mixout:k=0.1,t0=25,p=0.9", "childtune-d:0.3", "recadam-childtune-d:k=0.1,t0=25,ratio=0.3",
