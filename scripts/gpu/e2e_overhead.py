@@ -4,9 +4,9 @@
 Generates a RoBERTa-sized setup (random "pretrained" weights after one masked-LM update, a
 50,265-symbol dictionary, GLUE-length sentences of 64 to 126 tokens, two classes), then runs
 ``fairseq-train`` (through ``train_peak.py``, which adds the peak CUDA memory) once per method
-and round, the order rotating by round. Each method's flags come from the forgetting harness
-(recadam_fairseq/compare/methods.py, on the catalogue of methods), so the commands are the ones the
-comparison ran.
+and round, the order rotating by round. Its rows are the catalogue's GPU rows (recadam_fairseq/catalogue.py:
+each method's, against its base's) and their flags come from the forgetting harness
+(recadam_fairseq/compare/methods.py), so the commands are the ones the comparison ran.
 
     python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
     python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
