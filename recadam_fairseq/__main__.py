@@ -3,6 +3,7 @@
     python -m recadam_fairseq --user-dir          the directory to pass to fairseq's --user-dir
     python -m recadam_fairseq methods             every method of the catalogue, one line each
     python -m recadam_fairseq methods NAME        one method: its knobs, flags, model, base, run directory
+                                                  (wise-ft: the tool on a finished run that WiSE-FT is)
     python -m recadam_fairseq methods --write-docs   the method tables of README.md and docs/glue.md
 """
 
@@ -11,15 +12,12 @@ import os
 import sys
 
 from . import catalogue
-from .catalogue import KNOBS, METHODS, MODELS
+from .catalogue import KNOBS, METHODS, MODELS, TOOLS
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the generated tables: (page, start marker, end marker, renderer)
 DOC_TABLES = (("README.md", "<!-- methods:start -->", "<!-- methods:end -->", "readme"),
               ("docs/glue.md", "<!-- glue-methods:start -->", "<!-- glue-methods:end -->", "glue"))
-# after training, not a set of fairseq-train flags: the README's table lists it too
-WISE_FT = ("| WiSE-FT | (1−α)·θ* + α·θ_ft after training: no training at all | - | "
-           "`scripts/interpolate.py CKPT --pretrained PT --alpha 0.5 --out OUT` | [wise-ft.md](docs/wise-ft.md) |")
 
 
 def placeholders(m: catalogue.Method) -> dict:
@@ -73,10 +71,16 @@ def describe(m: catalogue.Method) -> str:
     if m.scripts:
         lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
     if m.aliases:
-        lines.append(f"  also spelled: {', '.join(m.aliases)}")
+        lines.append(f"  old spelling, still taken: {', '.join(m.aliases)}")
     for other, why in m.refuses:
         lines.append(f"  does not combine with {other}: {why}")
     return "\n".join(lines)
+
+
+def describe_tool(t: catalogue.Tool) -> str:
+    """A tool on a finished run (WiSE-FT), for the command line: no METHOD, no training."""
+    return (f"{t.name}: {t.title}, {t.summary}\n  not a METHOD: a tool on a finished run's checkpoint\n"
+            f"  run: {t.command}\n  page: docs/{t.page}")
 
 
 def listing() -> str:
@@ -85,6 +89,7 @@ def listing() -> str:
     for m in METHODS.values():
         knobs = " ".join(f"{KNOBS[k].var}[{KNOBS[k].default}]" for k in m.knobs)
         rows.append(f"{m.name:<{width}}  {m.base or '-':<8} {knobs}" + ("" if m.scripts else "  (comparison only)"))
+    rows += [f"{t.name:<{width}}  {'-':<8} (a tool on a finished run: {t.command.split()[0]})" for t in TOOLS.values()]
     return "\n".join(rows + ["", "python -m recadam_fairseq methods NAME: its flags, model and run directory"])
 
 
@@ -102,7 +107,7 @@ def readme_table() -> str:
         page = m.page.split("#")[0]
         rows.append(f"| {m.name} | {m.summary} | {'`' + m.name + '`' if m.scripts else '-'} | "
                     f"`{flag_text(m, values)}` | [{page}](docs/{m.page}) |")
-    rows.append(WISE_FT)
+    rows += [f"| {t.title} | {t.summary} | - | `{t.command}` | [{t.page}](docs/{t.page}) |" for t in TOOLS.values()]
     rows += ["", "RecAdam combines with " + ", ".join(f"`{n}`" for n in combined) + " as METHOD `recadam-X`: X's "
              "flags on RecAdam's optimizer. `python -m recadam_fairseq methods NAME` prints a method's flags, "
              "variables and run directory."]
@@ -116,8 +121,7 @@ def glue_table() -> str:
         if not m.scripts:
             continue
         variables = ", ".join(f"`{KNOBS[k].var}` [{KNOBS[k].default}]" for k in m.knobs) or "-"
-        also = f" (also `{'`, `'.join(m.aliases)}`)" if m.aliases else ""
-        rows.append(f"| `{m.name}`{also} | `{flag_text(m, placeholders(m))}` | {variables} | "
+        rows.append(f"| `{m.name}` | `{flag_text(m, placeholders(m))}` | {variables} | "
                     f"`{run_dir_pattern(m)}` | {m.base or '-'} |")
     return "\n".join(rows)
 
@@ -144,6 +148,9 @@ def methods_main(argv) -> int:
         return 0
     if args.name is None:
         print(listing())
+        return 0
+    if args.name.lower() in TOOLS:
+        print(describe_tool(TOOLS[args.name.lower()]))
         return 0
     try:
         print(describe(catalogue.get(args.name)))

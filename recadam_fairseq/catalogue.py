@@ -11,16 +11,22 @@ flag, a default and the variable the task scripts read it from). Its consumers:
 - the docs' method tables (``python -m recadam_fairseq methods --markdown``) and the command line
   (``python -m recadam_fairseq methods [NAME]``).
 
+The records also say which consumers take a method (the task scripts, the comparisons, the benchmarks' rows and
+the GPU pass's), what an update costs, and how its run directories are named (:func:`parse_run_name` reads
+them back); the order of the records is every list's.
+
 RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with
-RecAdam's optimizer and knobs. ``recadam+X`` (the comparison's first spelling) names the same method.
+RecAdam's optimizer and knobs. ``recadam+X``, the comparison's old spelling, is still taken for it.
 One record is named so without being one: ``recadam-ewc`` (EWC's Fisher inside RecAdam's pull; ``ewc`` is
 the coupled EWC loss over adam, and both at once would pull twice); see :attr:`Method.composed_of`.
 
-Adding a method: one :class:`Method` record in ``_SINGLE`` (and its knobs in ``KNOBS``), its code,
-its tests and its page in docs/ (ARCHITECTURE.md's worked example).
+Adding a method: one :class:`Method` record in ``_RECORDS`` (and its knobs in ``KNOBS``), its code,
+its tests and its page in docs/ (ARCHITECTURE.md's worked example). WiSE-FT is no method (no training): a
+:class:`Tool` on a finished run.
 """
 
 import os
+import re
 from dataclasses import dataclass, replace
 from typing import Callable, Dict, List, Mapping, Optional, Tuple
 
@@ -39,6 +45,13 @@ class Knob:
     type: type  # float, int or str: what a value must parse as
     flag: str  # the fairseq-train flag it sets
     help: str
+    # where its flags go: optimizer, criterion or extra (the model's); recadam: where RecAdam lives (the optimizer,
+    # or the criterion for the coupled objective)
+    group: str = "recadam"
+    off_default: str = ""  # a valid value other than the default (the tests' knob turned)
+    label: Optional[str] = None  # its word in the comparison's labels (default: key)
+    # the values the comparison takes: (interval, what) with "layers" for the encoder's; unbounded: [0, inf)
+    bounds: Optional[Tuple[str, str]] = None
     tag: Optional[str] = None  # its prefix in the task scripts' run-directory names; None: not in the name
     tag_if_changed: bool = False  # in the name only when it is not the default (GAMMA, ANNEAL_FUN)
     json: Optional[str] = None  # its key in run.json (default: key)
@@ -62,6 +75,21 @@ class Knob:
             raise ValueError(f"{self.var}={value}: {why}")
         return value
 
+    def out_of_bounds(self, value: float, num_layers: int) -> Optional[str]:
+        """Why the comparison cannot take ``value`` (its :attr:`bounds`; ``layers``: ``num_layers``), or None."""
+        if not self.bounds:
+            return None
+        interval, what = self.bounds
+        lo, hi = (x.strip() for x in interval[1:-1].split(","))
+        top = num_layers if hi == "layers" else float(hi)
+        ok = (value > float(lo) if interval[0] == "(" else value >= float(lo)) and (
+            value < top if interval[-1] == ")" else value <= top)
+        if ok:
+            return None
+        if hi == "layers":
+            return f"{value} {what}, the encoder has {num_layers}"
+        return f"{what} must be " + (f">= {lo}" if hi == "inf" else f"in {interval}")
+
 
 def _fisher_name(value: str) -> str:
     """A Fisher file in run names: its file name without the extension (``task`` is the default, not named)."""
@@ -84,40 +112,50 @@ def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
 
 KNOBS: Dict[str, Knob] = {k.key: k for k in (
     Knob("anneal_fun", "ANNEAL_FUN", "sigmoid", str, "--recadam-anneal-fun", "λ(t)'s schedule: sigmoid, linear "
-         "or constant", tag="", tag_if_changed=True),
-    Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k"),
-    Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t"),
+         "or constant", tag="", tag_if_changed=True, off_default="linear"),
+    Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k", off_default="0.3"),
+    Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t", off_default="77"),
     Knob("gamma", "GAMMA", "5000", float, "--recadam-pretrain-cof", "γ: the pull toward θ*", tag="g",
-         tag_if_changed=True),
+         tag_if_changed=True, off_default="123", label="γ"),
     Knob("lambda", "R3F_LAMBDA", "0.7", float, "--r3f-lambda", "the weight of R3F's consistency term",
-         json="r3f_lambda"),
+         json="r3f_lambda", group="criterion", off_default="0.2", label="λ"),
     Knob("eps", "R3F_EPS", "1e-05", float, "--eps", "the range of R3F's noise on the embeddings", json="r3f_eps",
-         implicit=True),
-    Knob("rho", "RHO", "0.05", float, "--rho", "SAM's radius ρ", tag="rho"),
-    Knob("keep_ratio", "KEEP_RATIO", "0.1", float, "--keep-ratio", "FSAM: the fraction of weights perturbed"),
-    Knob("mask_iter_e", "MASK_ITER_E", "100", int, "--mask-iter-e", "FSAM: updates between Fisher masks"),
+         implicit=True, group="criterion", off_default="2e-05"),
+    Knob("rho", "RHO", "0.05", float, "--rho", "SAM's radius ρ", tag="rho", group="optimizer", off_default="0.11",
+         label="ρ"),
+    Knob("keep_ratio", "KEEP_RATIO", "0.1", float, "--keep-ratio", "FSAM: the fraction of weights perturbed",
+         group="optimizer", off_default="0.2"),
+    Knob("mask_iter_e", "MASK_ITER_E", "100", int, "--mask-iter-e", "FSAM: updates between Fisher masks",
+         group="optimizer", off_default="7"),
     Knob("decay", "LLRD", "0.9", float, "--layer-lr-decay", "the lr factor per layer, top down", tag="d",
-         json="layer_lr_decay"),
+         json="layer_lr_decay", group="optimizer", off_default="0.8", label="lr decay",
+         bounds=("(0, 1]", "the lr decay")),
     Knob("reinit", "REINIT", "2", int, "--reinit-layers", "top encoder layers re-initialised", tag="n",
-         json="reinit_layers"),
-    Knob("rank", "LORA_RANK", "8", int, "--lora-rank", "LoRA's rank r", tag="r", json="lora_rank"),
+         json="reinit_layers", group="extra", off_default="1", label="re-initialised layers",
+         bounds=("(0, layers]", "re-initialised layers")),
+    Knob("rank", "LORA_RANK", "8", int, "--lora-rank", "LoRA's rank r", tag="r", json="lora_rank", group="extra",
+         off_default="4", label="r", bounds=("[1, inf)", "the rank")),
     Knob("lora_alpha", "LORA_ALPHA", "8", float, "--lora-alpha", "LoRA's scale α (the update is α/r·BA)",
-         tag="a"),
+         tag="a", group="extra", off_default="16"),
     Knob("p", "MIXOUT", "0.9", float, "--mixout", "Mixout's probability of swapping in θ*", tag="p",
-         json="mixout"),
+         json="mixout", group="extra", off_default="0.5", bounds=("[0, 1)", "the mixout probability")),
     Knob("ratio", "CHILD_RATIO", "0.3", float, "--child-tuning-ratio", "ChildTuning: the fraction of the "
-         "gradient kept", tag="p", json="child_tuning_ratio"),
-    Knob("alpha", "RDROP_ALPHA", "1.0", float, "--rdrop-alpha", "R-Drop's weight α", tag="a", json="rdrop_alpha"),
+         "gradient kept", tag="p", json="child_tuning_ratio", group="optimizer", off_default="0.2", label="kept",
+         bounds=("(0, 1]", "the kept fraction")),
+    Knob("alpha", "RDROP_ALPHA", "1.0", float, "--rdrop-alpha", "R-Drop's weight α", tag="a", json="rdrop_alpha",
+         group="criterion", off_default="0.5", label="α"),
     Knob("layers", "FREEZE", "3", int, "--freeze-encoder-layers", "the embeddings and encoder layers 0..N-1 "
-         "frozen", tag="freeze", render=_frozen_layers(embeddings=True)),
+         "frozen", tag="freeze", render=_frozen_layers(embeddings=True), group="extra", off_default="1",
+         label="frozen layers", bounds=("[0, layers]", "frozen layers")),
     Knob("freeze", "FREEZE", "0", int, "--freeze-encoder-layers", "encoder layers 0..N-1 frozen", tag="freeze",
-         render=_frozen_layers(embeddings=False)),
+         render=_frozen_layers(embeddings=False), group="extra", off_default="1", label="frozen layers",
+         bounds=("[0, layers]", "frozen layers")),
+    # (its off-default is a file: the tests make it)
     Knob("fisher", "EWC_FISHER", "task", str, "--ewc-fisher", "EWC's F: task (the training set's, before update 1) "
          "or a file of scripts/fisher.py", tag="F", tag_if_changed=True, json="ewc_fisher", name_part=_fisher_name,
-         checks=_fisher_check),
+         checks=_fisher_check, off_default="rte-fisher.pt"),
 )}
 RECADAM_KNOBS = ("anneal_fun", "k", "t0", "gamma")  # in the order of their flags
-WITH_RECADAM = RECADAM_KNOBS + ("fisher",)  # knobs whose flags go where RecAdam lives (the optimizer or the criterion)
 _RECADAM_NAME_ORDER = ("k", "t0", "gamma", "anneal_fun")  # in run names: recadam-k0.5-t250-g1000-linear
 # the optimizer a method runs on, as flags; recadam-w0: RecAdam at w = 0 is fairseq's adam bit for bit, with
 # the optimizer-side listeners (LLRD's lr scales, ChildTuning's masks) that fairseq's adam does not have
@@ -125,6 +163,19 @@ OPTIMIZERS = {"adam": ["--optimizer", "adam"], "recadam": ["--optimizer", "recad
               "recadam-w0": ["--optimizer", "recadam", "--recadam-anneal-w", "0"], "samsgd": ["--optimizer", "samsgd"]}
 MODELS = {"roberta_ft": "--arch roberta_ft_* (fairseq's RoBERTa with re-init, LoRA and Mixout)",
           "ca_mtl_roberta": "--arch ca_mtl_roberta_* (CA-MTL's task-conditioned encoder)"}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One row a method gives a benchmark: a set of scripts/bench_methods.py (``sam``, ``baselines``,
+    ``regularisers``) or the GPU pass (``gpu``: scripts/gpu/e2e_overhead.py)."""
+
+    where: str
+    label: str = ""  # the row's name (default: the method's)
+    values: Tuple[Tuple[str, str], ...] = ()  # knob values other than the benchmark's own
+    extra: Tuple[str, ...] = ()  # flags after the method's
+    base: str = ""  # the row it is timed against (default: its base method's row; its own label: none)
+    default: bool = True  # the GPU pass times it when --methods does not say
 
 
 @dataclass(frozen=True)
@@ -151,17 +202,19 @@ class Method:
     refuses: Tuple[Tuple[str, str], ...] = ()  # (method, why): combinations it stops with one line
     page: str = ""  # its page in docs/
     scripts: bool = True  # a METHOD of finetune.sh and grid.sh
-    aliases: Tuple[str, ...] = ()  # other spellings of its name (the comparison's recadam+r3f)
+    aliases: Tuple[str, ...] = ()  # old spellings of its name, still taken (recadam+r3f)
+    composed_of: Optional[str] = None  # X when this is RecAdam + X (built by with_recadam)
+    cost: float = 1.0  # the time of an update, relative to Adam's (the comparison starts the dearest runs first)
+    comparison: bool = True  # a method of the forgetting comparison (scripts/forgetting/run.py --methods)
+    translation: bool = False  # a method of the translation comparison (scripts/seq2seq/compare.py)
+    # what it runs as there, where scripts/seq2seq/finetune.sh lacks it: (METHOD, its extra flags)
+    translation_as: Optional[Tuple[str, Tuple[str, ...]]] = None
+    colour: Optional[str] = None  # its colour in the translation comparison's figure
+    bench: Tuple[Variant, ...] = ()  # its rows in the benchmarks and the GPU pass
 
     @property
     def needs_ft(self) -> bool:
         return self.model == "roberta_ft"
-
-    @property
-    def composed_of(self) -> Optional[str]:
-        """X when this is RecAdam + X (built by :func:`with_recadam`), else None: ``recadam-ewc`` is a method of
-        its own (EWC's Fisher in RecAdam's pull), not RecAdam + ``ewc`` (the coupled EWC loss)."""
-        return self.aliases[0][len("recadam+"):] if self.aliases and self.aliases[0].startswith("recadam+") else None
 
     @property
     def seq2seq(self) -> bool:
@@ -182,6 +235,10 @@ class Method:
         """RecAdam's λ(t) and pull, with its knobs (k, t0, γ)."""
         return "k" in self.knobs
 
+    def variants(self, where: str) -> List[Variant]:
+        """Its benchmark rows of set ``where``, each with its label."""
+        return [replace(v, label=v.label or self.name) for v in self.bench if v.where == where]
+
     def defaults(self) -> Dict[str, str]:
         """The knobs' values when no variable is set: the flags the scripts pass (an implicit knob's none)."""
         return {k: KNOBS[k].default for k in self.knobs if not KNOBS[k].implicit}
@@ -198,7 +255,7 @@ class Method:
         own = {"optimizer": [], "criterion": [], "extra": []}
         for key in self.knobs:
             if key in values:
-                group = recadam_group if key in WITH_RECADAM else _KNOB_GROUP[key]
+                group = recadam_group if KNOBS[key].group == "recadam" else KNOBS[key].group
                 (out if key in RECADAM_KNOBS else own)[group] += KNOBS[key].flags(str(values[key]))
         # the optimizer's fixed flags pick its variant (--sam-type, --child-tuning), which its knobs then tune
         return {g: out[g] + (list(fixed[g]) + own[g] if g == "optimizer" else own[g] + list(fixed[g])) for g in out}
@@ -239,91 +296,198 @@ SEQ2SEQ_CRITERIA = {None: "label_smoothed_cross_entropy_recadam",
                     "sentence_prediction_r3f": "label_smoothed_cross_entropy_r3f",
                     "sentence_prediction_rdrop": "label_smoothed_cross_entropy_rdrop"}
 
-# the group a knob's flags go to (RecAdam's: where RecAdam lives)
-_KNOB_GROUP = {"lambda": "criterion", "eps": "criterion", "alpha": "criterion", "rho": "optimizer",
-               "keep_ratio": "optimizer", "mask_iter_e": "optimizer", "decay": "optimizer", "ratio": "optimizer",
-               "reinit": "extra", "rank": "extra", "lora_alpha": "extra", "p": "extra", "layers": "extra",
-               "freeze": "extra"}
-
 SAM_KNOBS = ("rho", "keep_ratio", "mask_iter_e")
-_SINGLE: Tuple[Method, ...] = (
-    Method("adam", "fairseq's Adam (AdamW): the baseline", "adam", base="", multitask=True, page="glue.md"),
+GPU = Variant("gpu")  # the GPU pass at its own settings
+
+
+def _sam_types(label: str, types: Tuple[str, ...]) -> Tuple[Variant, ...]:
+    """The SAM benchmark's rows of a method and of its --sam-type variants (the last --sam-type counts)."""
+    return (Variant("sam", label),) + tuple(Variant("sam", t, extra=("--sam-type", t)) for t in types)
+
+
+@dataclass(frozen=True)
+class WithRecAdam:
+    """RecAdam + an earlier record (:func:`with_recadam`) at this place in the order; ``changes``: its own facts
+    (its benchmark rows, its colour)."""
+
+    of: str
+    changes: Tuple[Tuple[str, object], ...] = ()
+
+
+def _plus(of: str, **changes) -> WithRecAdam:
+    return WithRecAdam(of, tuple(changes.items()))
+
+
+# the records, in the catalogue's order (the scripts' --help, the tables, the comparison's figures)
+_RECORDS: List[object] = [
+    Method("adam", "fairseq's Adam (AdamW): the baseline", "adam", base="", multitask=True, page="glue.md",
+           translation=True, colour="black", bench=(GPU,)),
     Method("recadam", "RecAdam: Adam with λ(t) and a decoupled pull toward the pretrained weights θ*", "recadam",
-           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md"),
+           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md", translation=True, colour="tab:blue",
+           bench=(GPU, Variant("gpu", "recadam-bf16-anchor", extra=("--recadam-anchor-dtype", "bf16")),
+                  # a per-tensor layout's program as a CUDA graph (--precision fp32: the layout it is for)
+                  Variant("gpu", "recadam-cudagraph", extra=("--recadam-fused", "cuda-graph"), base="recadam",
+                          default=False))),
     Method("recadam-coupled", "the authors' coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² in the loss, over "
            "fairseq's adam", "adam", knobs=RECADAM_KNOBS, criterion="sentence_prediction_recadam",
-           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md"),
+           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md", translation=True,
+           colour="tab:pink", bench=(Variant("gpu", values=(("gamma", "5"),), base="adam"),)),
     Method("recadam-random-init", "RecAdam from random weights (no --restore-file): the pull recalls θ* (the "
            "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
            page="recadam.md"),
+    # EWC's F from the task: 1,024 per-example gradients before update 1, outside the GPU pass's timed intervals
     Method("ewc", "EWC: the coupled objective with the penalty weighted by the task's diagonal Fisher at θ*, "
            "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS + ("fisher",),
            criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
-           base="recadam-coupled", multitask=True, page="ewc.md"),
+           base="recadam-coupled", multitask=True, page="ewc.md", cost=1.3,  # the penalty's gradient on every weight
+           translation=True, translation_as=("recadam-coupled", ("--ewc-fisher", "{fisher}")), colour="tab:red",
+           bench=(Variant("gpu", values=(("gamma", "5"),)),)),
     Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "
            "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS + ("fisher",), base="recadam", multitask=True,
-           page="ewc.md"),
+           page="ewc.md", bench=(Variant("gpu", values=(("gamma", "500"),)),)),
     Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
            knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
-           refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md"),
+           refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md",
+           cost=2, translation=True, colour="tab:green", bench=(GPU,)),
     Method("r4f", "R4F: R3F with a spectrally normalised classification head", "adam", knobs=("lambda", "eps"),
            criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
-           extra_fixed=("--spectral-norm-classification-head",), page="r3f.md"),
+           extra_fixed=("--spectral-norm-classification-head",), page="r3f.md", cost=2,
+           bench=(Variant("gpu", default=False),)),
+    _plus("r3f", bench=(Variant("gpu", default=False),)),
     Method("sam", "SAM: sharpness-aware minimisation over Adam (Foret et al. 2021); --sam-type esam, gsam: ESAM, GSAM", "samsgd", knobs=("rho",),
-           optimizer_fixed=("--sam-type", "sam"), page="sam.md"),
+           optimizer_fixed=("--sam-type", "sam"), page="sam.md", cost=2,
+           bench=(GPU,) + _sam_types("sam", ("esam", "gsam"))),
     Method("fsam", "FSAM: SAM perturbing the top weights by Fisher information (Zhong et al. 2022); fisher-esam, "
            "fisher-gsam", "samsgd",
-           knobs=SAM_KNOBS, optimizer_fixed=("--sam-type", "fisher-sam"), page="sam.md"),
+           knobs=SAM_KNOBS, optimizer_fixed=("--sam-type", "fisher-sam"), page="sam.md", cost=2,
+           bench=(GPU,) + _sam_types("fisher-sam", ("fisher-esam", "fisher-gsam"))),
+    _plus("fsam", bench=(GPU, Variant("sam", "recadam+fisher-sam"))),
     Method("freeze", "the embeddings and encoder layers 0..N-1 frozen (through --task glue_multitask)", "adam",
-           knobs=("layers",), task="glue_multitask", multitask=True, scripts=False, page="ca-mtl.md"),
+           knobs=("layers",), task="glue_multitask", multitask=True, scripts=False, page="ca-mtl.md", cost=0.5,
+           # plain RoBERTa through --task glue_multitask: CA-MTL's base
+           bench=(Variant("gpu", "mt-roberta", values=(("layers", "0"),), base="mt-roberta"),)),
     Method("ca-mtl", "CA-MTL's task-conditioned encoder, encoder layers 0..N-1 frozen (Pilault et al. 2021)",
            "adam", knobs=("freeze",), model="ca_mtl_roberta", task="glue_multitask", base="freeze", multitask=True,
-           scripts=False, page="ca-mtl.md"),
+           scripts=False, page="ca-mtl.md", cost=1.2, bench=(GPU,)),
+    _plus("ca-mtl"),
+    # recadam at w = 0: Adam's update, no θ*
     Method("llrd", "layer-wise lr decay: each layer's lr the one above it times the decay", "recadam-w0",
-           knobs=("decay",), page="llrd.md"),
+           knobs=("decay",), page="llrd.md", translation=True, colour="tab:brown",
+           bench=(GPU, Variant("baselines", "llrd 0.9"))),
+    _plus("llrd", bench=(GPU, Variant("baselines", "recadam+llrd 0.9"))),
     Method("reinit", "the top encoder layers re-initialised (Zhang et al. 2021)", "adam", knobs=("reinit",),
-           model="roberta_ft", page="reinit.md"),
+           model="roberta_ft", page="reinit.md", bench=(GPU, Variant("baselines", "reinit 1", (("reinit", "1"),)))),
+    _plus("reinit", bench=(Variant("baselines", "recadam+reinit 1", (("reinit", "1"),)),)),
     Method("lora", "LoRA on attention q and v, the encoder frozen (Hu et al. 2021)", "adam",
            knobs=("rank", "lora_alpha"), model="roberta_ft", lr="5e-4",
            refuses=(("recadam", "LoRA freezes the pretrained weights: there is nothing for the pull to hold"),),
-           page="lora.md"),
+           page="lora.md", bench=(GPU, Variant("baselines", "lora r=8 (q, v)"), Variant(
+               "baselines", "lora r=8 (all six)", extra=("--lora-modules", "q,k,v,out,fc1,fc2")))),
     Method("mixout", "Mixout toward θ* on the encoder's linear layers (Lee et al. 2020)", "adam", knobs=("p",),
-           model="roberta_ft", page="mixout.md"),
+           model="roberta_ft", page="mixout.md", bench=(GPU, Variant("regularisers", "mixout 0.9"))),
+    # the targets are θ*: one copy
+    _plus("mixout", bench=(GPU, Variant("regularisers", "recadam+mixout 0.9"))),
+    # D: its Fisher pass (in the first update's time) costs about 0.6 of an update over the run
     Method("childtune-d", "ChildTuning-D: the gradient masked to its top Fisher entries (Xu et al. 2021)",
-           "recadam-w0", knobs=("ratio",), optimizer_fixed=("--child-tuning", "D"), page="child-tuning.md"),
+           "recadam-w0", knobs=("ratio",), optimizer_fixed=("--child-tuning", "D"), page="child-tuning.md",
+           cost=1.6, bench=(GPU, Variant("regularisers", "childtune-d 0.3"))),
     Method("childtune-f", "ChildTuning-F: the gradient masked at random each update", "recadam-w0",
-           knobs=("ratio",), optimizer_fixed=("--child-tuning", "F"), page="child-tuning.md"),
+           knobs=("ratio",), optimizer_fixed=("--child-tuning", "F"), page="child-tuning.md",
+           bench=(Variant("regularisers", "childtune-f 0.3"),)),
+    _plus("childtune-d", bench=(GPU, Variant("regularisers", "recadam+childtune-d 0.3"))),
     Method("rdrop", "R-Drop: two dropout passes and their symmetric KL (Liang et al. 2021)", "adam",
-           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md"),
-)
+           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md", cost=2, translation=True,
+           colour="tab:orange", bench=(GPU, Variant("regularisers", "rdrop 1", (("alpha", "1"),)))),
+    _plus("rdrop", translation=True, colour="tab:purple",
+          bench=(GPU, Variant("regularisers", "recadam+rdrop 1", (("alpha", "1"),)))),
+]
 
 
 def with_recadam(m: Method) -> Method:
-    """RecAdam + ``m``: ``m``'s flags on RecAdam's optimizer (λ(t) and the pull), RecAdam's knobs first."""
+    """RecAdam + ``m``: ``m``'s flags on RecAdam's optimizer (λ(t) and the pull), RecAdam's knobs first; its place
+    in the benchmarks and the translation comparison is its own."""
     why = dict(m.refuses).get("recadam")
     if why:
         raise UnknownMethod(f"recadam-{m.name}: {m.name} does not combine with RecAdam ({why})")
     return replace(m, name=f"recadam-{m.name}", summary=f"RecAdam with {m.name}", optimizer="recadam",
                    knobs=RECADAM_KNOBS + m.knobs, base="recadam", aliases=(f"recadam+{m.name}",),
-                   multitask=m.multitask and m.name != "freeze")
+                   composed_of=m.name,
+                   multitask=m.multitask and m.name != "freeze", translation=False, translation_as=None,
+                   colour=None, bench=())
 
 
-# RecAdam's combinations that the scripts and the comparison run
-_COMBINED = ("r3f", "fsam", "ca-mtl", "llrd", "reinit", "mixout", "childtune-d", "rdrop")
-_ORDER = ("adam", "recadam", "recadam-coupled", "recadam-random-init", "ewc", "recadam-ewc", "r3f", "r4f", "recadam-r3f", "sam", "fsam",
-          "recadam-fsam", "freeze", "ca-mtl", "recadam-ca-mtl", "llrd", "recadam-llrd", "reinit", "recadam-reinit",
-          "lora", "mixout", "recadam-mixout", "childtune-d", "childtune-f", "recadam-childtune-d", "rdrop",
-          "recadam-rdrop")
-_BUILT = {m.name: m for m in _SINGLE}
-_BUILT.update({f"recadam-{n}": with_recadam(_BUILT[n]) for n in _COMBINED})
-METHODS: Dict[str, Method] = {n: _BUILT[n] for n in _ORDER}
-ALIASES: Dict[str, str] = {a: m.name for m in METHODS.values() for a in m.aliases}
+METHODS: Dict[str, Method] = {}
+ALIASES: Dict[str, str] = {}
+
+
+def register(*records) -> None:
+    """Add records (a :class:`Method`, or :class:`WithRecAdam` of one already in) after the others: the
+    package's own at import, a throwaway one in the tests."""
+    for r in records:
+        m = replace(with_recadam(METHODS[r.of]), **dict(r.changes)) if isinstance(r, WithRecAdam) else r
+        if m.name in METHODS:
+            raise ValueError(f"method {m.name!r} is in the catalogue twice")
+        METHODS[m.name] = m
+        ALIASES.update((a, m.name) for a in m.aliases)
+
+
+register(*_RECORDS)
+
+
+@dataclass(frozen=True)
+class Tool:
+    """Not a method: something done to a finished run, with no training (its row in the README's table)."""
+
+    name: str
+    title: str
+    summary: str
+    command: str
+    page: str
+
+
+TOOLS: Dict[str, Tool] = {t.name: t for t in (
+    Tool("wise-ft", "WiSE-FT", "(1−α)·θ* + α·θ_ft after training: no training at all",
+         "scripts/interpolate.py CKPT --pretrained PT --alpha 0.5 --out OUT", "wise-ft.md"),
+)}
 
 
 def names(scripts: Optional[bool] = None, seq2seq: bool = False) -> List[str]:
     """Every method's name, in the catalogue's order (``scripts=True``: the task scripts' METHODs; ``seq2seq``:
     scripts/seq2seq/finetune.sh's)."""
     return [n for n, m in METHODS.items() if (scripts is None or m.scripts == scripts) and (m.seq2seq or not seq2seq)]
+
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
+
+
+def _name_pattern(m: Method) -> "re.Pattern":
+    """What follows ``m``'s name in its run names (:meth:`Method.run_name`), each knob a named group."""
+    recadam = [k for k in _RECADAM_NAME_ORDER if k in m.knobs]
+    parts = []
+    for key in recadam + [k for k in m.knobs if k not in recadam]:
+        k = KNOBS[key]
+        if k.tag is None:
+            continue
+        value = ".+" if k.name_part else "[^-]+" if k.type is str else _NUMBER
+        part = f"-{re.escape(k.tag)}(?P<{key}>{value})"
+        parts.append(f"(?:{part})?" if k.tag_if_changed else part)
+    return re.compile("".join(parts))
+
+
+def parse_run_name(name: str) -> Tuple[str, Dict[str, str]]:
+    """A task script's run directory name -> (method, {knob: its value as named}): ``recadam-fsam-k0.1-t1000-rho0.05``
+    -> (``recadam-fsam``, {k: 0.1, t0: 1000, rho: 0.05}); the knobs a name leaves out are absent. A name whose
+    settings do not parse keeps its longest method (and no settings); a name of no method is its own."""
+    first = None
+    for m in sorted(METHODS.values(), key=lambda m: -len(m.name)):
+        if name == m.name:
+            return name, {}
+        if name.startswith(m.name + "-"):
+            found = _name_pattern(m).fullmatch(name[len(m.name):])
+            if found:
+                return m.name, {k: v for k, v in found.groupdict().items() if v is not None}
+            first = first or m.name
+    return first or name, {}
 
 
 def closest(name: str, among=None) -> Optional[str]:

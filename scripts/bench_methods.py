@@ -40,43 +40,42 @@ def command_flags(name, values, extra):
 
 
 W0 = list(catalogue.OPTIMIZERS["recadam-w0"])  # fairseq's adam bit for bit, with the optimizer-side listeners
-FISHER = {"mask_iter_e": "10"}
+FISHER = {"mask_iter_e": "10"}  # FSAM's mask every 10 updates: several within the run
+SET_NAMES = ("sam", "baselines", "regularisers")
+
+
+def base_row(m):
+    """(label, method, values, extra) of the row ``m`` is timed against: its base at the benchmark's values, on
+    RecAdam at w = 0 where ``m`` runs there (its optimizer-side listeners)."""
+    base = catalogue.get(m.base)
+    w0 = m.optimizer == "recadam-w0" and base.optimizer == "adam"
+    return (base.name + " (recadam w=0)" if w0 else base.name, base.name, own_values(base, {}), W0 if w0 else [])
+
+
+def own_values(m, values):
+    """The benchmark's values for ``m``: FSAM's mask interval, then the row's, then RecAdam's γ."""
+    return {**(FISHER if "mask_iter_e" in m.knobs else {}), **values, **(REC if m.uses_recadam else {})}
+
+
+def rows_of(where):
+    """A set's rows, each (name, base name, method, its knob values, extra flags): the catalogue's rows of it
+    after their bases (Adam's first, RecAdam's before the methods on it)."""
+    rows, bases = [], {}
+    for m in catalogue.METHODS.values():
+        for v in m.variants(where):
+            label, *base = base_row(m)
+            bases[label] = base
+            extra = (SAM_EXTRA if "--sam-type" in m.optimizer_fixed else []) + list(v.extra)
+            rows.append((v.label, label, m.name, own_values(m, dict(v.values)), extra))
+    on_recadam = sorted(b for b in bases if catalogue.get(bases[b][0]).uses_recadam)
+    order = sorted(set(bases) - set(on_recadam)) + on_recadam
+    first = [r for r in rows if r[1] not in on_recadam]
+    return ([(b, None, *bases[b]) for b in order if b not in on_recadam] + first
+            + [(b, None, *bases[b]) for b in on_recadam] + [r for r in rows if r[1] in on_recadam])
+
+
 # set -> [(name, base name, method, its knob values, extra flags)]
-SETS = {}
-SETS["sam"] = [
-    ("adam", None, "adam", {}, []),
-    ("sam", "adam", "sam", {}, SAM_EXTRA),
-    ("esam", "adam", "sam", {}, SAM_EXTRA + ["--sam-type", "esam"]),  # the last --sam-type counts
-    ("gsam", "adam", "sam", {}, SAM_EXTRA + ["--sam-type", "gsam"]),
-    ("fisher-sam", "adam", "fsam", FISHER, SAM_EXTRA),
-    ("fisher-esam", "adam", "fsam", FISHER, SAM_EXTRA + ["--sam-type", "fisher-esam"]),
-    ("fisher-gsam", "adam", "fsam", FISHER, SAM_EXTRA + ["--sam-type", "fisher-gsam"]),
-    ("recadam", None, "recadam", REC, []),
-    ("recadam+fisher-sam", "recadam", "recadam-fsam", {**FISHER, **REC}, SAM_EXTRA),
-]
-SETS["baselines"] = [
-    ("adam", None, "adam", {}, []),
-    ("adam (recadam w=0)", None, "adam", {}, W0),
-    ("llrd 0.9", "adam (recadam w=0)", "llrd", {}, []),
-    ("reinit 1", "adam", "reinit", {"reinit": "1"}, []),
-    ("lora r=8 (q, v)", "adam", "lora", {}, []),
-    ("lora r=8 (all six)", "adam", "lora", {}, ["--lora-modules", "q,k,v,out,fc1,fc2"]),
-    ("recadam", None, "recadam", REC, []),
-    ("recadam+llrd 0.9", "recadam", "recadam-llrd", REC, []),
-    ("recadam+reinit 1", "recadam", "recadam-reinit", {"reinit": "1", **REC}, []),
-]
-SETS["regularisers"] = [
-    ("adam", None, "adam", {}, []),
-    ("adam (recadam w=0)", None, "adam", {}, W0),
-    ("mixout 0.9", "adam", "mixout", {}, []),
-    ("childtune-d 0.3", "adam (recadam w=0)", "childtune-d", {}, []),
-    ("childtune-f 0.3", "adam (recadam w=0)", "childtune-f", {}, []),
-    ("rdrop 1", "adam", "rdrop", {"alpha": "1"}, []),
-    ("recadam", None, "recadam", REC, []),
-    ("recadam+mixout 0.9", "recadam", "recadam-mixout", REC, []),
-    ("recadam+childtune-d 0.3", "recadam", "recadam-childtune-d", REC, []),
-    ("recadam+rdrop 1", "recadam", "recadam-rdrop", {"alpha": "1", **REC}, []),
-]
+SETS = {s: rows_of(s) for s in SET_NAMES}
 TITLE = {"sam": "SAM family", "baselines": "The cheap baselines (LLRD, re-init, LoRA)",
          "regularisers": "Mixout, ChildTuning and R-Drop"}
 

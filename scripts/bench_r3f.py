@@ -27,7 +27,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) 
 
 # layers, dim, ffn, heads, vocab, batch, tokens
 SIZES = {"tiny": (2, 64, 128, 2, 104, 16, 24), "minilm": (6, 384, 1536, 12, 30522, 16, 128)}
-METHODS = ("sentence_prediction", "r3f", "recadam+r3f")
+METHODS = ("sentence_prediction", "r3f", "recadam-r3f")
 RDROP = ("rdrop", "rdrop-two-forwards")
 
 
@@ -81,7 +81,7 @@ def make_updates(model, task, device):
     recadam = RecAdam(params, **hp, anneal_k=0.1, anneal_t0=1000, pretrain_params=[p.detach().clone() for p in params],
                       fused=False)
     rdrop = criterion("sentence_prediction_rdrop", task, rdrop_alpha=1.0)
-    return {"sentence_prediction": (plain, adam), "r3f": (r3f, adam), "recadam+r3f": (r3f, recadam),
+    return {"sentence_prediction": (plain, adam), "r3f": (r3f, adam), "recadam-r3f": (r3f, recadam),
             "rdrop": (rdrop, adam), "rdrop-two-forwards": (rdrop_two_forwards, adam)}
 
 

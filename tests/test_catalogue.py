@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from helpers import ROOT, USER_DIR
+from helpers import ROOT, USER_DIR, base_env
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.__main__ import DOC_TABLES, RENDER
@@ -114,6 +114,15 @@ def test_run_names_keep_their_old_form():
         "recadam-fsam-k0.1-t1000-g1000-linear-rho0.05"
     assert METHODS["lora"].run_name(at_defaults(METHODS["lora"])) == "lora-r8-a8"
     assert METHODS["r3f"].run_name({"lambda": "0.2"}) == "r3f"
+    # read back (scripts/glue/summarize.py): each method's knobs as named, at the defaults and off them
+    for m in METHODS.values():
+        for values in (at_defaults(m), {k: KNOBS[k].off_default for k in m.knobs}):
+            named = {k: KNOBS[k].name_part(v) if KNOBS[k].name_part else v for k, v in values.items()
+                     if KNOBS[k].tag is not None and not (KNOBS[k].tag_if_changed and v == KNOBS[k].default)}
+            assert catalogue.parse_run_name(m.run_name(values)) == (m.name, named), m.name
+    assert catalogue.parse_run_name("recadam-k1e-05-t100") == ("recadam", {"k": "1e-05", "t0": "100"})
+    assert catalogue.parse_run_name("recadam-k0.1-x") == ("recadam", {})  # settings it cannot read: none
+    assert catalogue.parse_run_name("sgd-k0.1") == ("sgd-k0.1", {})  # no method: the whole name
     with pytest.raises(ValueError, match=r"^RHO='x' is not a number$"):
         KNOBS["rho"].check("x")
     with pytest.raises(ValueError, match=r"^REINIT='1.5' is not an integer$"):
@@ -195,12 +204,8 @@ def test_benchmarks_and_gpu_pass_read_the_catalogue():
 
 
 def e2e_methods():
-    """The GPU pass's methods: each catalogue method it times (its table's rows)."""
-    import ast
-
-    tree = ast.parse(open(os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py"), encoding="utf-8").read())
-    table = next(n.value for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", None) == "CATALOGUE")
-    return [k.value for k in table.keys]
+    """The GPU pass's rows: each catalogue method's (its table's rows)."""
+    return [v.label for m in METHODS.values() for v in m.variants("gpu")]
 
 
 def comparison_values(s):
@@ -213,7 +218,7 @@ def comparison_values(s):
 
 def test_comparison_reads_the_catalogue():
     """The comparison's --methods: every catalogue method's flags, at the comparison's values, are the
-    catalogue's; its recorded spellings (recadam+r3f) and the catalogue's name the same method."""
+    catalogue's; the old spelling (recadam+r3f) names the same method, recorded under the catalogue's name."""
     for name, m in METHODS.items():
         s = comparison.parse(name)
         f = comparison.flags(s, 12)
@@ -225,7 +230,7 @@ def test_comparison_reads_the_catalogue():
         facts = PINNED[name][1]
         assert got == want and f["arch"] == facts.get("model") and f["restore"] == facts.get("restore", True), name
         assert all(comparison.parse(a) == s for a in m.aliases), name
-    assert comparison.setting_name(comparison.parse("recadam-r3f")) == "recadam+r3f-k0.1-t40-g5000-lambda1"
+    assert comparison.setting_name(comparison.parse("recadam+r3f")) == "recadam-r3f-k0.1-t40-g5000-lambda1"
 
 
 def test_the_command_line(tmp_path):
@@ -247,3 +252,95 @@ def test_docs_tables_are_current(page, start, end, kind):
     text = open(os.path.join(ROOT, page), encoding="utf-8").read()
     block = text.split(start + "\n", 1)[1].split("\n" + end, 1)[0]
     assert block == RENDER[kind](), f"{page} is stale: python -m recadam_fairseq methods --write-docs"
+
+
+# A method only this test has: one record (and its knob), registered in every interpreter the test starts
+# (a sitecustomize on PYTHONPATH): each consumer's own code finds it in the catalogue.
+THROWAWAY = """\
+from recadam_fairseq import catalogue as c
+c.KNOBS["throw"] = c.Knob("throw", "THROW", "0.5", float, "--throw", "a test's knob", tag="x", group="optimizer",
+                          off_default="0.25", label="θ", bounds=("(0, 1)", "the throw"))
+c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("throw",), multitask=True, cost=3,
+                    page="throwaway.md", translation=True, colour="tab:olive",
+                    bench=(c.Variant("gpu"), c.Variant("regularisers", "throwaway 0.5"))),
+           c.WithRecAdam("throwaway", (("bench", (c.Variant("gpu"),)),)))
+"""
+# what the comparisons and the docs' tables make of it, in one interpreter
+PROBE = """\
+import json
+from recadam_fairseq.__main__ import RENDER
+from recadam_fairseq.compare import methods, plan, seq2seq
+grid = plan.make_grid(["throwaway:0.25", "recadam-throwaway:k=0.2,t0=30,throw=0.25"], 5000.0)
+try:
+    methods.flags(methods.parse("throwaway:1"), 12)
+    refused = None
+except methods.MethodError as e:
+    refused = str(e)
+print(json.dumps({"settings": [[methods.setting_name(s), methods.label(s), methods.method_of(s).cost,
+                                methods.flags(s, 12, multitask=True)] for s in grid],
+                  "refused": refused, "multitask": methods.MULTITASK_METHODS, "seq2seq": seq2seq.METHODS,
+                  "colours": seq2seq.COLOURS, "tables": {k: r() for k, r in RENDER.items()}}))
+"""
+
+
+def test_a_new_record_reaches_every_consumer(tmp_path):
+    """ARCHITECTURE.md's worked example: a method is one record. The task scripts (finetune.sh's --help, its
+    command and run directory, grid.sh, multitask.sh, seq2seq's finetune.sh), summarize.py, the comparison, the
+    translation comparison, the benchmarks, the GPU pass and the docs' tables all take it from there."""
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text(THROWAWAY)
+    (tmp_path / "glue-bin" / "RTE-bin" / "input0").mkdir(parents=True)
+    env = base_env(PYTHONPATH=f"{site}{os.pathsep}{ROOT}", PYTHON=sys.executable, DRY_RUN=1,
+                   FAIRSEQ_TRAIN=f"{sys.executable} -m fairseq_cli.train", ROBERTA_PATH=tmp_path / "no-model.pt",
+                   DATA_DIR=tmp_path / "glue-bin", ARCH="roberta_large", MAX_POSITIONS=512, FP16=0)
+
+    def run(*cmd, **kw):
+        return subprocess.run(cmd, capture_output=True, text=True, check=True, env=dict(env, **kw)).stdout
+
+    glue, seq2seq = os.path.join(ROOT, "scripts", "glue"), os.path.join(ROOT, "scripts", "seq2seq")
+    for script, multitask in (("finetune.sh", False), ("multitask.sh", True)):
+        usage = run(os.path.join(glue, script), "--help").split("The methods' knobs")
+        assert usage[0].split()[-2:] == ["throwaway", "recadam-throwaway"], script
+        assert "THROW [0.5]  --throw: a test's knob (throwaway, recadam-throwaway)" in usage[1], script
+    assert "throwaway recadam-throwaway" in run(os.path.join(seq2seq, "finetune.sh"), "--help")
+    # finetune.sh's command and run directory; grid.sh: the (k, t0) grid for RecAdam + it
+    run(os.path.join(glue, "finetune.sh"), "RTE", "throwaway", THROW="0.25", SAVE_DIR=str(tmp_path / "one"))
+    command = open(tmp_path / "one" / "RTE" / "throwaway-x0.25" / "seed1" / "command.sh").read()
+    assert "--optimizer adam \\\n  --throw 0.25 \\\n" in command
+    runs = tmp_path / "grid"
+    run(os.path.join(glue, "grid.sh"), "RTE", METHODS="throwaway recadam-throwaway", KS="0.1", T0S="100 200",
+        SAVE_DIR=str(runs))
+    names = sorted(os.listdir(runs / "RTE"))
+    assert names == ["recadam-throwaway-k0.1-t100-x0.5", "recadam-throwaway-k0.1-t200-x0.5", "throwaway-x0.5"]
+    # summarize.py reads the runs' names back
+    for name in names:
+        (runs / "RTE" / name / "seed1" / "train.log").write_text(
+            '2026-01-01 | INFO | valid | {"epoch": 1, "valid_accuracy": "50", "valid_num_updates": "1"}\n')
+        (runs / "RTE" / name / "seed1" / "done").write_text("")
+    run(sys.executable, os.path.join(glue, "summarize.py"), str(runs))
+    rows = {r.split(",")[2]: r.split(",")[1:5] for r in open(runs / "runs.csv").read().splitlines()[1:]}
+    assert rows == {"x0.5": ["throwaway", "x0.5", "", ""], "k0.1-t100-x0.5": ["recadam-throwaway", "k0.1-t100-x0.5",
+                                                                                "0.1", "100"],
+                    "k0.1-t200-x0.5": ["recadam-throwaway", "k0.1-t200-x0.5", "0.1", "200"]}
+    # the comparison (its plan, flags, labels, bounds, run order), the translation comparison, the docs' tables
+    got = json.loads(run(sys.executable, "-c", PROBE))
+    (one, label, cost, flags), (rec, _, _, rec_flags) = got["settings"]
+    assert (one, label, cost) == ("throwaway-x0.25", "throwaway θ=0.25", 3)
+    assert flags["optimizer"] == ["--optimizer", "adam", "--throw", "0.25"] and flags["task"][1] == "glue_multitask"
+    assert rec == "recadam-throwaway-k0.2-t30-g5000-x0.25" and rec_flags["optimizer"][-2:] == ["--throw", "0.25"]
+    assert got["refused"] == "--methods throwaway-x1: the throw must be in (0, 1)"
+    assert {"throwaway", "recadam-throwaway"} <= set(got["multitask"])
+    assert ["throwaway", "throwaway", []] in got["seq2seq"] and got["colours"]["throwaway"] == "tab:olive"
+    assert "| throwaway | a method only a test has | `throwaway` | `--optimizer adam --throw 0.5` | " \
+           "[throwaway.md](docs/throwaway.md) |" in got["tables"]["readme"]
+    assert "`throwaway`" in got["tables"]["readme"].splitlines()[-1]  # RecAdam combines with it
+    assert "| `throwaway` | `--optimizer adam --throw $THROW` | `THROW` [0.5] | `throwaway-x$THROW` | adam |" \
+        in got["tables"]["glue"]
+    # the benchmarks' set and the GPU pass: its rows, against its base's
+    bench = json.loads(run(sys.executable, os.path.join(ROOT, "scripts", "bench_methods.py"), "--list"))
+    assert ["throwaway 0.5", "throwaway", {}, ["--optimizer", "adam", "--throw", "0.5"], []] in bench["regularisers"]
+    gpu = json.loads(run(sys.executable, os.path.join(ROOT, "scripts", "gpu", "e2e_overhead.py"), "--list", "--size",
+                         "tiny", "--methods", "recadam-throwaway", "throwaway"))
+    assert list(gpu) == ["adam", "recadam", "recadam-throwaway", "throwaway"]
+    assert gpu["recadam-throwaway"][0] == "recadam-throwaway:t0=250" and "--throw" in gpu["recadam-throwaway"][1]

@@ -90,7 +90,7 @@ def test_method_specs():
     assert p("recadam:0.1:40") == {"method": "recadam", "k": 0.1, "t0": 40.0, "gamma": 5000.0}
     assert p("recadam:0.1:40", gamma=7.0)["gamma"] == 7.0
     assert p("recadam:0.1:40:0")["gamma"] == 0.0
-    assert p("recadam+fsam:k=0.2,rho=0.1") == {"method": "recadam+fsam", "k": 0.2, "t0": 40.0, "gamma": 5000.0,
+    assert p("recadam+fsam:k=0.2,rho=0.1") == {"method": "recadam-fsam", "k": 0.2, "t0": 40.0, "gamma": 5000.0,
                                               "rho": 0.1}
     assert p("freeze:3") == {"method": "freeze", "layers": 3}
     assert [methods.setting_name(p(x)) for x in ("adam", "recadam:0.1:40:0", "r4f:5", "fsam", "ca-mtl:3")] == [
@@ -121,9 +121,9 @@ def test_method_flags():
     assert f["recadam-coupled"]["optimizer"] == ["--optimizer", "adam"]
     assert "coupled" in f["recadam-coupled"]["criterion"]
     assert f["r4f"]["extra"] == ["--spectral-norm-classification-head"]
-    assert f["recadam+r3f"]["optimizer"][1] == "recadam" and "--r3f-lambda" in f["recadam+r3f"]["criterion"]
-    assert f["recadam+fsam"]["optimizer"][:2] == ["--optimizer", "recadam"]
-    assert f["recadam+fsam"]["optimizer"][-4:] == ["--sam-type", "fisher-sam", "--rho", "0.05"]
+    assert f["recadam-r3f"]["optimizer"][1] == "recadam" and "--r3f-lambda" in f["recadam-r3f"]["criterion"]
+    assert f["recadam-fsam"]["optimizer"][:2] == ["--optimizer", "recadam"]
+    assert f["recadam-fsam"]["optimizer"][-4:] == ["--sam-type", "fisher-sam", "--rho", "0.05"]
     assert f["sam"]["optimizer"] == ["--optimizer", "samsgd", "--sam-type", "sam", "--rho", "0.05"]
     assert f["freeze"]["extra"] == ["--freeze-encoder-layers", "0-2", "--freeze-embeddings"]
     assert f["ca-mtl"]["arch"] == "ca_mtl_roberta" and f["ca-mtl"]["extra"] == []
@@ -405,7 +405,7 @@ def test_figure_has_a_panel_per_family_and_marks_the_far_out_at_the_edge():
                      ("reinit:1", 0.86, 0.65, [])])
     fig, panels, (xlim, ylim) = plot.figure(rows, {"snli_auc": 0.88}, 200)
     assert list(panels) == ["recadam", "r3f", "llrd", "reinit"]
-    assert list(_colours(panels["r3f"])) == ["adam", "r3f", "r4f", "recadam+r3f"]
+    assert list(_colours(panels["r3f"])) == ["adam", "r3f", "r4f", "recadam-r3f"]
     for ax in panels.values():
         colours = list(_colours(ax).values())
         assert colours[0] == "#000000" and len(set(colours)) == len(colours)
@@ -431,7 +431,7 @@ def test_overview_has_a_panel_per_family_and_marks_the_clipped_gaps():
                 "recadam": {"tasks": {"movie": gap(0.02, -0.01), "nli": gap(0.03, -0.02)}},
                 "recadam-coupled": {"tasks": {"movie": gap(0.01, 0.0)}},
                 "lora": {"tasks": {"movie": gap(0.05, -0.07), "nli": gap(0.1, -0.3)}},
-                "recadam+r3f": {"tasks": {"movie": gap(0.03, 0.0)}}}
+                "recadam-r3f": {"tasks": {"movie": gap(0.03, 0.0)}}}
     fig, panels = plot.overview_figure(summary_, ["movie", "nli"])
     assert list(panels) == ["recadam", "r3f", "lora"]
     assert list(_colours(panels["recadam"])) == ["recadam", "recadam-coupled"]
@@ -500,7 +500,7 @@ def test_unreachable_data_fails_under_ci(tmp_path_factory, monkeypatch, ci, outc
 
 # every kind of run --methods makes (optimizer, criterion, arch, restore), each must give a row; fast knob values
 # so that 4 updates move the weights. r3f and sam are r4f's criterion and fsam's optimizer with one flag less,
-# recadam+r3f and recadam+fsam those over recadam's optimizer (their flags: test_method_flags)
+# recadam-r3f and recadam-fsam those over recadam's optimizer (their flags: test_method_flags)
 ALL_METHODS = ["adam", "recadam:0.5:1", "recadam-coupled:0.5:1", "recadam-random-init:0.5:1", "r4f:1",
                "fsam:0.05", "freeze:3", "ca-mtl:3"]
 UPDATES = 4

@@ -662,12 +662,8 @@ def test_method_flags(fake):
 
 
 def test_sam_method_flags(fake):
-    """summarize.py splits the SAM methods' run names; grid.sh runs sam and fsam once per seed, recadam-fsam
-    once per (k, t0) (their flags per METHOD: test_every_method_through_finetune_is_the_catalogue_s)."""
-    summarize = _summarize_module()
-    assert summarize.split_name("recadam-fsam-k0.1-t1000-rho0.05") == ("recadam-fsam", "k0.1-t1000-rho0.05")
-    assert summarize.split_name("fsam-rho0.1") == ("fsam", "rho0.1")
-    assert summarize.split_name("sam-rho0.05") == ("sam", "rho0.05")
+    """grid.sh runs sam and fsam once per seed, recadam-fsam once per (k, t0) (their flags per METHOD:
+    test_every_method_through_finetune_is_the_catalogue_s; their run names read back: tests/test_catalogue.py)."""
     # grid.sh: sam and fsam once per seed, recadam-fsam once per (k, t0)
     env = dict(fake.env, KS="0.1 0.5", T0S="100", SEEDS="1", METHODS="sam fsam recadam-fsam",
                SAVE_DIR=os.path.join(fake.tmp, "grid-sam"))
@@ -686,7 +682,7 @@ def test_baseline_method_flags(fake):
     # an arch without a roberta_ft twin stops in one line naming ARCH
     p, _, _ = fake("RTE", "lora", check=2, ARCH="transformer")
     assert "has no roberta_ft twin" in p.stdout and "ARCH=roberta_ft_base" in p.stdout
-    # grid.sh takes them (recadam-* once per (k, t0)); summarize.py knows their names
+    # grid.sh takes them (recadam-* once per (k, t0))
     env = dict(fake.env, KS="0.1", T0S="100", SEEDS="1", METHODS="llrd recadam-reinit lora recadam-rdrop",
                SAVE_DIR=os.path.join(fake.tmp, "grid-baselines"))
     run([GRID, "RTE"], env, check=0)
@@ -694,25 +690,17 @@ def test_baseline_method_flags(fake):
     assert sorted(os.path.relpath(os.path.dirname(d), runs) for d in glob_done(runs)) == sorted(
         os.path.join(n, "seed1") for n in ("llrd-d0.9", "recadam-reinit-k0.1-t100-n2", "lora-r8-a8",
                                            "recadam-rdrop-k0.1-t100-a1.0"))
-    split = _summarize_module().split_name
-    assert split("recadam-llrd-k0.1-t100-d0.9") == ("recadam-llrd", "k0.1-t100-d0.9")
-    assert split("recadam-childtune-d-k0.1-t100-p0.3") == ("recadam-childtune-d", "k0.1-t100-p0.3")
 
 
 # a value off its default for every knob (R3F_EPS, which the scripts leave implicit, included)
-OFF_DEFAULT = {"anneal_fun": "linear", "k": "0.3", "t0": "77", "gamma": "123", "lambda": "0.2", "eps": "2e-05",
-               "rho": "0.11", "keep_ratio": "0.2", "mask_iter_e": "7", "decay": "0.8", "reinit": "1", "rank": "4",
-               "lora_alpha": "16", "p": "0.5", "ratio": "0.2", "alpha": "0.5", "layers": "1", "freeze": "1",
-               "fisher": "rte-fisher.pt"}  # (a file: the test makes it, absolute)
-
-
 def test_every_method_through_finetune_is_the_catalogue_s(fake):
     """Each METHOD (recadam_fairseq/catalogue.py), its knobs off their defaults through their variables:
     what finetune.sh adds to adam's command, its run directory and run.json settings are the catalogue's."""
     _, _, adam = fake("MRPC", "adam")
     base = flags(adam)[0]
-    assert set(OFF_DEFAULT) == set(catalogue.KNOBS)
-    off = dict(OFF_DEFAULT, fisher=str(fake.tmp / OFF_DEFAULT["fisher"]))
+    off = {k: knob.off_default for k, knob in catalogue.KNOBS.items()}
+    assert all(v and v != catalogue.KNOBS[k].default for k, v in off.items()), off
+    off["fisher"] = str(fake.tmp / off["fisher"])  # (a file: made here, absolute)
     open(off["fisher"], "w").close()
     for name in catalogue.names(scripts=True):
         m = catalogue.get(name)
@@ -727,7 +715,7 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
         assert os.path.basename(os.path.dirname(run_dir)) == m.run_name(values)
         meta = json.load(open(os.path.join(run_dir, "run.json")))
         assert {k: meta[k] for k in m.settings(values)} == m.settings(values) and meta["method"] == name
-    _, run_dir, _ = fake("MRPC", "recadam+r3f")  # the comparison's spelling: the same method and directory
+    _, run_dir, _ = fake("MRPC", "recadam+r3f")  # the old spelling, still taken: the same method and directory
     assert os.path.basename(os.path.dirname(run_dir)) == "recadam-r3f-k0.1-t1000"
 
 

@@ -9,7 +9,7 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     recadam-random-init:0.1:40   no --restore-file: random weights, the pull recalls θ* (the paper's choice)
     r3f:1   r4f:1             λ of the consistency term (R4F: + spectral norm on the head)
     sam:0.05   fsam:0.05      ρ (fsam: SAM with FSAM's Fisher mask, keep ratio 0.1)
-    recadam+r3f:k=0.1,t0=40,lambda=1      recadam+fsam:k=0.1,t0=40,rho=0.05
+    recadam-r3f:k=0.1,t0=40,lambda=1      recadam-fsam:k=0.1,t0=40,rho=0.05
     freeze:3                  the embeddings and encoder layers 0..N-1 frozen (glue_multitask's freezing)
     ca-mtl:0   ca-mtl:3       CA-MTL's task-conditioned encoder (ca_mtl_roberta) on the target task,
                               encoder layers 0..N-1 frozen (the paper freezes the lower half)
@@ -19,7 +19,7 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
     reinit:2                  the top N encoder layers re-initialised (roberta_ft, --reinit-layers), Adam
     recadam-reinit:k=0.1,t0=50,reinit=2   RecAdam with them (the re-initialised layers are not pulled)
     lora:8                    LoRA of rank r on attention q and v (roberta_ft, α = 8), the encoder frozen,
-                              at LoRA's lr (LORA_LR) instead of --lr
+                              at LoRA's own lr (the catalogue's) instead of --lr
     mixout:0.9                Mixout toward θ* with probability p on the encoder's linear layers (roberta_ft)
     recadam-mixout:k=0.1,t0=50,p=0.9      RecAdam with it (Mixout's targets are RecAdam's θ*)
     childtune-d:0.3   childtune-f:0.3     ChildTuning-D (Fisher mask) / -F (random mask) keeping a fraction
@@ -31,8 +31,8 @@ order below or ``KEY=VALUE`` pairs separated by commas (unset knobs take the def
 Every method is a flag set on one shared command (same data, lr schedule, batch, updates, seed), the
 catalogue's (recadam_fairseq/catalogue.py: its flags, knobs and models); nothing here runs anything. The
 comparison's own choices: which knobs a spec varies (the rest at the catalogue's defaults or pinned
-below), t0 and R3F's λ defaults for its 200-update runs, and the names its runs were recorded under
-(``recadam+r3f``, ``recadam+fsam``: the catalogue's recadam-r3f, recadam-fsam; both spellings are taken).
+below), t0 and R3F's λ defaults for its 200-update runs. A spec's name is the catalogue's (its old spelling
+``recadam+X`` is taken too, and recorded under the catalogue's).
 In the multi-task setting (``flags(..., multitask=True)``) every run trains on all the target tasks at
 once through ``--task glue_multitask`` (uniform task sampling), and only the methods of
 MULTITASK_METHODS are allowed.
@@ -47,22 +47,19 @@ from .. import catalogue
 PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8", "fisher": "task"}
 SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha", "fisher")
 DEFAULTS = {"t0": 40.0, "lambda": 1.0}  # the comparison's own, for its 200-update runs
-RECORDED_AS = {"recadam-r3f": "recadam+r3f", "recadam-fsam": "recadam+fsam"}  # the recorded runs' spelling
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
-    RECORDED_AS.get(n, n): tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
-    for n, m in catalogue.METHODS.items()}
+    n: tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
+    for n, m in catalogue.METHODS.items() if m.comparison}
 INT_KNOBS = tuple(k for k, knob in catalogue.KNOBS.items() if knob.type is int and k not in SPEC_EXCLUDED)
 # knob: (default, its prefix in run names); gamma None: --gamma
 KNOBS = {k: (None if k == "gamma" else DEFAULTS.get(k, (int if k in INT_KNOBS else float)(knob.default)),
              knob.tag or k)
          for k, knob in catalogue.KNOBS.items() if k not in SPEC_EXCLUDED}
 RECADAM = ("k", "t0", "gamma")
-# LoRA trains ~0.1-1% of the weights, from B = 0: its own lr (the catalogue's); α fixed while r varies
-LORA_LR, LORA_ALPHA = float(catalogue.METHODS["lora"].lr), float(PINNED["lora_alpha"])
 # the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
 MT_TASK = "SST-2"
 # what the multi-task setting compares: plain RoBERTa and CA-MTL, each with and without RecAdam
-MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask)
+MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask and m.comparison)
 
 
 class MethodError(ValueError):
@@ -77,7 +74,6 @@ def parse(spec: str, gamma: float = 5000.0) -> dict:
     """``NAME[:VALUES]`` -> {"method": NAME, knob: value, ...}; errors name the spec."""
     name, _, rest = spec.strip().partition(":")
     name = catalogue.ALIASES.get(name, name)
-    name = RECORDED_AS.get(name, name)
     if name not in METHODS:
         raise MethodError(f"--methods {spec!r}: unknown method {name!r}; known: {', '.join(METHODS)}")
     knobs = METHODS[name]
@@ -124,10 +120,7 @@ def label(s: dict) -> str:
     """A setting in words, for tables and legends."""
     parts = []
     for k in METHODS[s["method"]]:
-        word = {"gamma": "γ", "lambda": "λ", "rho": "ρ", "layers": "frozen layers", "freeze": "frozen layers",
-                "decay": "lr decay", "reinit": "re-initialised layers", "rank": "r", "alpha": "α",
-                "ratio": "kept"}.get(k, k)
-        parts.append(f"{word}={fmt(s[k])}")
+        parts.append(f"{catalogue.KNOBS[k].label or k}={fmt(s[k])}")
     text = s["method"] + (" " + " ".join(parts) if parts else "")
     return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
 
@@ -150,15 +143,10 @@ def uses_multitask(s: dict) -> bool:
 
 
 def check(s: dict, num_layers: int) -> None:
-    """The knob values a run cannot take, as a MethodError naming the setting."""
-    bounds = {"decay": (lambda v: 0 < v <= 1, "the lr decay must be in (0, 1]"),
-              "reinit": (lambda v: 0 < v <= num_layers, f"{s.get('reinit')} re-initialised layers, the encoder "
-                                                          f"has {num_layers}"),
-              "rank": (lambda v: v >= 1, "the rank must be >= 1"),
-              "p": (lambda v: 0 <= v < 1, "the mixout probability must be in [0, 1)"),
-              "ratio": (lambda v: 0 < v <= 1, "the kept fraction must be in (0, 1]")}
-    for key, (ok, why) in bounds.items():
-        if key in s and not ok(s[key]):
+    """The knob values a run cannot take (the catalogue's bounds), as a MethodError naming the setting."""
+    for key in METHODS[s["method"]]:
+        why = catalogue.KNOBS[key].out_of_bounds(s[key], num_layers)
+        if why:
             raise MethodError(f"--methods {setting_name(s)}: {why}")
 
 
@@ -178,11 +166,8 @@ def flags(s: dict, num_layers: int, mt_task: str = MT_TASK, multitask: bool = Fa
     out = {"optimizer": f["optimizer"], "criterion": ["--criterion", m.criterion or "sentence_prediction",
                                                       *f["criterion"]],
            "task": None, "arch": m.model, "restore": m.restore,
-           "extra": f["extra"] + (["--lr", fmt(LORA_LR)] if m.lr else [])}
+           "extra": f["extra"] + (["--lr", fmt(float(m.lr))] if m.lr else [])}  # its own lr (LoRA's)
     if uses_multitask(s) or multitask:
-        n = s.get("layers", s.get("freeze", 0))
-        if n > num_layers:
-            raise MethodError(f"--methods {setting_name(s)}: {n} frozen layers, the encoder has {num_layers}")
         out["task"] = ["--task", "glue_multitask", "--mt-tasks", mt_task] + (
             ["--mt-sampling", "uniform"] if multitask else [])
         out["criterion"] = ["--criterion", "glue_multitask", *f["criterion"]]  # its flags: the GLUE criteria's

@@ -11,7 +11,7 @@ DEFAULT_METHODS = (
     "recadam-ewc:0.1:50:500", "recadam-ewc:0.1:50:5000", "recadam-ewc:0.1:50:10000",
     "r3f:1", "r3f:5", "r4f:1",
     "sam:0.05", "sam:0.2", "fsam:0.05", "fsam:0.2",
-    "recadam+r3f:k=0.1,t0=50,lambda=1", "recadam+fsam:k=0.1,t0=50,rho=0.05",
+    "recadam-r3f:k=0.1,t0=50,lambda=1", "recadam-fsam:k=0.1,t0=50,rho=0.05",
     "freeze:2", "freeze:4", "freeze:6",
     "ca-mtl:0", "ca-mtl:3",
     "llrd:0.9", "llrd:0.7", "recadam-llrd:k=0.1,t0=25,decay=0.9",
@@ -27,7 +27,7 @@ DEFAULT_METHODS = (
 TASK_METHODS = (
     "adam", "recadam:0.1:25", "recadam-coupled:0.1:50", "recadam-random-init:0.1:50",
     "ewc:0.1:50:5", "recadam-ewc:0.1:50:500", "r3f:1", "r4f:1", "sam:0.05", "fsam:0.05",
-    "recadam+r3f:k=0.1,t0=50,lambda=1", "recadam+fsam:k=0.1,t0=50,rho=0.05",
+    "recadam-r3f:k=0.1,t0=50,lambda=1", "recadam-fsam:k=0.1,t0=50,rho=0.05",
     "freeze:2", "ca-mtl:0",
     "llrd:0.9", "recadam-llrd:k=0.1,t0=25,decay=0.9", "reinit:1", "recadam-reinit:k=0.1,t0=25,reinit=1", "lora:8",
     "mixout:0.5", "recadam-mixout:k=0.1,t0=25,p=0.9", "childtune-d:0.3", "recadam-childtune-d:k=0.1,t0=25,ratio=0.3",
@@ -43,10 +43,6 @@ MULTITASK_SETTINGS = ("adam", "recadam:0.1:25", "ca-mtl:0", "ca-mtl:3", "recadam
                       "recadam-ca-mtl:k=0.1,t0=25,freeze=3", "recadam:0.1:75", "ewc:0.1:50:5", "recadam-ewc:0.1:50:500")
 # WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
 DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
-# relative cost per update (two forward/backward passes for R3F and SAM), for running the longest first
-COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "recadam+r3f": 2, "recadam+fsam": 2, "freeze": 0.5, "ca-mtl": 1.2,
-        "rdrop": 2, "recadam-rdrop": 2, "childtune-d": 1.6, "recadam-childtune-d": 1.6,  # D: + one Fisher pass
-        "ewc": 1.3}  # the coupled penalty's gradient over every weight
 
 
 def best_on_movie(rows):

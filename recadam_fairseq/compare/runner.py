@@ -11,7 +11,7 @@ import time
 from recadam_fairseq.compare import measure, methods
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, USER_DIR, read_json, rel, write_json
 from recadam_fairseq.compare.methods import fmt
-from recadam_fairseq.compare.plan import COST, early_points, planned_runs
+from recadam_fairseq.compare.plan import early_points, planned_runs
 from recadam_fairseq.tools import plot_run
 
 
@@ -274,7 +274,7 @@ def run_all(ctx, grid, on_done=None):
 
     todo = planned_runs(ctx.opts, grid)
     order = sorted(range(len(todo)), key=lambda i: (todo[i][1] not in ctx.opts.seeds, todo[i][1],
-                                                    -COST.get(todo[i][0]["method"], 1)))
+                                                    -methods.method_of(todo[i][0]).cost))
     results = [None] * len(todo)
     with ThreadPoolExecutor(max_workers=ctx.opts.jobs) as pool:
         futures = {i: pool.submit(run_one, ctx, *todo[i], say) for i in order}

@@ -33,19 +33,11 @@ from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
 FINETUNE = os.path.join(ROOT, "scripts", "seq2seq", "finetune.sh")
-# (label, catalogue method, extra fairseq-train flags); EWC is the coupled objective with F from a file (its runs
-# in WORK/runs-ewc: finetune.sh names a run by the method and its knobs, the same as recadam-coupled's)
-METHODS = (
-    ("adam", "adam", ()),
-    ("recadam", "recadam", ()),
-    ("rdrop", "rdrop", ()),
-    ("recadam-rdrop", "recadam-rdrop", ()),
-    ("r3f", "r3f", ()),
-    ("llrd", "llrd", ()),
-    ("recadam-coupled", "recadam-coupled", ()),
-    ("ewc", "recadam-coupled", ("--ewc-fisher", "{fisher}")),
-)
-RUNS_DIR = {"ewc": "runs-ewc"}  # WORK/runs otherwise
+# (label, the METHOD it runs as, extra fairseq-train flags): the catalogue's methods of this comparison; EWC is the
+# coupled objective with F from a file (its runs in WORK/runs-ewc: finetune.sh names a run by the method and its
+# knobs, the same as recadam-coupled's)
+METHODS = tuple((m.name, *(m.translation_as or (m.name, ()))) for m in catalogue.METHODS.values() if m.translation)
+RUNS_DIR = {label: f"runs-{label}" for label, method, _ in METHODS if method != label}  # WORK/runs otherwise
 WISE = ("adam", "recadam")  # the runs WiSE-FT mixes with θ*
 # fairseq-train's flags for every run: one CPU core's worth, a validation only at the end
 COMMON_EXTRA = ("--num-workers", "0", "--validate-interval", "1000", "--save-interval", "1000")
@@ -292,11 +284,11 @@ def fmt(x):
 
 
 def summary(res):
-    """Per method (in METHODS' order): mean and spread (half the range over seeds) of B, A, ΔA."""
+    """Per method (in the runs' order: METHODS' when they were recorded): mean and spread (half the range over
+    seeds) of B, A, ΔA."""
     pre_a = res["pretrained"]["bleu_a"]
     rows = []
-    labels = [m[0] for m in METHODS]
-    for label in sorted({r["label"] for r in res["runs"]}, key=lambda l: labels.index(l) if l in labels else 99):
+    for label in dict.fromkeys(r["label"] for r in res["runs"]):
         rs = [r for r in res["runs"] if r["label"] == label]
         b = np.array([r["bleu_b"] for r in rs])
         a = np.array([r["bleu_a"] for r in rs])
@@ -377,8 +369,7 @@ def write_report(res, docs):
     plot(rows, curves, res, os.path.join(docs, NAME + ".png"))
 
 
-COLOURS = {"adam": "black", "recadam": "tab:blue", "rdrop": "tab:orange", "recadam-rdrop": "tab:purple",
-           "r3f": "tab:green", "llrd": "tab:brown", "recadam-coupled": "tab:pink", "ewc": "tab:red"}
+COLOURS = {m.name: m.colour for m in catalogue.METHODS.values() if m.colour}
 
 
 def plot(rows, curves, res, out):

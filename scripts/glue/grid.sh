@@ -4,10 +4,10 @@
 #   scripts/glue/grid.sh TASK [extra fairseq-train args...]
 #
 # Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
-# RecAdam methods once per (k, t0) in KS x T0S, the others once per seed. A run whose `done` marker
-# exists is skipped ("skip"); an unfinished one continues from its newest checkpoint ("resume"; RESTART=1
-# starts every run of the grid over). A failed run does not stop the grid: the failures are listed at the
-# end (exit 1).
+# methods with RecAdam's knobs (recadam-*, ewc) once per (k, t0) in KS x T0S, the others once per seed.
+# A run whose `done` marker exists is skipped ("skip"); an unfinished one continues from its newest
+# checkpoint ("resume"; RESTART=1 starts every run of the grid over). A failed run does not stop the grid:
+# the failures are listed at the end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
 #              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
@@ -29,8 +29,10 @@ SEEDS=${SEEDS:-1}
 METHODS=${METHODS:-recadam}
 read -r -a TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
 PYTHON=${PYTHON:-$(python_of "${TRAIN[0]}")}
+declare -A KT  # the methods with RecAdam's knobs: a (k, t0) grid each
 for m in $METHODS; do  # the catalogue's (recadam_fairseq/catalogue.py), as finetune.sh takes them
-  err=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan --method "$m" 2>&1 >/dev/null) || die "METHODS: ${err#error: }"
+  out=$("$PYTHON" "$SCRIPT_DIR/prelaunch.py" plan --method "$m" 2>&1) || die "METHODS: ${out#error: }"
+  grep -qx "METHOD_RECADAM=1" <<< "$out" && KT[$m]=1
 done
 [ -n "${KS// }" ] && [ -n "${T0S// }" ] && [ -n "${SEEDS// }" ] || die "KS, T0S and SEEDS must not be empty"
 
@@ -57,7 +59,7 @@ one() {  # one() SEED METHOD [K T0]; the extra fairseq-train args are in EXTRA
 EXTRA=("$@")
 for seed in $SEEDS; do
   for method in $METHODS; do
-    if [ "${method#recadam}" = "$method" ]; then  # adam, r3f, r4f, sam, fsam: no (k, t0) grid
+    if [ -z "${KT[$method]:-}" ]; then  # no RecAdam knobs: no (k, t0) grid
       one "$seed" "$method"
     else
       for k in $KS; do

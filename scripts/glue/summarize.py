@@ -185,12 +185,9 @@ def best_of(entries, metric, budget=None):
     return best, at
 
 
-def split_name(name):
-    """'recadam-k0.1-t100' -> ('recadam', 'k0.1-t100'); unknown methods keep the whole name."""
-    for m in sorted(METHODS, key=len, reverse=True):
-        if name == m or name.startswith(m + "-"):
-            return m, name[len(m) + 1:]
-    return name, ""
+def only_k_t0(method, config):
+    """The run name of ``method`` with ``config`` sets RecAdam's k and t0 and nothing else."""
+    return set(catalogue.parse_run_name(f"{method}-{config}")[1]) == {"k", "t0"}
 
 
 def read_run(run_dir, root, budget=None):
@@ -207,15 +204,14 @@ def read_run(run_dir, root, budget=None):
     laid_out = len(parts) >= 3 and re.fullmatch(r"seed\d+", parts[-1])
     if laid_out:
         task, name, seed = parts[-3], parts[-2], int(parts[-1][4:])
-        method, variant = split_name(name)
     else:
         task, seed = meta.get("task", "?"), meta.get("seed", parts[-1])
-        method, variant = split_name(parts[-2] if len(parts) >= 2 else meta.get("method", "?"))
+        name = parts[-2] if len(parts) >= 2 else meta.get("method", "?")
+    method, named = catalogue.parse_run_name(name)
+    variant = name[len(method) + 1:]
     k, t0 = meta.get("k"), meta.get("t0")
-    if k is None and method not in ("adam", "r3f", "r4f"):
-        m = re.match(r"k(.+?)-t([^-]+)", variant)
-        if m:
-            k, t0 = m.group(1), m.group(2)
+    if k is None:
+        k, t0 = named.get("k"), named.get("t0")
     # a GLUE task's metric; another (translation's data directory): what run.json names (seq2seq: bleu)
     metric = primary_metric(task) if task in glue_tasks.TASKS or "metric" not in meta else meta["metric"]
     run = {
@@ -517,7 +513,7 @@ def main(argv=None):
         for v in tuned:
             grids[(v["task"], v["method"])].append(v)
         for (task, method), vs in sorted(grids.items(), key=lambda kv: (order(kv[0][0]), kv[0][1])):
-            plain = [v for v in vs if re.fullmatch(r"k[^-]+-t[^-]+", v["config"])]
+            plain = [v for v in vs if only_k_t0(v["method"], v["config"])]
             if len(plain) < 2:
                 continue
             ks = sorted({v["k"] for v in plain}, key=num_key)

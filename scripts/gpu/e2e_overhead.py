@@ -4,9 +4,9 @@
 Generates a RoBERTa-sized setup (random "pretrained" weights after one masked-LM update, a
 50,265-symbol dictionary, GLUE-length sentences of 64 to 126 tokens, two classes), then runs
 ``fairseq-train`` (through ``train_peak.py``, which adds the peak CUDA memory) once per method
-and round, the order rotating by round. Each method's flags come from the forgetting harness
-(recadam_fairseq/compare/methods.py, on the catalogue of methods), so the commands are the ones the
-comparison ran.
+and round, the order rotating by round. Its rows are the catalogue's GPU rows (recadam_fairseq/catalogue.py:
+each method's, against its base's) and their flags come from the forgetting harness
+(recadam_fairseq/compare/methods.py), so the commands are the ones the comparison ran.
 
     python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
     python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
@@ -40,6 +40,7 @@ README_START, README_END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
 
 
 sys.path.insert(0, ROOT)  # recadam_fairseq without install
+from recadam_fairseq import catalogue  # noqa: E402  (its GPU rows)
 from recadam_fairseq.compare import methods  # noqa: E402  (the comparison's specs, on the catalogue)
 from recadam_fairseq.compare.prepare import glue_layout  # noqa: E402
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, plot_run, readme_block  # noqa: E402
@@ -54,40 +55,26 @@ DICT_SIZE = {"base": 50260, "tiny": 96}  # dict.txt lines; fairseq adds 4 specia
 LENGTHS = {"base": (64, 126), "tiny": (10, 60)}  # tokens per sentence (+ <s> </s> within max positions)
 PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficient-fp16": ["--memory-efficient-fp16"],
              "amp": ["--amp"]}
-# name -> (methods spec, extra flags, base name): each method is timed against its base
-DEFAULT_METHODS = ["adam", "recadam", "recadam-bf16-anchor", "r3f", "sam", "fsam", "recadam-fsam", "mt-roberta",
-                   "ca-mtl", "llrd", "recadam-llrd", "reinit", "lora", "mixout", "recadam-mixout", "childtune-d",
-                   "recadam-childtune-d", "rdrop", "recadam-rdrop", "recadam-coupled", "ewc", "recadam-ewc"]
-CATALOGUE = {
-    "adam": ("adam", [], "adam"),
-    "recadam": ("recadam:0.1:250", [], "adam"),
-    "recadam-bf16-anchor": ("recadam:0.1:250", ["--recadam-anchor-dtype", "bf16"], "adam"),
-    # a per-tensor layout's program as a CUDA graph (--precision fp32: the layout it is for)
-    "recadam-cudagraph": ("recadam:0.1:250", ["--recadam-fused", "cuda-graph"], "recadam"),
-    "r3f": ("r3f:1", [], "adam"),
-    "r4f": ("r4f:1", [], "adam"),
-    "sam": ("sam:0.05", [], "adam"),
-    "fsam": ("fsam:0.05", [], "adam"),
-    "recadam-r3f": ("recadam-r3f:k=0.1,t0=250,lambda=1", [], "recadam"),
-    "recadam-fsam": ("recadam-fsam:k=0.1,t0=250,rho=0.05", [], "recadam"),
-    "mt-roberta": ("freeze:0", [], "mt-roberta"),  # plain RoBERTa through --task glue_multitask: CA-MTL's base
-    "ca-mtl": ("ca-mtl:0", [], "mt-roberta"),
-    "llrd": ("llrd:0.9", [], "adam"),  # recadam at w = 0: Adam's update, no θ*
-    "recadam-llrd": ("recadam-llrd:k=0.1,t0=250,decay=0.9", [], "recadam"),
-    "reinit": ("reinit:2", [], "adam"),
-    "lora": ("lora:8", [], "adam"),
-    "mixout": ("mixout:0.9", [], "adam"),
-    "recadam-mixout": ("recadam-mixout:k=0.1,t0=250,p=0.9", [], "recadam"),  # the targets are θ*: one copy
-    "childtune-d": ("childtune-d:0.3", [], "adam"),  # its Fisher pass is in the first update's time
-    "recadam-childtune-d": ("recadam-childtune-d:k=0.1,t0=250,ratio=0.3", [], "recadam"),
-    "rdrop": ("rdrop:1", [], "adam"),
-    "recadam-rdrop": ("recadam-rdrop:k=0.1,t0=250,alpha=1", [], "recadam"),
-    # EWC at the comparison's γ; F from the task (--ewc-fisher task, 1,024 per-example gradients before update 1:
-    # outside the timed intervals, its time is the run's fisher_s)
-    "recadam-coupled": ("recadam-coupled:0.1:250:5", [], "adam"),
-    "ewc": ("ewc:0.1:250:5", [], "recadam-coupled"),
-    "recadam-ewc": ("recadam-ewc:0.1:250:500", [], "recadam"),
-}
+RECADAM = {"t0": "250"}  # λ(t) at 1/2 in the middle of a longer run than the comparison's
+
+
+def gpu_rows():
+    """name -> (methods spec, extra flags, base name): the catalogue's GPU rows, each timed against its base (the
+    row of its base method, unless the row says); its knobs at the comparison's defaults but RECADAM and its own."""
+    out = {}
+    label = {}  # a method's own row: the row of those it is the base of
+    for m in catalogue.METHODS.values():
+        for v in m.variants("gpu"):
+            label.setdefault(m.name, v.label)
+            values = {**(RECADAM if m.uses_recadam else {}), **dict(v.values)}
+            spec = m.name + (":" + ",".join(f"{k}={x}" for k, x in values.items()) if values else "")
+            out[v.label] = (spec, list(v.extra), v.base or label.get(m.base, v.label), v.default)
+    return out
+
+
+# name -> (methods spec, extra flags, base name, timed by default)
+CATALOGUE = gpu_rows()
+DEFAULT_METHODS = [n for n, row in CATALOGUE.items() if row[3]]
 FISHER_EXAMPLES = "1,024"  # --ewc-fisher-examples' default
 FISHER_LINE = re.compile(r"ewc: the Fisher pass took ([\d.]+) s")
 
@@ -137,7 +124,7 @@ def make_setup(work: str, size: str, n_train: int, seed: int, device_flags: List
 
 
 def train_command(args, setup: Dict, name: str, save_dir: str) -> List[str]:
-    spec, extra, _ = CATALOGUE[name]
+    spec, extra, *_ = CATALOGUE[name]
     s = methods.parse(spec)
     num_layers = int(ARCH[args.size][ARCH[args.size].index("--encoder-layers") + 1])
     f = methods.flags(s, num_layers)
@@ -185,7 +172,7 @@ def run_one(args, setup: Dict, name: str, rnd) -> Dict:
 
 def anchor_bytes(name: str, trained: Optional[int]) -> Optional[int]:
     """What RecAdam's θ* should add: one copy of the trained parameters, in the anchor's dtype."""
-    if trained is None or not CATALOGUE[name][0].startswith("recadam"):
+    if trained is None or not CATALOGUE[name][0].startswith("recadam"):  # its spec's method
         return None
     base = CATALOGUE[CATALOGUE[name][2]][0]
     if base.startswith("recadam"):
