@@ -9,6 +9,7 @@ all 7 hidden states, real sentences): the only modelling difference is the Layer
 1 − cos < 1e-5 (measured 2e-7).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -504,6 +505,16 @@ def test_unreachable_data_fails_under_ci(tmp_path_factory, monkeypatch, ci, outc
 ALL_METHODS = ["adam", "recadam:0.5:1", "recadam-coupled:0.5:1", "recadam-random-init:0.5:1", "r4f:1",
                "fsam:0.05", "freeze:3", "ca-mtl:3"]
 UPDATES = 4
+QUICK = ["--max-tokens", "32"]  # sentences cut at 32 tokens: half the work of the default 64, the same code
+
+
+@contextlib.contextmanager
+def _quick_runs():
+    """The comparison's processes fork from the tests' server, RecAdam's step eager (no torch.compile: ~15 s a
+    run here; the compiled kernels are test_fused.py's)."""
+    with fast_interpreter(), pytest.MonkeyPatch.context() as mp:
+        mp.setenv("TORCH_COMPILE_DISABLE", "1")
+        yield
 ALPHAS = [0.25, 0.5, 0.75]  # run.py's default --interpolate
 README_BEFORE = "# Doc\n\ntext before\n<!-- forgetting:start -->\nold table\n<!-- forgetting:end -->\ntext after\n"
 
@@ -516,11 +527,11 @@ def pipeline(tmp_path_factory, converted):
     work = tmp_path_factory.mktemp("forgetting")
     (work / "README.md").write_text(README_BEFORE)
     argv = ["--work", str(work), "--results", str(work / "results"), "--sdist-dir", sdists(tmp_path_factory),
-            "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24",
+            "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40", "--snli-pairs", "24", *QUICK,
             "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
             "--methods", *ALL_METHODS, "--early-every", "1", "--early-methods", "adam", "freeze", "--keep-checkpoints",
             "--readme", str(work / "README.md")]
-    with fast_interpreter():
+    with _quick_runs():
         return work, cli.main(argv)
 
 
@@ -622,7 +633,7 @@ def test_report_only_starts_no_run(pipeline, converted):
     work, _ = pipeline
     res = cli.main([
         "--work", str(work), "--results", str(work / "partial"), "--pretrained-dir", converted,
-        "--train-size", "48", "--test-size", "40", "--snli-pairs", "24", "--batch-size", "16",
+        "--train-size", "48", "--test-size", "40", "--snli-pairs", "24", *QUICK, "--batch-size", "16",
         "--updates", str(UPDATES), "--log-interval", "1", "--lr", "1e-4", "--seeds", "3",
         "--methods", "adam", "sam:0.3", "--early-every", "1", "--early-methods", "adam", "freeze", "--report-only"])
     assert [r["name"] for r in res["runs"]] == ["adam"] and not res["complete"]
@@ -722,7 +733,7 @@ def test_json_commands_reproduce_a_row(pipeline, tmp_path):
     give the row's numbers again, exactly (one thread, the same seed); so do its interpolations, measured
     in memory and from the files scripts/interpolate.py writes. CA-MTL's run: its own arch, and the checkpoint
     with the most tensors θ* lacks."""
-    with fast_interpreter():
+    with _quick_runs():
         _reproduce_a_row(pipeline, tmp_path)
 
 
@@ -765,10 +776,10 @@ def _reproduce_a_row(pipeline, tmp_path):
 
 def _same_settings(work, converted, *argv):
     """run.py on the pipeline's work with its settings (so its runs count as done) and ``argv``."""
-    with fast_interpreter():
+    with _quick_runs():
         return cli.main([
             "--work", str(work), "--pretrained-dir", converted, "--train-size", "48", "--test-size", "40",
-            "--snli-pairs", "24", "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1",
+            "--snli-pairs", "24", *QUICK, "--batch-size", "16", "--updates", str(UPDATES), "--log-interval", "1",
             "--lr", "1e-4", "--seeds", "3", "--early-every", "1", "--early-methods", "adam", "freeze", *argv])
 
 
@@ -877,9 +888,9 @@ def tasks_pipeline(tmp_path_factory, converted):
     real data."""
     work = tmp_path_factory.mktemp("tasks")
     common = ["--work", str(work), "--sdist-dir", sdists(tmp_path_factory), "--pretrained-dir", converted,
-              "--train-size", "32", "--test-size", "24", "--snli-pairs", "16", "--batch-size", "16",
+              "--train-size", "32", "--test-size", "24", "--snli-pairs", "16", *QUICK, "--batch-size", "16",
               "--log-interval", "1", "--seeds", "3", "--early-every", "0", "--interpolate", "0.5"]
-    with fast_interpreter():
+    with _quick_runs():
         res = {t: cli.main(common + ["--task", t, "--results", str(work / t), "--updates", "2", "--methods", m,
                                      "--fisher-examples", "8"])
                for t, m in (("tweets", "adam"), ("nli", "recadam-ewc:k=0.5,t0=1"))}
@@ -899,7 +910,7 @@ def test_task_data_and_run(tasks_pipeline, task):
     classes = prepare.TARGETS[task].classes
     assert (t["train"], t["valid"], t["classes"]) == (32, 24, list(classes))
     assert sum(t["train_per_class"]) == 32 and sum(t["valid_per_class"]) == 24
-    assert info["settings"] == dict(train_size=32, test_size=24, snli_pairs=16, neutral_band=1.0, max_tokens=64,
+    assert info["settings"] == dict(train_size=32, test_size=24, snli_pairs=16, neutral_band=1.0, max_tokens=32,
                                     data_seed=0, task=task)
     labels = json.loads((data / f"{task}-bin" / "labels.json").read_text())
     assert labels["task"] == task and labels["num_classes"] == len(classes)

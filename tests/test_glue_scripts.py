@@ -414,7 +414,7 @@ def test_summarize_real_runs(glue, tmp_path):
         if key not in ("killed", "truncated"):  # (test_killed_run_resumes_bit_for_bit)
             result(glue, key)
     out = tmp_path / "summary"
-    p = run([fast_python(), SUMMARIZE, str(glue["runs"]), "--out", str(out)], base_env(), check=0)
+    p = run([sys.executable, SUMMARIZE, str(glue["runs"]), "--out", str(out)], base_env(), check=0)
     md = (out / "summary.md").read_text()
     assert md in p.stdout
 
@@ -481,7 +481,7 @@ def test_summarize_unfinished_and_broken_runs(glue, tmp_path):
     (runs / "RTE" / "adam" / "seed4").mkdir()
     (runs / "RTE" / "adam" / "seed4" / "train.log").write_text("garbage {\"x\n{not json}\n")
 
-    p = run([fast_python(), SUMMARIZE, str(runs)], base_env(), check=0)
+    p = run([sys.executable, SUMMARIZE, str(runs)], base_env(), check=0)
     rows = {r["seed"]: r for r in read_csv(runs / "runs.csv")}
     assert {s: rows[s]["status"] for s in rows} == {"1": "done", "2": "unfinished", "3": "not started",
                                                       "4": "unfinished"}
@@ -493,15 +493,15 @@ def test_summarize_unfinished_and_broken_runs(glue, tmp_path):
     md = (runs / "summary.md").read_text()
     assert "## Unfinished runs" in md and "RTE/adam/seed2 | unfinished | 4/8" in md, p.stdout
 
-    p = run([fast_python(), SUMMARIZE, str(runs), "--include-unfinished", "--out", str(tmp_path / "all")],
+    p = run([sys.executable, SUMMARIZE, str(runs), "--include-unfinished", "--out", str(tmp_path / "all")],
             base_env(), check=0)
     table = {r["task"]: r for r in read_csv(tmp_path / "all" / "summary.csv")}
     assert table["RTE"]["adam_n"] == "2", "seed1 and seed2's best so far"
 
-    p = run([fast_python(), SUMMARIZE, str(tmp_path / "nothing-here")], base_env())
+    p = run([sys.executable, SUMMARIZE, str(tmp_path / "nothing-here")], base_env())
     assert p.returncode != 0 and "no such directory" in p.stdout
     (tmp_path / "empty").mkdir()
-    p = run([fast_python(), SUMMARIZE, str(tmp_path / "empty")], base_env())
+    p = run([sys.executable, SUMMARIZE, str(tmp_path / "empty")], base_env())
     assert p.returncode != 0 and "no runs under" in p.stdout
 
 
@@ -526,7 +526,7 @@ def test_summarize_mnli_mismatched_and_metrics(tmp_path):
     write(r / "CoLA/recadam-k0.1-t100/seed2", [v(5, accuracy=70, mcc=50)])
     write(r / "CoLA/recadam-k1-t250/seed1", [v(5, accuracy=90, mcc=44)])
     write(r / "CoLA/recadam-k1-t250/seed2", [v(5, accuracy=90, mcc=47)])
-    run([fast_python(), SUMMARIZE, str(r)], base_env(), check=0)
+    run([sys.executable, SUMMARIZE, str(r)], base_env(), check=0)
     table = {x["task"]: x for x in read_csv(r / "summary.csv")}
     assert list(table) == ["MNLI", "MNLI-mm", "CoLA", "GLUE avg"]
     assert float(table["MNLI"]["adam_mean"]) == pytest.approx(83.0)
@@ -567,7 +567,7 @@ def test_summarize_names_the_file_that_holds_the_chosen_validation(tmp_path):
                                ("0.15", 4, "none (no checkpoint of update 4 kept)")):
         out = tmp_path / f"out-{budget}"
         run_args = [] if budget is None else ["--forgetting-budget", budget]
-        run([fast_python(), SUMMARIZE, str(tmp_path / "runs"), "--out", str(out), *run_args], base_env(), check=0)
+        run([sys.executable, SUMMARIZE, str(tmp_path / "runs"), "--out", str(out), *run_args], base_env(), check=0)
         (row,) = read_csv(out / "runs.csv")
         assert (int(row["best_update"]), row["checkpoint"]) == (pick, name), budget
 
@@ -598,7 +598,7 @@ def fake(tmp_path):
     model.write_text("")
     # ARCH and MAX_POSITIONS given and fp32: the script does not read the (empty) checkpoint or probe for a GPU
     env = base_env(ROBERTA_PATH=model, DATA_DIR=data, SAVE_DIR=tmp_path / "runs",
-                   FAIRSEQ_TRAIN=fast_train(script), ARCH="roberta_large", MAX_POSITIONS=512, FP16=0)
+                   FAIRSEQ_TRAIN=f"{sys.executable} {script}", ARCH="roberta_large", MAX_POSITIONS=512, FP16=0)
 
     def finetune(task, method, *extra, check=0, **kw):
         e = dict(env, **{k: str(v) for k, v in kw.items()})
@@ -770,7 +770,7 @@ def test_grid_and_summarize_carry_r3f_methods(fake):
     assert "ran 3, skipped 0, failed 0" in p.stdout
     runs = os.path.join(env["SAVE_DIR"], "RTE")
     assert sorted(os.listdir(runs)) == ["r3f", "r4f", "recadam-r3f-k0.1-t100"]
-    p = run([fast_python(), SUMMARIZE, env["SAVE_DIR"]], base_env(), check=0)
+    p = run([sys.executable, SUMMARIZE, env["SAVE_DIR"]], base_env(), check=0)
     rows = {r["method"]: r for r in read_csv(os.path.join(env["SAVE_DIR"], "runs.csv"))}
     assert set(rows) == {"r3f", "r4f", "recadam-r3f"}
     assert (rows["recadam-r3f"]["k"], rows["recadam-r3f"]["t0"]) == ("0.1", "100") and rows["r3f"]["k"] == ""

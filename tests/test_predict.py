@@ -88,8 +88,9 @@ def test_labels_pairs_of_a_lora_run_from_its_directory(tiny, runs, tmp_path):
     rows = raw_rows(tiny, "RTE", pair=True)
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{a}\t{b}\n" for a, b in rows))
-    proc = run_predict(runs.lora, tsv)
+    proc = run_predict(runs.lora, tsv)  # a fresh interpreter: what a user's terminal shows
     assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == ""  # no library's warnings (fairscale's FutureWarnings at fairseq's import)
     logits, names, _ = fairseq_dev_logits(runs.lora / "checkpoint_best.pt", os.path.join(tiny.glue_bin, "RTE-bin"),
                                        HEAD, False, 2)
     assert sorted(names) == ["entailment", "not_entailment"]

@@ -495,9 +495,10 @@ class Tiny:
         return [log for _, log in out]
 
 
-# The processes the task scripts and the comparison start (fairseq-train, prelaunch.py, measure.py, ...): forked
-# from a server that imported torch and fairseq once (helpers/fork_server.py). Not for a test of what a fresh
-# interpreter prints (import-time warnings, the one-line error of a real start-up): those keep sys.executable.
+# The processes the task scripts and the comparison start that import torch and fairseq (fairseq-train, measure.py,
+# prelaunch.py reading a checkpoint, ...): forked from a server that imported them once (helpers/fork_server.py).
+# A light script starts faster fresh (~35 ms), and a test of what a fresh interpreter prints (import-time warnings,
+# the one-line error of a real start-up) keeps sys.executable.
 def fast_python():
     """A ``python`` whose ``python SCRIPT ARGS`` forks from this worker's server (helpers/fork_server.py)."""
     from helpers import fork_server
