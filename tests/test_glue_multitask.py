@@ -25,6 +25,7 @@ from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 from recadam_fairseq.tools import prepare_glue as pg
 
 from recadam_fairseq.core import mt_sampling
+from recadam_fairseq.runs import summarize  # scripts/glue/summarize.py's code
 
 TASKS = ["CoLA", "MRPC", "STS-B", "MNLI"]
 HEADS = ["cola", "mrpc", "sts_b", "mnli"]
@@ -567,9 +568,6 @@ def test_summarize_reads_multitask_logs(run, tmp_path):
     import csv
     import shutil
 
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(ROOT, "scripts", "glue", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
     d = tmp_path / "runs" / "MTL" / "roberta-uniform-adam" / "seed1"
     d.mkdir(parents=True)
     shutil.copy(run.save / "train.log", d / "train.log")
@@ -724,9 +722,6 @@ def test_own_tasks_in_the_glue_scripts(mt, own, tmp_path, capsys):
                                          r"test submission files\)$"):
         mod.main(args + ["--tasks", "CoLA", "snli3"])
 
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(ROOT, "scripts", "glue", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
     d = tmp_path / "runs" / "MTL" / "own" / "seed1"
     d.mkdir(parents=True)
     (d / "train.log").write_text(own.log)

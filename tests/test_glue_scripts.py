@@ -719,10 +719,6 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
     assert os.path.basename(os.path.dirname(run_dir)) == "recadam-r3f-k0.1-t1000"
 
 
-def _summarize_module():
-    return _glue_script("summarize")
-
-
 def _glue_script(name):
     """scripts/glue/NAME.py, loaded by its path until its code moves into the package (allowed in
     test_architecture.py until then)."""
