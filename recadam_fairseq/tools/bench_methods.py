@@ -22,9 +22,7 @@ import sys
 import tempfile
 
 from recadam_fairseq import catalogue
-from recadam_fairseq.tools import make_tiny_roberta
-
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+from recadam_fairseq.tools import make_tiny_roberta, tiny_train
 
 SAM_EXTRA = ["--beta", "0.5", "--gamma", "0.5"]  # ESAM's β and γ, for the --sam-type variants
 REC = {"gamma": "500"}  # RecAdam at the catalogue's defaults, γ small enough for --lr 1e-4
@@ -86,15 +84,9 @@ WRAP = ("import atexit, resource, sys\n"
 
 
 def train(work, name, flags, updates, batch):
-    save = os.path.join(work, "runs", name)
-    args = [os.path.join(work, "cls-bin"), "--task", "sentence_prediction", "--criterion", "sentence_prediction",
-            "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *make_tiny_roberta.TINY_ARCH,
-            "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--lr", "1e-4",
-            "--lr-scheduler", "fixed", "--max-update", str(updates), "--batch-size", str(batch), "--seed", "1",
-            "--num-workers", "0", "--cpu", "--save-dir", save, "--no-save", "--disable-validation",
-            "--user-dir", os.path.join(ROOT, "recadam_fairseq"), "--log-format", "json", "--log-interval", "1000",
-            "--restore-file", os.path.join(work, "pretrained.pt"), "--reset-optimizer", "--reset-dataloader",
-            "--reset-meters", *flags]  # the method's last: its --criterion replaces the default
+    args = tiny_train.finetune(os.path.join(work, "cls-bin"), os.path.join(work, "runs", name), *flags,
+                               pretrained=os.path.join(work, "pretrained.pt"), updates=updates, batch_size=batch,
+                               log_interval=1000)  # the method's flags last: its --criterion replaces the default
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
     out = subprocess.run([sys.executable, "-c", WRAP, *args], capture_output=True, text=True, env=env, cwd=work)
     text = out.stdout + out.stderr

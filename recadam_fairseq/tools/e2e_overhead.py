@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 from recadam_fairseq import catalogue  # its GPU rows
 from recadam_fairseq.compare import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.compare.prepare import glue_layout
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, plot_run, readme_block
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, plot_run, readme_block, tiny_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
@@ -126,15 +126,12 @@ def train_command(args, setup: Dict, name: str, save_dir: str) -> List[str]:
     f = methods.flags(s, num_layers)
     arch, task = methods.arch_and_task(f, ARCH[args.size])
     data = setup["glue"] if f["task"] else setup["sentiment"]
-    return [data, "--user-dir", USER_DIR, "--restore-file", setup["pretrained"],
-            "--reset-optimizer", "--reset-dataloader", "--reset-meters", *task, *f["criterion"],
-            "--init-token", "0", "--separator-token", "2", *arch, "--dropout", "0.1", "--attention-dropout", "0.1",
-            "--batch-size", str(args.batch_size), "--required-batch-size-multiple", "1",
-            *f["optimizer"], *extra, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06", "--weight-decay", "0.1",
-            "--clip-norm", "0.0", "--lr", "1e-05", "--lr-scheduler", "fixed", "--max-update", str(args.updates),
-            "--seed", "1", *f["extra"], *args.device_flags, *PRECISION[args.precision],
-            "--num-workers", "1", "--disable-validation", "--no-save", "--save-dir", save_dir,
-            "--log-format", "json", "--log-interval", str(args.log_interval)]
+    return tiny_train.finetune(
+        data, save_dir, *f["extra"], pretrained=setup["pretrained"], user_dir=USER_DIR, task=[*task, *f["criterion"]],
+        arch=arch, optimizer=[*f["optimizer"], *extra], lr="1e-05", updates=args.updates, batch_size=args.batch_size,
+        settings=["--dropout", "0.1", "--attention-dropout", "0.1", "--required-batch-size-multiple", "1",
+                  "--weight-decay", "0.1", "--clip-norm", "0.0", *PRECISION[args.precision]],
+        cpu="--cpu" in args.device_flags, workers=1, log_interval=args.log_interval)
 
 
 def run_one(args, setup: Dict, name: str, rnd) -> Dict:
