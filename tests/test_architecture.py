@@ -169,18 +169,13 @@ def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
     assert "remove" in ast.unparse(funcs[0])
 
 
-# loaded by file path until their code moves into the package (another change); nothing else may be
-LOADED_BY_PATH_FOR_NOW = {"tests/test_glue_scripts.py", "tests/test_glue_multitask.py"}
-
-
 def test_no_module_is_loaded_by_file_path():
     """Code shared between scripts lives in the package and is imported: no importlib.util.spec_from_file_location
-    (nor a sys.path entry for a scripts/ folder) anywhere in the repository, scripts/glue/ and the files of
-    LOADED_BY_PATH_FOR_NOW aside."""
+    (nor a sys.path entry for a scripts/ folder) anywhere in the repository."""
     problems = []
     for path in sorted(glob.glob(os.path.join(ROOT, "**", "*.py"), recursive=True)):
         name = os.path.relpath(path, ROOT).replace(os.sep, "/")
-        if name.startswith((".venv/", "build/", "scripts/glue/")) or name in LOADED_BY_PATH_FOR_NOW:
+        if name.startswith((".venv/", "build/")):
             continue
         with open(path, encoding="utf-8") as f:
             tree = ast.parse(f.read(), path)

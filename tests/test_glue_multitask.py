@@ -6,7 +6,6 @@ vocabulary tensors resized to that BPE dictionary (every other tensor as pretrai
 own tasks (not GLUE) are made at the end as a fairseq user makes them, with fairseq-preprocess.
 """
 
-import importlib.util
 import json
 import math
 import os
@@ -25,6 +24,8 @@ from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 from recadam_fairseq.tools import prepare_glue as pg
 
 from recadam_fairseq.core import mt_sampling
+from recadam_fairseq.runs import summarize  # scripts/glue/summarize.py's code
+from recadam_fairseq.tools import predict_multitask  # scripts/glue/predict_multitask.py's code
 
 TASKS = ["CoLA", "MRPC", "STS-B", "MNLI"]
 HEADS = ["cola", "mrpc", "sts_b", "mnli"]
@@ -375,12 +376,9 @@ def test_frozen_layers_bit_for_bit_and_the_rest_moved(mt, run):
 
 
 def test_predictions_in_glue_format(mt, run, tmp_path):
-    spec = importlib.util.spec_from_file_location("predict_multitask", os.path.join(ROOT, "scripts", "glue", "predict_multitask.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     out = tmp_path / "pred"
-    assert mod.main([str(run.save / "checkpoint_last.pt"), "--glue-dir", str(mt.glue), "--bpe-dir", str(mt.bpe),
-                     "--out", str(out), "--cpu", "--batch-size", "5"]) == 0
+    assert predict_multitask.main([str(run.save / "checkpoint_last.pt"), "--glue-dir", str(mt.glue), "--bpe-dir",
+                                   str(mt.bpe), "--out", str(out), "--cpu", "--batch-size", "5"]) == 0
     assert sorted(os.listdir(out)) == ["CoLA.tsv", "MNLI-m.tsv", "MNLI-mm.tsv", "MRPC.tsv", "STS-B.tsv"]
     preds = dev_predictions(mt, str(run.save / "checkpoint_last.pt"))  # test files = the dev rows
     for name, files in TEST_FILES.items():
@@ -567,9 +565,6 @@ def test_summarize_reads_multitask_logs(run, tmp_path):
     import csv
     import shutil
 
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(ROOT, "scripts", "glue", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
     d = tmp_path / "runs" / "MTL" / "roberta-uniform-adam" / "seed1"
     d.mkdir(parents=True)
     shutil.copy(run.save / "train.log", d / "train.log")
@@ -711,22 +706,16 @@ def test_own_tasks_in_the_glue_scripts(mt, own, tmp_path, capsys):
     summarize.py gives GLUE rows only and says which tasks it left out."""
     import csv
 
-    spec = importlib.util.spec_from_file_location("predict_multitask", os.path.join(ROOT, "scripts", "glue", "predict_multitask.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
     ckpt = str(own.save / "checkpoint_last.pt")
     args = [ckpt, "--glue-dir", str(mt.glue), "--bpe-dir", str(mt.bpe), "--out", str(tmp_path / "pred"), "--cpu"]
-    assert mod.main(args) == 0
+    assert predict_multitask.main(args) == 0
     assert os.listdir(tmp_path / "pred") == ["CoLA.tsv"]
     assert "predict_multitask: skipping Movie-Sent, snli3: not GLUE tasks (no GLUE test file to predict)" in \
         capsys.readouterr().err
     with pytest.raises(SystemExit, match=r"^predict_multitask: --tasks snli3: not GLUE tasks \(this script writes GLUE's "
                                          r"test submission files\)$"):
-        mod.main(args + ["--tasks", "CoLA", "snli3"])
+        predict_multitask.main(args + ["--tasks", "CoLA", "snli3"])
 
-    spec = importlib.util.spec_from_file_location("summarize", os.path.join(ROOT, "scripts", "glue", "summarize.py"))
-    summarize = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(summarize)
     d = tmp_path / "runs" / "MTL" / "own" / "seed1"
     d.mkdir(parents=True)
     (d / "train.log").write_text(own.log)

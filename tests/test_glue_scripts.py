@@ -355,7 +355,8 @@ def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
     read for another reason (one that carries code; this Python has no torch) stops, and nothing is moved."""
     import torch
 
-    prelaunch = _glue_script("prelaunch")
+    from recadam_fairseq.tools import prelaunch  # scripts/glue/prelaunch.py's code
+
     for n, name in ((4, "checkpoint_1_4.pt"), (4, "checkpoint_best.pt"), (2, "checkpoint_1_2.pt")):
         torch.save({"optimizer_history": [{"num_updates": n}], "model": {}}, tmp_path / name)
     good = (tmp_path / "checkpoint_1_4.pt").read_bytes()
@@ -717,21 +718,6 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
         assert {k: meta[k] for k in m.settings(values)} == m.settings(values) and meta["method"] == name
     _, run_dir, _ = fake("MRPC", "recadam+r3f")  # the old spelling, still taken: the same method and directory
     assert os.path.basename(os.path.dirname(run_dir)) == "recadam-r3f-k0.1-t1000"
-
-
-def _summarize_module():
-    return _glue_script("summarize")
-
-
-def _glue_script(name):
-    """scripts/glue/NAME.py, loaded by its path until its code moves into the package (allowed in
-    test_architecture.py until then)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"glue_{name}", os.path.join(GLUE, f"{name}.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 R3F_FLAGS = {"--criterion": [["sentence_prediction_r3f"]], "--noise-type": [["uniform"]], "--r3f-lambda": [["0.7"]]}

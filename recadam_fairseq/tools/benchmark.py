@@ -47,7 +47,7 @@ import torch
 
 from recadam_fairseq.core import layer_lr
 from recadam_fairseq.core.recadam import RecAdam
-from recadam_fairseq.tools import make_tiny_roberta, plot_run, readme_block
+from recadam_fairseq.tools import plot_run, readme_block, tiny_train
 
 # (layers, dim, ffn, vocab) of RoBERTa-like encoders.
 SIZES = {
@@ -642,15 +642,9 @@ E2E_OPTIMIZERS = {
 def e2e_train(tiny_dir: str, name: str, updates: int, log_interval: int, threads: int) -> float:
     """One fairseq-train run of the tiny model: seconds per update (fairseq's ``ups``) after the first interval."""
     save = os.path.join(tiny_dir, f"e2e-{name}")
-    arch = make_tiny_roberta.TINY_ARCH
-    cmd = [sys.executable, "-m", "fairseq_cli.train", os.path.join(tiny_dir, "cls-bin"),
-           "--user-dir", os.path.join(ROOT, "recadam_fairseq"), "--restore-file", os.path.join(tiny_dir, "pretrained.pt"),
-           "--reset-optimizer", "--reset-dataloader", "--reset-meters", "--task", "sentence_prediction",
-           "--criterion", "sentence_prediction", "--num-classes", "2", "--init-token", "0", "--separator-token", "2",
-           *arch, *E2E_OPTIMIZERS[name], "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6", "--lr", "1e-5",
-           "--lr-scheduler", "fixed", "--max-update", str(updates), "--batch-size", "16", "--cpu",
-           "--num-workers", "0", "--seed", "1", "--disable-validation", "--no-save", "--save-dir", save,
-           "--log-format", "json", "--log-interval", str(log_interval)]
+    cmd = [sys.executable, "-m", "fairseq_cli.train",
+           *tiny_train.finetune(os.path.join(tiny_dir, "cls-bin"), save, pretrained=os.path.join(tiny_dir, "pretrained.pt"),
+                                optimizer=E2E_OPTIMIZERS[name], lr="1e-5", updates=updates, log_interval=log_interval)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:

@@ -440,10 +440,9 @@ def dumps(save, world):
 def tiny_classifier_args(arch=True):
     """The tiny classifier's fairseq-train arguments, without the optimizer, save dir and data (``arch``: with its
     architecture flags)."""
-    from recadam_fairseq.tools import make_tiny_roberta
+    from recadam_fairseq.tools import tiny_train
 
-    return ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2",
-            "--init-token", "0", "--separator-token", "2", *(make_tiny_roberta.TINY_ARCH if arch else [])]
+    return [*tiny_train.CLASSIFIER, *tiny_train.TOKENS, *(tiny_train.TINY_ARCH if arch else [])]
 
 
 class Tiny:
@@ -458,23 +457,15 @@ class Tiny:
 
     def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
                       device="cpu", data=None):
-        args = [
-            data or self.cls_bin, *tiny_classifier_args(),
-            "--optimizer", optimizer, "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-6",
-            "--lr", "1e-3", "--lr-scheduler", "fixed", "--max-update", str(updates),
-            "--batch-size", "16", "--seed", "7", "--num-workers", "0",
-            "--save-dir", str(save_dir), "--no-epoch-checkpoints",
-            "--user-dir", USER_DIR, "--log-format", "simple", "--log-interval", "1",
-        ]
-        if optimizer == "recadam":  # lr 1e-3 needs lr·γ < 2 (the authors' γ = 5000 goes with lr ~1e-5)
-            args[args.index("--optimizer") + 2:args.index("--optimizer") + 2] = ["--recadam-pretrain-cof", "500"]
-        if not validate:
-            args.append("--disable-validation")
-        if device == "cpu":
-            args.append("--cpu")
-        if restore:
-            args += ["--restore-file", self.pretrained, "--reset-optimizer", "--reset-dataloader", "--reset-meters"]
-        return args + list(extra)
+        from recadam_fairseq.tools import tiny_train
+
+        # lr 1e-3 needs lr·γ < 2 for RecAdam (the authors' γ = 5000 goes with lr ~1e-5)
+        gamma = ["--recadam-pretrain-cof", "500"] if optimizer == "recadam" else []
+        return tiny_train.finetune(
+            data or self.cls_bin, save_dir, *extra, pretrained=self.pretrained if restore else None, user_dir=USER_DIR,
+            optimizer=["--optimizer", optimizer, *gamma],
+            lr="1e-3", updates=updates, batch_size=16, seed=7, cpu=device == "cpu", saves=["--no-epoch-checkpoints"],
+            validate=validate, log_format="simple", log_interval=1)
 
     def train(self, save_dir, *extra, check=True, env=None, fresh=False, **kw):
         """One fairseq-train run (tests/train_entry.py; ``env``: extra environment; ``fresh``: in a new

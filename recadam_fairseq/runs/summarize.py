@@ -1,0 +1,77 @@
+"""Summarize GLUE fine-tuning runs made by scripts/glue/finetune.sh and grid.sh.
+
+    python scripts/glue/summarize.py RUNS_DIR [--out DIR] [--include-unfinished] [--forgetting-budget X]
+
+Finds the runs under RUNS_DIR (laid out as RUNS_DIR/<TASK>/<METHOD>[-k<K>-t<T0>...]/seed<N>/),
+reads their fairseq ``--log-format json`` logs (train.log) and writes to --out (default RUNS_DIR):
+
+  summary.md    the task x method table, the GLUE average, the best (k, t0) per task, the grid
+                of means per (k, t0), and the unfinished runs
+  summary.csv   the task x method table: mean, std, number of seeds and chosen config per method
+  variants.csv  every (task, method, config): mean, std, seeds, and whether it was chosen
+  runs.csv      one line per run: status, best dev metric, the update it came at, other metrics
+
+Per run, the score is the task's dev metric (CoLA: mcc; MRPC, QQP: f1; STS-B: pearson; the
+others: accuracy), the best (max) over the run's validations on ``valid``. For MNLI ``valid`` is
+matched; the mismatched accuracy (``valid1``) is shown as the row MNLI-mm, taken from the same
+runs as MNLI and left out of the average. A method's result on a task is the mean +- sample std
+over seeds of the config (k, t0, ...) whose mean is highest; the GLUE average is the mean of
+those over the tasks the method has. Runs without a ``done`` marker are listed as unfinished and
+left out of the tables unless --include-unfinished.
+
+Runs with the forgetting meter (FORGETTING_PROBE=..., docs/forgetting-meter.md) show, per run, the forgetting
+at the chosen validation: the masked-LM loss's rise since θ* (bits) or the pair AUC's fall. With
+--forgetting-budget X, a run's best validation is the best among those that forgot at most X (a run without
+the meter: among all, noted); without it, a run trained with a budget (FORGETTING_BUDGET, --forgetting-budget)
+is read with its own. Of equal scores the later validation is taken, as fairseq's checkpoint_best.pt takes it.
+Each run names the file that holds the chosen validation's weights: checkpoint_best.pt when it is the one
+fairseq kept there (a run trained with the same budget, or none with none), else a numbered, epoch or last
+checkpoint saved at that update and still there, else none.
+Translation runs (scripts/seq2seq/finetune.sh, laid out as RUNS_DIR/<DATA>/<METHOD>/seed<N>/, scored by the
+metric run.json names: bleu) forget in BLEU: its fall since θ* on the subsets after ``valid`` (the original
+domain's), from the ``bleu_delta`` that --eval-bleu-start logs; --forgetting-budget applies to it as above.
+
+Multi-task runs (scripts/glue/multitask.sh, laid out as RUNS_DIR/MTL/<NAME>/seed<N>/) give one
+row per task they trained, all read at the validation with the best ``glue_avg`` (one model
+for every task); <NAME> is their method column.
+"""
+
+import argparse
+import os
+import sys
+
+from recadam_fairseq.runs.aggregate import order, summarize
+from recadam_fairseq.runs.read import find_runs, read_runs
+from recadam_fairseq.runs.write import run_line, write_summary
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    if (argv if argv is not None else sys.argv[1:])[:1] == ["--run"]:  # one run's line (the task scripts' end)
+        ap.add_argument("--run", required=True, metavar="RUN_DIR")
+        ap.add_argument("--metric", help="the metric (default: the task's, from the run's path)")
+        a = ap.parse_args(argv)
+        print(run_line(a.run, a.metric))
+        return
+    ap.add_argument("runs_dir")
+    ap.add_argument("--out", help="where to write the summary files (default: RUNS_DIR)")
+    ap.add_argument("--include-unfinished", action="store_true",
+                    help="count runs without a done marker (their best so far) in the tables")
+    ap.add_argument("--forgetting-budget", type=float, metavar="X",
+                    help="runs with the forgetting meter: the best validation among those that forgot at most X "
+                         "(the masked-LM loss's rise in bits, or the pair AUC's fall, since θ*); translation runs "
+                         "with bleu_delta (--eval-bleu-start): BLEU's largest fall since θ* on the other subsets")
+    args = ap.parse_args(argv)
+    root = args.runs_dir
+    if not os.path.isdir(root):
+        sys.exit(f"summarize.py: error: {root}: no such directory")
+    runs = [r for d in find_runs(root) for r in read_runs(d, root, args.forgetting_budget)]
+    if not runs:
+        sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
+    runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))
+    counted = [r for r in runs if r["status"] == "done" or args.include_unfinished]
+    write_summary(args.out or root, root, runs, summarize(counted), args.include_unfinished, args.forgetting_budget)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,340 @@
+"""What the GLUE task scripts (finetune.sh, grid.sh, multitask.sh) ask Python before fairseq-train.
+
+    prelaunch.py plan [--method M] [--multitask | --seq2seq] [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A]
+                      [--freeze SPEC] [--cuda] [--steps DATA_DIR BATCH GPUS]
+    prelaunch.py resume RUN_DIR
+    prelaunch.py follow LOG [--offset BYTES] [--metric M] [--pid PID]
+    prelaunch.py methods [--multitask | --seq2seq]
+
+``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
+  --method     METHOD (its name in the catalogue, recadam_fairseq/catalogue.py), METHOD_NAME (the run
+               directory's name), METHOD_CRITERION (the criterion it needs, or empty), METHOD_FLAGS (an
+               array: its optimizer, model and criterion flags), METHOD_FT (1: the roberta_ft model),
+               METHOD_RECADAM (1: RecAdam's knobs), METHOD_LR (its own lr, or empty), METHOD_SETTINGS
+               (its variables, for command.sh), METHOD_JSON (its run.json fields) and each knob's variable
+               with its value; the knobs' values come from their environment variables (K, T0, RHO, ...: `python -m recadam_fairseq
+               methods NAME` lists them). --multitask: only the methods of the multi-task setting; --seq2seq:
+               only those of translation (scripts/seq2seq/finetune.sh), METHOD_CRITERION its seq2seq criterion
+  --task       TASK (GLUE's spelling of a name in any case), RECIPE_LR, RECIPE_BATCH, RECIPE_TOTAL,
+               RECIPE_WARMUP, NUM_CLASSES, METRIC: fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py)
+  --tasks      TASKS: a comma list in GLUE's spelling
+  --checkpoint CKPT_ARCH, CKPT_ARCH_FLAGS (the sizes that differ from the arch's defaults), CKPT_MAX_POSITIONS,
+               CKPT_LAYERS: the architecture the checkpoint was trained with (--seq2seq: an encoder-decoder's sizes)
+  --arch       the model's layers are --arch A's (fairseq's defaults), not the checkpoint's
+  --ft         the architecture (CKPT_ARCH, or ARCH for --arch) as the roberta_ft model's twin of it (re-init, LoRA)
+  --freeze     checks FREEZE (the layer syntax of recadam_fairseq/core/layers.py) against the model's layers
+  --cuda       HAS_CUDA: 1 when torch sees a CUDA device
+  --steps      PER_EPOCH: updates per epoch of --tasks on GPUS workers, batches of BATCH examples (about: with
+               --max-tokens a batch may hold fewer examples)
+Errors are one line on stderr (exit 2), naming the input.
+
+``methods`` prints the METHODs of the script (finetune.sh's; --multitask: multitask.sh's, --seq2seq:
+scripts/seq2seq/finetune.sh's) and their knobs' variables, from the catalogue: the end of the scripts' --help.
+
+``follow`` prints the progress lines of fairseq's log LOG as it grows (recadam_fairseq/tools/progress.py)
+until SIGTERM or until process PID (the calling script) is gone.
+
+``resume`` prepares RUN_DIR for fairseq to continue from: a checkpoint_last.pt that does not load (a
+kill during fairseq's non-atomic copy leaves it empty or truncated) is set aside as
+checkpoint_last.pt.bad-<time>, and the newest checkpoint that loads (numbered, epoch or best, by the
+update it holds) is copied in its place. It prints one line saying what the run continues from.
+"""
+
+import argparse
+import glob
+import json
+import math
+import os
+import re
+import shlex
+import shutil
+import struct
+import sys
+import time
+from typing import List
+
+from recadam_fairseq import catalogue  # pure Python: no torch
+from recadam_fairseq.core import glue_tasks
+from recadam_fairseq.core.errors import ConfigError
+from recadam_fairseq.core.layers import parse_layers
+
+
+class Stop(Exception):
+    """A one-line error for the calling script."""
+
+
+# --------------------------------------------------------------------------- checkpoints
+class Truncated(Stop):
+    """The file is cut short or empty (a kill during fairseq's copy): safe to set aside."""
+
+
+def load(path: str, what: str):
+    """A fairseq checkpoint, memory-mapped (tensors are not read). Truncated if the file is cut short or
+    empty; Stop if it cannot be read for another reason (this Python lacks torch, a file carrying code: the
+    plug-in's words, core/checkpoint_file.py)."""
+    if not os.path.isfile(path):
+        raise Stop(f"{what}: no such file")
+    need("torch")
+    need("recadam_fairseq.safe_globals")  # the types fairseq pickles
+    checkpoint_file = need("recadam_fairseq.core.checkpoint_file")
+    try:
+        return checkpoint_file.load(path, what)
+    except checkpoint_file.CheckpointFileError as e:
+        raise (Truncated if e.cut_short else Stop)(str(e)) from None
+
+
+def arch_of(path: str, what: str, arch_given: str = "", keys=None) -> dict:
+    need("fairseq.models")
+    from recadam_fairseq.tools import checkpoint_arch as ca
+
+    m = ca.model_config(load(path, what))
+    try:
+        arch, flags = ca.arch_flags(m, what, keys or ca.SIZE_KEYS)
+        why = ca.mismatch(m, arch_given, what, "ARCH=", "leave ARCH unset") if arch_given else None
+    except ca.ArchError as e:
+        raise Stop(f"{e}: set ARCH") from None
+    if why:  # the model ARCH builds must be the one the checkpoint holds
+        raise Stop(why)
+    return {"CKPT_ARCH": arch, "CKPT_ARCH_FLAGS": " ".join(flags), "CKPT_MAX_POSITIONS": ca.max_positions(m),
+            "CKPT_LAYERS": int(m.get("encoder_layers") or ca.arch_defaults(arch).get("encoder_layers") or 0)}
+
+
+def arch_defaults(arch: str) -> dict:
+    need("fairseq.models")
+    from recadam_fairseq.tools.checkpoint_arch import arch_defaults as defaults
+
+    return defaults(arch)
+
+
+def num_updates(state: dict) -> int:
+    history = state.get("optimizer_history") or [{}]
+    return int(history[-1].get("num_updates", 0))
+
+
+def rank(path: str) -> int:
+    """Among checkpoints of the same update: fairseq's numbered one, then an epoch one, then checkpoint_best."""
+    name = os.path.basename(path)
+    return 2 if re.fullmatch(r"checkpoint_\d+_\d+\.pt", name) else 1 if re.fullmatch(r"checkpoint\d+\.pt", name) else 0
+
+
+def resume(run_dir: str) -> str:
+    """Make checkpoint_last.pt in RUN_DIR loadable, or absent; return the one line to print.
+
+    Only a file that is cut short is set aside: any other failure to read a checkpoint stops (a
+    good checkpoint must never be traded for a restart from the pretrained model)."""
+    last = os.path.join(run_dir, "checkpoint_last.pt")
+    need("torch")
+    note = ""
+    if os.path.exists(last):
+        try:
+            return f"resuming {run_dir} from checkpoint_last.pt (update {num_updates(load(last, last))})"
+        except Truncated as e:
+            aside = f"{last}.bad-{time.strftime('%Y%m%d-%H%M%S')}"
+            os.replace(last, aside)
+            note = f"{e}; set aside as {os.path.basename(aside)}; "
+    found = []
+    for path in glob.glob(os.path.join(run_dir, "checkpoint*.pt")):
+        if os.path.basename(path) == "checkpoint_last.pt":
+            continue
+        try:
+            found.append((num_updates(load(path, path)), rank(path), path))
+        except Truncated:
+            continue
+    if not found:
+        return f"{note}no complete checkpoint in {run_dir}: starting from the pretrained model"
+    n, _, best = max(found)
+    tmp = last + ".tmp"
+    shutil.copyfile(best, tmp)
+    os.replace(tmp, last)  # atomic: a kill here leaves either nothing or the whole file
+    return f"{note}resuming {run_dir} from {os.path.basename(best)} (update {n})"
+
+
+# --------------------------------------------------------------------------- data
+def train_examples(data: str, task: str) -> int:
+    idx = os.path.join(data, f"{task}-bin", "input0", "train.idx")
+    if not os.path.exists(idx):
+        raise Stop(f"no {idx} (make it with data-prep/prepare_glue.py --tasks {task})")
+    with open(idx, "rb") as f:  # fairseq's mmap index: magic (9 bytes), version (8), dtype (1), count (8)
+        head = f.read(26)
+    if head[:9] != b"MMIDIDX\x00\x00":
+        raise Stop(f"{idx} is not a fairseq mmap index")
+    return struct.unpack("<Q", head[18:26])[0]
+
+
+def has_cuda() -> int:
+    return int(need("torch").cuda.is_available())
+
+
+def need(module: str):
+    """Import ``module``, or Stop: this Python is not the one that runs fairseq-train."""
+    import importlib
+
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise Stop(f"PYTHON={sys.executable} cannot import {module} ({e}): set PYTHON to the Python that runs "
+                   f"fairseq-train") from None
+
+
+# --------------------------------------------------------------------------- main
+def method_plan(name: str, env, multitask: bool = False, seq2seq: bool = False) -> dict:
+    """What METHOD adds to the task scripts' command, its knobs read from ``env``."""
+    shown = script_methods(multitask, seq2seq)
+    try:
+        m = catalogue.get(name)
+    except catalogue.UnknownMethod:
+        near = catalogue.closest(name, shown)
+        raise Stop(f"unknown METHOD '{name}'" + (f" (did you mean {near}?)" if near else "")
+                   + f"; choose one of {' '.join(shown)}") from None
+    if m.name not in shown:
+        raise Stop(f"METHOD {name} is not one of this script's; choose one of {' '.join(shown)}"
+                   + ("" if m.scripts else " (it runs in the comparison: scripts/forgetting/run.py --methods)")
+                   + (" (GLUE's: scripts/glue/finetune.sh)" if seq2seq and m.scripts else ""))
+    knobs = catalogue.KNOBS
+    given = {k: env[knobs[k].var] for k in m.knobs if env.get(knobs[k].var)}
+    try:
+        values = {k: knobs[k].check(v) for k, v in {**m.defaults(), **given}.items()}
+    except ValueError as e:
+        raise Stop(str(e)) from None
+    f = m.flags(values)
+    return {**{knobs[k].var: v for k, v in values.items()}, "METHOD": m.name, "METHOD_NAME": m.run_name(values),
+            "METHOD_CRITERION": m.seq2seq_criterion if seq2seq else m.criterion or "", "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"],
+            "METHOD_FT": int(m.needs_ft), "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
+            "METHOD_SETTINGS": " ".join(f"{knobs[k].var}={v}" for k, v in values.items()),
+            "METHOD_JSON": "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in m.settings(values).items())}
+
+
+def script_methods(multitask: bool = False, seq2seq: bool = False) -> List[str]:
+    """The METHODs a task script takes, in the catalogue's order."""
+    return [n for n in catalogue.names(scripts=True, seq2seq=seq2seq) if catalogue.METHODS[n].multitask or not multitask]
+
+
+def methods_help(multitask: bool = False, seq2seq: bool = False) -> str:
+    """The scripts' --help on METHOD, from the catalogue: the names, then each knob's variable, default and flag."""
+    import textwrap
+
+    names = script_methods(multitask, seq2seq)
+    lines = ["METHOD (the catalogue, recadam_fairseq/catalogue.py; python -m recadam_fairseq methods METHOD: one in full):"]
+    lines += textwrap.wrap(" ".join(names), 100, initial_indent="  ", subsequent_indent="  ", break_on_hyphens=False)
+    lines.append("The methods' knobs, each from its variable [default]:")
+    for key, knob in catalogue.KNOBS.items():
+        users = [n for n in names if key in catalogue.METHODS[n].knobs]
+        if users:
+            who = ", ".join(users) if len(users) <= 4 else f"{len(users)} methods: {', '.join(users[:3])}, ..."
+            lines.append(f"  {knob.var} [{knob.default}]  {knob.flag}: {knob.help} ({who})")
+    return "\n".join(lines)
+
+
+def plan(args) -> dict:
+    out = {}
+    if args.method is not None:
+        out.update(method_plan(args.method, os.environ, args.multitask, args.seq2seq))
+    if args.task:
+        t = glue_tasks.TASKS[canonical(args.task)]
+        if not t.recipe.total_updates:
+            raise Stop(f"unknown TASK '{args.task}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}")
+        r = t.recipe
+        out.update(TASK=t.name, RECIPE_LR=r.lr, RECIPE_BATCH=r.batch, RECIPE_TOTAL=r.total_updates,
+                   RECIPE_WARMUP=r.warmup_updates, NUM_CLASSES=t.num_classes, METRIC=t.primary_metric)
+    if args.tasks is not None:
+        try:
+            names = [glue_tasks.canonical(n) for n in args.tasks.split(",") if n.strip()]
+        except glue_tasks.UnknownTask as e:
+            raise Stop(f"TASKS={args.tasks}: {e}") from None
+        if not names:
+            raise Stop("TASKS is empty")
+        if len(set(names)) != len(names):
+            raise Stop(f"TASKS={args.tasks}: a task is named twice")
+        out["TASKS"] = ",".join(names)
+        if args.steps:
+            data, batch, gpus = args.steps[0], int(args.steps[1]), int(args.steps[2])
+            steps = sum(math.ceil(train_examples(data, n) / batch) for n in names)
+            out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
+    if args.checkpoint:
+        what = f"{'PRETRAINED' if args.seq2seq else 'ROBERTA_PATH'}={args.checkpoint}"
+        from recadam_fairseq.tools.checkpoint_arch import SEQ2SEQ_SIZE_KEYS
+
+        out.update(arch_of(args.checkpoint, what, args.arch or "", SEQ2SEQ_SIZE_KEYS if args.seq2seq else None))
+    if args.ft:
+        if args.arch:
+            out["ARCH"] = ft_arch(args.arch, "ARCH")
+        elif "CKPT_ARCH" in out:
+            out["CKPT_ARCH"] = ft_arch(out["CKPT_ARCH"], f"ROBERTA_PATH={args.checkpoint}")
+    layers = out.get("CKPT_LAYERS")
+    if args.arch:
+        layers = arch_defaults(args.arch).get("encoder_layers", layers)
+    if args.freeze is not None:
+        if not layers:
+            raise Stop(f"FREEZE={args.freeze}: cannot tell how many layers the model has (set ROBERTA_PATH)")
+        try:
+            parse_layers(args.freeze, int(layers), "FREEZE")
+        except ConfigError as e:
+            raise Stop(str(e)) from None
+    if args.cuda:
+        out["HAS_CUDA"] = has_cuda()
+    return out
+
+
+def ft_arch(arch: str, what: str) -> str:
+    """fairseq's RoBERTa arch -> the roberta_ft model's arch of the same sizes (roberta_large -> roberta_ft_large)."""
+    name = arch if arch.startswith("roberta_ft") else "roberta_ft" + arch[len("roberta"):] if arch.startswith("roberta") else ""
+    arch_defaults("roberta")  # registers the plug-in's archs
+    if not name or name not in need("fairseq.models").ARCH_CONFIG_REGISTRY:
+        raise Stop(f"{what}: --arch {arch} has no roberta_ft twin (re-init and LoRA need fairseq's RoBERTa: "
+                   f"roberta, roberta_base, roberta_large): set ARCH=roberta_ft_base or roberta_ft_large")
+    return name
+
+
+def canonical(name: str) -> str:
+    try:
+        return glue_tasks.canonical(name)
+    except glue_tasks.UnknownTask:
+        raise Stop(f"unknown TASK '{name}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}") from None
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p = sub.add_parser("plan")
+    p.add_argument("--method")
+    p.add_argument("--multitask", action="store_true")
+    p.add_argument("--seq2seq", action="store_true")
+    p.add_argument("--task")
+    p.add_argument("--tasks")
+    p.add_argument("--checkpoint")
+    p.add_argument("--arch")
+    p.add_argument("--freeze")
+    p.add_argument("--ft", action="store_true")
+    p.add_argument("--cuda", action="store_true")
+    p.add_argument("--steps", nargs=3, metavar=("DATA_DIR", "BATCH", "GPUS"))
+    r = sub.add_parser("resume")
+    r.add_argument("run_dir")
+    m = sub.add_parser("methods")
+    m.add_argument("--multitask", action="store_true")
+    m.add_argument("--seq2seq", action="store_true")
+    f = sub.add_parser("follow")
+    f.add_argument("log")
+    f.add_argument("--offset", type=int, default=0)
+    f.add_argument("--metric")
+    f.add_argument("--pid", type=int)
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "follow":
+            from recadam_fairseq.tools import progress
+
+            return progress.follow(args.log, args.offset, args.metric, args.pid)
+        if args.cmd == "methods":
+            print(methods_help(args.multitask, args.seq2seq))
+        elif args.cmd == "resume":
+            print(resume(args.run_dir))
+        else:
+            for k, v in plan(args).items():  # a list as a bash array
+                print(f"{k}=({' '.join(map(shlex.quote, v))})" if isinstance(v, list) else f"{k}={shlex.quote(str(v))}")
+    except Stop as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
