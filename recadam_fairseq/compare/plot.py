@@ -180,9 +180,15 @@ def lay_out(fig, panels, labels):
         place_labels(ax, labels[name], [ax.get_legend().get_window_extent(renderer)] if ax.get_legend() else [])
 
 
+def update_of(r, default=1e9):
+    """The update a row stands at: an intermediate point's, a row's own ``at_update`` (a grid's setting at its
+    best validation, runs/verdicts.py), else ``default`` (the comparison's final checkpoint: the end)."""
+    return r.get("stopped_at") or r.get("at_update") or default
+
+
 def by_update(rows):
-    """Adam's rows, its intermediate checkpoints first and its final row last."""
-    return sorted((r for r in rows if r["method"] == "adam"), key=lambda r: r.get("stopped_at") or 1e9)
+    """Adam's rows along its updates (the comparison's: its intermediate checkpoints first, its final row last)."""
+    return sorted((r for r in rows if r["method"] == "adam"), key=update_of)
 
 
 def draw_curves(ax, rs, color, off, lims, labels):
@@ -242,18 +248,18 @@ def method_panel(ax, rows, final, names, off, lims):
     return labels
 
 
-def adam_panel(ax, rows, updates):
+def adam_panel(ax, rows, updates, text):
     """Adam's accuracy and forgetting along its runs (its intermediate checkpoints), two y axes."""
     pts = by_update(rows)
-    ups = [r.get("stopped_at") or updates for r in pts]
+    ups = [update_of(r, updates) for r in pts]
     ax.errorbar(ups, [r["target_accuracy"] for r in pts], yerr=[r["target_accuracy_std"] for r in pts],
                 color="black", marker="o", capsize=2)
     ax.set_xlabel("updates")
-    ax.set_ylabel("target accuracy (held-out)")
+    ax.set_ylabel(text["y"])
     tw = ax.twinx()
     tw.errorbar(ups, [-r["forgetting"] for r in pts], yerr=[r["forgetting_std"] for r in pts], color="tab:red",
                 marker="s", capsize=2)
-    tw.set_ylabel("SNLI AUC drop", color="tab:red")
+    tw.set_ylabel(text["drop"], color="tab:red")
     ax.set_title("adam: accuracy (black) and forgetting (red) along its runs", fontsize=9)
     ax.grid(alpha=0.3)
 
@@ -267,7 +273,7 @@ def key_panel(ax, plt, rows, final):
                                  else "each point: mean ± std over seeds"))]
     if len(adam) > 1:
         handles.append(plt.Line2D([], [], color="grey", ls=":", marker=".", label="adam, the same runs after "
-                                  + ", ".join(str(r["stopped_at"]) for r in adam[:-1]) + " updates"))
+                                  + ", ".join(str(r["stopped_at"]) for r in adam if r.get("stopped_at")) + " updates"))
     wise = sorted({p["alpha"] for r in final for p in r.get("interpolated", [])})
     if wise:  # θ* (α = 0) forgets nothing but has no head of its own for the target: its line, no point
         handles += [plt.Line2D([], [], color="black", ls=":", marker="x", ms=3, label="WiSE-FT (1 − α)·θ* + α·θ, "
@@ -280,9 +286,19 @@ def key_panel(ax, plt, rows, final):
     ax.legend(handles=handles, loc="center", fontsize=8, frameon=False)
 
 
-def figure(rows, base, updates):
+def comparison_text(base):
+    """The comparison's texts of a task's figure: the axes (x: the forgetting, y: the target's metric), Adam's
+    forgetting axis (``drop``) and the title (a grid's summary passes its own: runs/verdicts.py)."""
+    return {"x": f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)",
+            "y": "target accuracy (held-out)", "drop": "SNLI AUC drop",
+            "title": "target accuracy vs forgetting, one panel per family of methods (its page in docs/)"}
+
+
+def figure(rows, base, updates, text=None):
     """The task's figure: one panel per family present (Adam in each, if any), Adam along its runs, the key.
-    Returns the figure, {family: its panel} and the panels' (xlim, ylim); None without matplotlib."""
+    ``text``: the axes' and title's (comparison_text(base) by default). Returns the figure, {family: its panel}
+    and the panels' (xlim, ylim); None without matplotlib."""
+    text = text or comparison_text(base)
     plt = pyplot()
     if plt is None:
         return None
@@ -298,19 +314,18 @@ def figure(rows, base, updates):
         ax.set_title(name if name == "adam" else f"{name} family", fontsize=10)
         labels[name] = method_panel(ax, rows, final, names, off, (xlim or ax.get_xlim(), ylim or ax.get_ylim()))
     if len(adam) > 1:
-        adam_panel(fig.add_subplot(gs[len(fams)]), rows, updates)
+        adam_panel(fig.add_subplot(gs[len(fams)]), rows, updates, text)
     key_panel(fig.add_subplot(gs[len(fams) + (len(adam) > 1)]), plt, rows, final)
-    fig.supxlabel(f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)")
-    fig.supylabel("target accuracy (held-out)")
-    fig.suptitle("target accuracy vs forgetting, one panel per family of methods (its page in docs/)"
-                 + (", Adam in each" if adam else ""))
+    fig.supxlabel(text["x"])
+    fig.supylabel(text["y"])
+    fig.suptitle(text["title"] + (", Adam in each" if adam else ""))
     lay_out(fig, panels, labels)
     return fig, panels, (first.get_xlim(), first.get_ylim())
 
 
-def plot(rows, base, out, updates):
+def plot(rows, base, out, updates, text=None):
     """The figure at ``out``; returns the panels' (xlim, ylim) (None without matplotlib)."""
-    drawn = figure(rows, base, updates)
+    drawn = figure(rows, base, updates, text)
     if drawn is None:
         return None
     fig, _, limits = drawn

@@ -128,20 +128,21 @@ def wise_beats_adam(rows, adam):
             if better_than_adam_on_means(p, adam)]
 
 
-def noise(row, adam, key):
-    """Twice the standard error of the gap between a setting's mean and Adam's (floored)."""
+def noise(row, adam, key, floor=NOISE_FLOOR):
+    """Twice the standard error of the gap between a setting's mean and Adam's (at least ``floor``: NOISE_FLOOR
+    in the comparison's units; a grid's summary passes it in its metric's, runs/verdicts.py)."""
     se = np.sqrt(row[key + "_std"] ** 2 / len(row["seeds"]) + adam[key + "_std"] ** 2 / len(adam["seeds"]))
-    return max(2 * float(se), NOISE_FLOOR)
+    return max(2 * float(se), floor)
 
 
-def keeps_accuracy_within_noise(row, adam):
+def keeps_accuracy_within_noise(row, adam, floor=NOISE_FLOOR):
     """The setting's mean accuracy is at most the seed noise below Adam's: the summary's reading."""
-    return row["target_accuracy"] - adam["target_accuracy"] >= -noise(row, adam, "target_accuracy")
+    return row["target_accuracy"] - adam["target_accuracy"] >= -noise(row, adam, "target_accuracy", floor)
 
 
-def forgets_less_beyond_noise(row, adam):
+def forgets_less_beyond_noise(row, adam, floor=NOISE_FLOOR):
     """The setting's mean forgetting is below Adam's by more than the seed noise: the summary's reading."""
-    return row["forgetting"] - adam["forgetting"] > noise(row, adam, "forgetting")
+    return row["forgetting"] - adam["forgetting"] > noise(row, adam, "forgetting", floor)
 
 
 def spread(row, key):
