@@ -31,6 +31,12 @@ Translation runs (scripts/seq2seq/finetune.sh, laid out as RUNS_DIR/<DATA>/<METH
 metric run.json names: bleu) forget in BLEU: its fall since θ* on the subsets after ``valid`` (the original
 domain's), from the ``bleu_delta`` that --eval-bleu-start logs; --forgetting-budget applies to it as above.
 
+Runs with a probe also answer which method keeps the metric and forgets least (docs/forgetting-your-task.md):
+per task, forgetting-<TASK>.png (each setting's metric against its forgetting, mean ± std over seeds, each
+method's frontier, Adam's curve along its validations) and verdicts.csv and summary.md's "Which method forgets
+least": against Adam by the comparison's rule (docs/forgetting.md), keeps Adam's metric within the seed noise,
+forgets less beyond it, on the frontier. Runs without a probe: none of these.
+
 Multi-task runs (scripts/glue/multitask.sh, laid out as RUNS_DIR/MTL/<NAME>/seed<N>/) give one
 row per task they trained, all read at the validation with the best ``glue_avg`` (one model
 for every task); <NAME> is their method column.
@@ -40,6 +46,7 @@ import argparse
 import os
 import sys
 
+from recadam_fairseq.runs import verdicts
 from recadam_fairseq.runs.aggregate import order, summarize
 from recadam_fairseq.runs.read import find_runs, read_runs
 from recadam_fairseq.runs.write import run_line, write_summary
@@ -70,7 +77,8 @@ def main(argv=None):
         sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
     runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))
     counted = [r for r in runs if r["status"] == "done" or args.include_unfinished]
-    write_summary(args.out or root, root, runs, summarize(counted), args.include_unfinished, args.forgetting_budget)
+    write_summary(args.out or root, root, runs, summarize(counted), args.include_unfinished, args.forgetting_budget,
+                  verdicts.answer(counted, root))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ from collections import defaultdict
 
 from recadam_fairseq.core import glue_tasks
 from recadam_fairseq.core.forgetting import label
+from recadam_fairseq.runs import verdicts
 from recadam_fairseq.runs.aggregate import MM, OTHERS, best_of, num_key, order, primary_metric, run_budget, \
     run_forgetting, to_float
 from recadam_fairseq.runs.read import checkpoint_at, only_k_t0, parse_log, saved_checkpoints
@@ -171,16 +172,23 @@ def markdown(root, runs, summary, table, include_unfinished=False, budget=None):
     return md
 
 
-def write_summary(out, root, runs, summary, include_unfinished=False, budget=None):
-    """The four files written into ``out`` from the runs and ``aggregate.summarize``'s result; summary.md printed."""
+def write_summary(out, root, runs, summary, include_unfinished=False, budget=None, answers=None):
+    """The four files written into ``out`` from the runs and ``aggregate.summarize``'s result; summary.md printed.
+    ``answers`` (``verdicts.answer``: runs with a probe): verdicts.csv, forgetting-<TASK>.png and summary.md's
+    section besides."""
     cells, variants, methods, rows, _ = summary
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "runs.csv"), [dict(r, mm=r["mm"]) for r in runs], RUN_FIELDS)
     write_csv(os.path.join(out, "variants.csv"), variants, VARIANT_FIELDS)
     table, fields = summary_table(cells, methods, rows)
     write_csv(os.path.join(out, "summary.csv"), table, fields)
-    md = markdown(root, runs, summary, table, include_unfinished, budget)
+    md = markdown(root, runs, summary, table, include_unfinished, budget) + verdicts.markdown(answers or {})
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))
-    print(f"wrote {', '.join(os.path.join(out, n) for n in ('summary.md', 'summary.csv', 'variants.csv', 'runs.csv'))}")
+    written = [os.path.join(out, n) for n in ('summary.md', 'summary.csv', 'variants.csv', 'runs.csv')]
+    if answers:
+        written.append(os.path.join(out, "verdicts.csv"))
+        write_csv(written[-1], verdicts.csv_rows(answers), verdicts.CSV_FIELDS)
+        written += verdicts.plot(out, answers)
+    print(f"wrote {', '.join(written)}")

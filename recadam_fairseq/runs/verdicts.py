@@ -1,0 +1,197 @@
+"""A grid's answer to the toolkit's question, which method keeps my accuracy and forgets least, from runs that
+logged a forgetting probe (FORGETTING_PROBE, docs/forgetting-meter.md; translation: --eval-bleu-start's BLEU on
+the original domain): per task, each setting (method and config) at the validation ``read`` picks (the best dev
+metric, within a forgetting budget where one applies: the one summary.md's tables show), mean ± std over seeds;
+Adam's curve along its validations; the frontier; and the comparison's verdicts against Adam, by its rule
+(``compare/stats.py``, docs/forgetting.md): keeps Adam's accuracy within the seed noise, forgets less beyond it,
+on the frontier. The rows are the comparison's (``target_accuracy``, ``forgetting`` as a change with higher =
+less forgotten), so ``compare/plot.py`` draws them: summarize.py writes forgetting-<TASK>.png, verdicts.csv and
+summary.md's section. Runs without a probe give nothing here."""
+
+import os
+import re
+from collections import defaultdict
+
+from recadam_fairseq import catalogue
+from recadam_fairseq.compare import methods, stats
+from recadam_fairseq.runs.aggregate import order, run_forgetting, to_float
+from recadam_fairseq.runs.read import parse_log
+
+# every metric a grid is scored by is logged x100 (GLUE's: glue_core; BLEU): the comparison's floor, in its units
+SCALE = 100.0
+
+
+def floors(forgetting_metric):
+    """(the metric's floor, the forgetting's floor): NOISE_FLOOR in the metric's units (0.5 points); the forgetting's
+    in the probe's own (mlm loss bits, pair AUC), or BLEU's x100."""
+    return stats.NOISE_FLOOR * SCALE, stats.NOISE_FLOOR * (SCALE if forgetting_metric.startswith("BLEU") else 1.0)
+
+
+def knobs(method, config):
+    """A setting's knobs as the comparison's rows hold them (its plot labels and groups by them): named by the run's
+    directory, else the catalogue's defaults."""
+    named = catalogue.parse_run_name(f"{method}-{config}" if config else method)[1]
+    out = {}
+    for k in methods.METHODS.get(method, ()):
+        knob = catalogue.KNOBS[k]
+        value = named.get(k, knob.default)
+        try:
+            out[k] = knob.type(value)
+        except (TypeError, ValueError):
+            out[k] = value
+    return out
+
+
+def setting_row(name, method, rs, **extra):
+    """One point: the mean ± std over ``rs`` ([(seed, metric, forgetting)], forgetting positive = forgot) in the
+    comparison's row shape (its ``forgetting``: minus ours, higher = less forgotten)."""
+    row = dict(extra, name=name, label=name, method=method, seeds=sorted(s for s, _, _ in rs))
+    row["target_accuracy"], row["target_accuracy_std"] = stats.mean_std([a for _, a, _ in rs])
+    row["forgetting"], row["forgetting_std"] = stats.mean_std([-f for _, _, f in rs])
+    return row
+
+
+def adam_curve(adam_runs, root):
+    """Adam's points along its validations: per update, the mean over the seeds that logged both its metric and
+    its forgetting there (intermediate rows: ``stopped_at``)."""
+    at = defaultdict(list)
+    for r in adam_runs:
+        entries = parse_log(os.path.join(root, r["path"], "train.log"))[0].get("valid", [])
+        for e in entries:
+            x, f, n = to_float(e.get(r["metric"])), run_forgetting(e), to_float(e.get("num_updates"))
+            if x is not None and f is not None and n is not None:
+                at[int(n)].append((r["seed"], x, f[1]))
+    return [setting_row(f"adam@{n}", "adam", at[n], stopped_at=n) for n in sorted(at)]
+
+
+def task_answer(task, runs, root):
+    """One task's rows (settings, Adam's curve), its verdicts and texts; None without a metered, scored run."""
+    scored = [r for r in runs if r["best"] is not None and r["forgetting"] is not None]
+    if not scored:
+        return None
+    by_setting = defaultdict(list)
+    for r in scored:
+        by_setting[(r["method"], r["config"])].append(r)
+    order_of = {n: i for i, n in enumerate(catalogue.METHODS)}
+    rows = []
+    for (method, config), rs in sorted(by_setting.items(), key=lambda kv: (order_of.get(kv[0][0], 1e9), kv[0])):
+        name = f"{method}-{config}" if config else method
+        ups = [to_float(r["best_update"]) for r in rs if to_float(r["best_update"]) is not None]
+        rows.append(setting_row(name, method, [(r["seed"], r["best"], r["forgetting"]) for r in rs], config=config,
+                                at_update=sum(ups) / len(ups) if ups else None, **knobs(method, config)))
+    stats.frontier(rows)
+    ranks = stats.pareto_ranks(rows)
+    adam = next((r for r in rows if r["name"] == "adam"), next((r for r in rows if r["method"] == "adam"), None))
+    fgt_metric = scored[0]["forgetting_metric"]
+    acc_floor, fgt_floor = floors(fgt_metric)
+    for r in rows:
+        r["rank"] = ranks[r["name"]]
+        if adam is not None and r is not adam:
+            r["d_accuracy"] = r["target_accuracy"] - adam["target_accuracy"]
+            r["d_forgetting"] = adam["forgetting"] - r["forgetting"]  # positive: forgets more than Adam
+            r["keeps_accuracy"] = stats.keeps_accuracy_within_noise(r, adam, acc_floor)
+            r["forgets_less"] = stats.forgets_less_beyond_noise(r, adam, fgt_floor)
+    curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
+        if adam is not None else []
+    return {"task": task, "metric": scored[0]["metric"], "forgetting_metric": fgt_metric, "rows": rows,
+            "curve": curve, "adam": adam, "floors": (acc_floor, fgt_floor),
+            "updates": max((to_float(r["last_update"]) or 0 for r in scored), default=0)}
+
+
+def answer(runs, root):
+    """{task: task_answer} of the tasks with metered runs, in the tables' order; {} when no run logged a probe."""
+    tasks = sorted({r["task"] for r in runs}, key=lambda t: (order(t), t))
+    out = {t: task_answer(t, [r for r in runs if r["task"] == t], root) for t in tasks}
+    return {t: a for t, a in out.items() if a is not None}
+
+
+def yes(x):
+    return "" if x is None else "yes" if x else "no"
+
+
+def csv_rows(answers):
+    """verdicts.csv's lines: one per (task, setting); forgetting positive = forgot, as runs.csv's."""
+    out = []
+    for a in answers.values():
+        for r in a["rows"]:
+            out.append({"task": a["task"], "setting": r["name"], "method": r["method"], "config": r["config"],
+                        "seeds": " ".join(map(str, r["seeds"])), "metric": a["metric"],
+                        "mean": f"{r['target_accuracy']:.4f}", "std": f"{r['target_accuracy_std']:.4f}",
+                        "forgetting": f"{-r['forgetting']:.5f}", "forgetting_std": f"{r['forgetting_std']:.5f}",
+                        "forgetting_metric": a["forgetting_metric"],
+                        "d_metric": "" if "d_accuracy" not in r else f"{r['d_accuracy']:+.4f}",
+                        "d_forgetting": "" if "d_forgetting" not in r else f"{r['d_forgetting']:+.5f}",
+                        "keeps_accuracy": yes(r.get("keeps_accuracy")), "forgets_less": yes(r.get("forgets_less")),
+                        "frontier": yes(r["frontier"]), "rank": r["rank"]})
+    return out
+
+
+CSV_FIELDS = ["task", "setting", "method", "config", "seeds", "metric", "mean", "std", "forgetting", "forgetting_std",
+              "forgetting_metric", "d_metric", "d_forgetting", "keeps_accuracy", "forgets_less", "frontier", "rank"]
+
+
+def winners(a):
+    """The settings that keep Adam's accuracy within the noise and forget less beyond it, frontier ones first."""
+    both = [r for r in a["rows"] if r.get("keeps_accuracy") and r.get("forgets_less")]
+    return sorted(both, key=lambda r: (r["rank"], r["forgetting"] * -1))
+
+
+def markdown(answers):
+    """summary.md's section: per task, the verdicts table and the answer in one line."""
+    if not answers:
+        return []
+    md = ["## Which method forgets least", "",
+          "Each setting at the validation the tables above pick (the best dev metric, within the forgetting budget "
+          "where one applies), mean ± std over seeds; forgetting: what the probe lost since θ* there (positive = "
+          "forgot). Against Adam by the comparison's rule (docs/forgetting.md): **keeps** Adam's accuracy when "
+          "its mean is above Adam's minus twice the standard error of the gap over the seeds, **forgets less** "
+          "when its forgetting is below Adam's by more than twice that (each gap at least a floor: 0.5 points of "
+          "the metric, 0.005 of the probe's unit, 0.5 BLEU); **frontier**: no other setting has a higher metric "
+          "and less forgetting (rank 2: on it once those are removed). The plot: forgetting-<TASK>.png.", ""]
+    for a in answers.values():
+        fl = a["floors"]
+        md += [f"### {a['task']}: dev {a['metric']} against forgetting ({a['forgetting_metric']} since θ*)", "",
+               f"![{a['task']}: dev {a['metric']} against forgetting]({plot_name(a['task'])})", "",
+               f"| setting | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
+               "keeps Adam's accuracy | forgets less | frontier (rank) |", "|---|---|---|---|---|---|---|---|---|"]
+        for r in a["rows"]:
+            md.append(f"| {r['name']} | {len(r['seeds'])} | {r['target_accuracy']:.2f} ± {r['target_accuracy_std']:.2f}"
+                      f" | {-r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
+                      + ("" if "d_accuracy" not in r else f"{r['d_accuracy']:+.2f}") + " | "
+                      + ("" if "d_forgetting" not in r else f"{r['d_forgetting']:+.4f}") + " | "
+                      + ("(Adam)" if r is a["adam"] else yes(r.get("keeps_accuracy"))) + " | "
+                      + ("" if r is a["adam"] else yes(r.get("forgets_less"))) + " | "
+                      + ("yes" if r["frontier"] else "no") + f" ({r['rank']}) |")
+        md.append("")
+        if a["adam"] is None:
+            md += ["No adam runs with the probe: no verdicts against Adam (METHODS=\"adam ...\" adds them).", ""]
+            continue
+        best = winners(a)
+        md += [("**Answer**: " + ", ".join(f"{r['name']} ({'on' if r['frontier'] else 'off'} the frontier)"
+                                           for r in best)
+                + " keep" + ("s" if len(best) == 1 else "") + " Adam's accuracy within the seed noise and forget"
+                + ("s" if len(best) == 1 else "") + " less beyond it." if best else
+                "**Answer**: no setting keeps Adam's accuracy within the seed noise and forgets less beyond it.")
+               + f" (Floors: {fl[0]:g} {a['metric']}, {fl[1]:g} forgetting.)", ""]
+    return md
+
+
+def plot_name(task):
+    return "forgetting-" + re.sub(r"[^\w.-]", "_", task) + ".png"
+
+
+def plot(out, answers):
+    """forgetting-<TASK>.png in ``out`` per task (compare/plot.py's figure); the files written ([] without
+    matplotlib)."""
+    from recadam_fairseq.compare import plot as figures
+
+    written = []
+    for a in answers.values():
+        path = os.path.join(out, plot_name(a["task"]))
+        text = {"x": f"forgetting: {a['forgetting_metric']} since θ* (positive = forgot), each setting at its best "
+                     "validation, mean ± std over seeds", "y": f"dev {a['metric']}",
+                "drop": f"forgetting ({a['forgetting_metric']})",
+                "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods"}
+        if figures.plot(a["rows"] + a["curve"], None, path, a["updates"], text) is not None:
+            written.append(path)
+    return written
