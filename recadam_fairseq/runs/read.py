@@ -190,6 +190,8 @@ def read_multitask_run(run_dir, root):
         return [base]
     upd = at.get("num_updates", "")
     base["checkpoint"] = checkpoint_at(run_dir, valid["valid"], at, saved_checkpoints(log))
+    fgt = run_forgetting(at)  # the forgetting at the validation every task is read at
+    base["forgetting_metric"], base["forgetting"] = (label(fgt[0]), fgt[1]) if fgt is not None else ("", None)
     glue_heads = {head_name(t) for t in glue_tasks.TASKS}
     own = sorted(k[: -len("_loss")] for k in at if k.endswith("_loss") and not k.startswith("best_")
                  and k[: -len("_loss")] not in glue_heads | {"", "target"})

@@ -15,7 +15,8 @@ from collections import defaultdict
 from recadam_fairseq import catalogue
 from recadam_fairseq.compare import methods, stats
 from recadam_fairseq.runs.aggregate import order, run_forgetting, to_float
-from recadam_fairseq.runs.read import parse_log
+from recadam_fairseq.core.glue_tasks import head_name
+from recadam_fairseq.runs.read import MTL, parse_log
 
 # every metric a grid is scored by is logged x100 (GLUE's: glue_core; BLEU): the comparison's floor, in its units
 SCALE = 100.0
@@ -51,6 +52,11 @@ def setting_row(name, method, rs, **extra):
     return row
 
 
+def metric_key(run):
+    """The run's metric as its validations log it: a multi-task run's under its task's head."""
+    return f"{head_name(run['task'])}_{run['metric']}" if run["path"].split(os.sep)[0] == MTL else run["metric"]
+
+
 def adam_curve(adam_runs, root):
     """Adam's points along its validations: per update, the mean over the seeds that logged both its metric and
     its forgetting there (intermediate rows: ``stopped_at``)."""
@@ -58,7 +64,7 @@ def adam_curve(adam_runs, root):
     for r in adam_runs:
         entries = parse_log(os.path.join(root, r["path"], "train.log"))[0].get("valid", [])
         for e in entries:
-            x, f, n = to_float(e.get(r["metric"])), run_forgetting(e), to_float(e.get("num_updates"))
+            x, f, n = to_float(e.get(metric_key(r))), run_forgetting(e), to_float(e.get("num_updates"))
             if x is not None and f is not None and n is not None:
                 at[int(n)].append((r["seed"], x, f[1]))
     return [setting_row(f"adam@{n}", "adam", at[n], stopped_at=n) for n in sorted(at)]
@@ -188,10 +194,14 @@ def plot(out, answers):
     written = []
     for a in answers.values():
         path = os.path.join(out, plot_name(a["task"]))
-        text = {"x": f"forgetting: {a['forgetting_metric']} since θ* (positive = forgot), each setting at its best "
-                     "validation, mean ± std over seeds", "y": f"dev {a['metric']}",
-                "drop": f"forgetting ({a['forgetting_metric']})",
-                "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods"}
-        if figures.plot(a["rows"] + a["curve"], None, path, a["updates"], text) is not None:
+        if figures.plot(a["rows"] + a["curve"], None, path, a["updates"], figure_text(a)) is not None:
             written.append(path)
     return written
+
+
+def figure_text(a):
+    """The figure's texts (compare/plot.py's comparison_text's keys) of one task's answer."""
+    return {"x": f"forgetting: {a['forgetting_metric']} since θ* (positive = forgot), each setting at its best "
+                 "validation, mean ± std over seeds", "y": f"dev {a['metric']}",
+            "drop": f"forgetting ({a['forgetting_metric']})",
+            "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods"}

@@ -1,0 +1,196 @@
+"""summarize.py's answer to which method keeps the accuracy and forgets least, on a grid's runs with a probe
+(recadam_fairseq/runs/verdicts.py, docs/forgetting-your-task.md): synthetic run directories with known numbers
+(tests/helpers/grid_runs.py), the verdicts derived here by hand from the comparison's rule (docs/forgetting.md:
+a gap counts beyond twice its standard error over the seeds, at least a floor), the figure's points, and runs
+without a probe unchanged. No training: milliseconds, the figures a second or two."""
+
+import csv
+import math
+import os
+
+import pytest
+
+from helpers.grid_runs import GRID, write_grid
+from recadam_fairseq.runs import summarize, verdicts
+from recadam_fairseq.runs.read import find_runs, read_runs
+
+FILES = ["summary.md", "summary.csv", "variants.csv", "runs.csv"]
+
+
+def last(setting, i):
+    """The seeds' values at the last validation (the best accuracy): i = 1 accuracy, 2 forgetting."""
+    return [vs[-1][i] for vs in GRID[setting].values()]
+
+
+def mean_sd(xs):
+    m = sum(xs) / len(xs)
+    return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def by_hand(setting):
+    """(Δaccuracy, its noise, Δforgetting (positive: forgets less than Adam), its noise) against Adam, two seeds
+    each: 2·sqrt(sd²/2 + sd_adam²/2), at least 0.5 points of accuracy and 0.005 bits."""
+    out = []
+    for i, floor in ((1, 0.5), (2, 0.005)):
+        (m, s), (ma, sa) = mean_sd(last(setting, i)), mean_sd(last("adam", i))
+        out += [m - ma if i == 1 else ma - m, max(2 * math.sqrt(s ** 2 / 2 + sa ** 2 / 2), floor)]
+    return out
+
+
+@pytest.fixture
+def grid(tmp_path):
+    root = write_grid(str(tmp_path / "runs"))
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    return root, runs
+
+
+def test_verdicts_by_hand(grid):
+    """recadam t0 = 10 keeps Adam's accuracy and forgets less (the answer); t0 = 100 keeps it but forgets as much
+    within the noise; llrd neither, and is dominated. The noise as computed here from the seeds' values."""
+    root, runs = grid
+    (a,) = verdicts.answer(runs, root).values()
+    rows = {r["name"]: r for r in a["rows"]}
+    assert list(rows) == ["adam", "recadam-k0.1-t10", "recadam-k0.1-t100", "llrd-d0.9"]  # the catalogue's order
+    assert a["metric"] == "accuracy" and a["forgetting_metric"] == "mlm loss (bits)" and a["floors"] == (0.5, 0.005)
+    expected = {"recadam-k0.1-t10": (True, True), "recadam-k0.1-t100": (True, False), "llrd-d0.9": (False, False)}
+    for name, (keeps, less) in expected.items():
+        d_acc, acc_noise, d_fgt, fgt_noise = by_hand(name)
+        assert (d_acc >= -acc_noise, d_fgt > fgt_noise) == (keeps, less)
+        r = rows[name]
+        assert (r["keeps_accuracy"], r["forgets_less"]) == (keeps, less)
+        assert r["d_accuracy"] == pytest.approx(d_acc) and r["d_forgetting"] == pytest.approx(-d_fgt)
+        assert r["target_accuracy"] == pytest.approx(mean_sd(last(name, 1))[0])
+        assert -r["forgetting"] == pytest.approx(mean_sd(last(name, 2))[0])
+        assert r["forgetting_std"] == pytest.approx(mean_sd(last(name, 2))[1])
+    # t10 forgets 0.065 bits less than Adam against a noise of 0.022; llrd 3.5 points below against 2.24
+    assert by_hand("recadam-k0.1-t10")[2:] == pytest.approx([0.065, 2 * math.sqrt(0.0001 + 0.000025)])
+    assert by_hand("llrd-d0.9")[:2] == pytest.approx([-3.5, 2 * math.sqrt(1 + 0.25)])
+    # the frontier: t10 (least forgetting among the accurate) and t100 (most accurate); Adam and llrd behind t10
+    assert {n: (r["frontier"], r["rank"]) for n, r in rows.items()} == {
+        "adam": (False, 2), "recadam-k0.1-t10": (True, 1), "recadam-k0.1-t100": (True, 1), "llrd-d0.9": (False, 2)}
+    assert [r["name"] for r in verdicts.winners(a)] == ["recadam-k0.1-t10"]
+    # Adam's curve: the mean over its seeds at each validation
+    assert [(c["stopped_at"], c["target_accuracy"], round(-c["forgetting"], 6)) for c in a["curve"]] == [
+        (4, 71.0, 0.04), (8, 77.0, 0.08), (12, 81.0, 0.11)]
+
+
+def test_summarize_writes_the_plot_and_the_verdicts(grid, capsys):
+    """summarize.py writes forgetting-SST-2.png, verdicts.csv and summary.md's section with the answer."""
+    root, _ = grid
+    summarize.main([root])
+    printed = capsys.readouterr().out
+    for name in FILES + ["verdicts.csv", "forgetting-SST-2.png"]:
+        assert os.path.join(root, name) in printed.splitlines()[-1]
+    md = open(os.path.join(root, "summary.md")).read()
+    assert "## Which method forgets least" in md and "![SST-2: dev accuracy against forgetting](forgetting-SST-2.png)" in md
+    assert ("| recadam-k0.1-t10 | 2 | 81.00 ± 0.71 | +0.0450 ± 0.0071 | +0.00 | -0.0650 | yes | yes | yes (1) |"
+            in md)
+    assert ("**Answer**: recadam-k0.1-t10 (on the frontier) keeps Adam's accuracy within the seed noise and forgets "
+            "less beyond it.") in md
+    with open(os.path.join(root, "verdicts.csv")) as f:
+        lines = {r["setting"]: r for r in csv.DictReader(f)}
+    assert [(n, r["keeps_accuracy"], r["forgets_less"], r["frontier"]) for n, r in lines.items()] == [
+        ("adam", "", "", "no"), ("recadam-k0.1-t10", "yes", "yes", "yes"), ("recadam-k0.1-t100", "yes", "no", "yes"),
+        ("llrd-d0.9", "no", "no", "no")]
+    assert lines["llrd-d0.9"]["forgetting"] == "0.09500" and lines["llrd-d0.9"]["d_metric"] == "-3.5000"
+    import matplotlib.image
+
+    assert matplotlib.image.imread(os.path.join(root, "forgetting-SST-2.png")).shape[0] > 300
+
+
+def test_the_figure_holds_the_grid_s_points(grid):
+    """The figure (compare/plot.py's) of the answer: a panel per family with Adam's point and its curve along its
+    validations in each, each setting at (its forgetting, its accuracy), the grid's axis texts."""
+    from recadam_fairseq.compare import plot
+
+    root, runs = grid
+    (a,) = verdicts.answer(runs, root).values()
+    fig, panels, _ = plot.figure(a["rows"] + a["curve"], None, a["updates"], verdicts.figure_text(a))
+    assert list(panels) == ["recadam", "llrd"]
+    assert fig._supxlabel.get_text().startswith("forgetting: mlm loss (bits) since θ* (positive = forgot)")
+    assert fig._supylabel.get_text() == "dev accuracy" and fig._suptitle.get_text().startswith("SST-2: ")
+
+    def points(ax):
+        return {tuple(round(float(v), 4) for v in xy) for line in ax.lines if line.get_marker() == "o"
+                for xy in line.get_xydata()}
+
+    assert points(panels["recadam"]) == {(0.11, 81.0), (0.045, 81.0), (0.105, 83.0)}
+    assert points(panels["llrd"]) == {(0.11, 81.0), (0.095, 77.5)}
+    for ax in panels.values():  # Adam's validations, grey and dotted, through its point at update 12
+        (curve,) = [line for line in ax.lines if line.get_linestyle() == ":" and line.get_marker() == "."]
+        assert [tuple(round(float(v), 4) for v in xy) for xy in curve.get_xydata()] == [
+            (0.04, 71.0), (0.08, 77.0), (0.11, 81.0), (0.11, 81.0)]
+    plot.pyplot().close(fig)
+
+
+def test_runs_without_a_probe_are_summarized_as_before(tmp_path, capsys):
+    """The same grid without the forgetting meter: the four files, no section, no plot, no verdicts.csv."""
+    root = write_grid(str(tmp_path / "runs"), probe=False)
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    assert verdicts.answer(runs, root) == {}
+    summarize.main([root])
+    assert capsys.readouterr().out.splitlines()[-1] == "wrote " + ", ".join(os.path.join(root, n) for n in FILES)
+    assert sorted(n for n in os.listdir(root) if os.path.isfile(os.path.join(root, n))) == sorted(FILES)
+    assert "forgets least" not in open(os.path.join(root, "summary.md")).read()
+
+
+def test_a_grid_without_adam_has_no_verdicts(tmp_path):
+    """Without Adam's runs: the settings, their frontier, and the line saying why there are no verdicts."""
+    root = write_grid(str(tmp_path / "runs"), grid={k: v for k, v in GRID.items() if k != "adam"})
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    answers = verdicts.answer(runs, root)
+    (a,) = answers.values()
+    assert a["adam"] is None and a["curve"] == [] and not any("keeps_accuracy" in r for r in a["rows"])
+    md = "\n".join(verdicts.markdown(answers))
+    assert "No adam runs with the probe: no verdicts against Adam" in md and "**Answer**" not in md
+
+
+def test_translation_forgets_in_bleu(tmp_path):
+    """scripts/seq2seq/finetune.sh's runs (run.json names bleu; --eval-bleu-start's bleu_delta on the original
+    domain's subset valid1): the forgetting is BLEU's fall there, its floor 0.5 BLEU."""
+    import json
+
+    root = str(tmp_path / "runs")
+    values = {"adam": [(30.0, -6.0), (31.0, -7.0)], "recadam-k0.1-t10": [(30.5, -2.0), (30.0, -2.5)]}
+    for setting, seeds in values.items():
+        for seed, (bleu, delta) in enumerate(seeds, 1):
+            run = os.path.join(root, "mt-bin", setting, f"seed{seed}")
+            os.makedirs(run)
+            with open(os.path.join(run, "run.json"), "w") as f:
+                json.dump({"metric": "bleu"}, f)
+            with open(os.path.join(run, "train.log"), "w") as f:
+                f.write(json.dumps({"valid_bleu": bleu, "valid_num_updates": "20"}) + "\n")
+                f.write(json.dumps({"valid1_bleu": 20 + delta, "valid1_bleu_delta": delta, "valid1_num_updates": "20"})
+                        + "\n")
+            open(os.path.join(run, "done"), "w").close()
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    (a,) = verdicts.answer(runs, root).values()
+    assert a["metric"] == "bleu" and a["forgetting_metric"] == "BLEU on valid1" and a["floors"] == (0.5, 0.5)
+    r = a["rows"][1]
+    assert r["name"] == "recadam-k0.1-t10" and -r["forgetting"] == pytest.approx(2.25)
+    assert r["keeps_accuracy"] and r["forgets_less"]  # 30.25 against 30.5 (noise 1.58); 4.25 less against 1.27
+    assert [(c["stopped_at"], round(-c["forgetting"], 6)) for c in a["curve"]] == [(20, 6.5)]
+
+
+def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
+    """multitask.sh's runs (MTL/<NAME>/seed<N>): each task's row carries the forgetting at the validation with the
+    best glue_avg (where every task is read), and Adam's curve its task's head-prefixed metric."""
+    import json
+
+    root = str(tmp_path / "runs")
+    # (update, glue_avg, sst_2 accuracy, forgetting): glue_avg's best is update 8, not the last
+    logs = {"adam": [(4, 70.0, 71.0, 0.05), (8, 80.0, 81.0, 0.10), (12, 75.0, 90.0, 0.20)],
+            "recadam-k0.1-t10": [(4, 71.0, 72.0, 0.01), (8, 81.0, 82.0, 0.02), (12, 76.0, 91.0, 0.03)]}
+    for name, validations in logs.items():
+        run = os.path.join(root, "MTL", name, "seed1")
+        os.makedirs(run)
+        with open(os.path.join(run, "train.log"), "w") as f:
+            for n, avg, acc, fgt in validations:
+                f.write(json.dumps({"valid_glue_avg": avg, "valid_sst_2_accuracy": acc, "valid_fgt_mlm_loss_delta": fgt,
+                                    "valid_num_updates": str(n)}) + "\n")
+        open(os.path.join(run, "done"), "w").close()
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    assert [(r["task"], r["best"], r["forgetting"]) for r in runs] == [("SST-2", 81.0, 0.10), ("SST-2", 82.0, 0.02)]
+    (a,) = verdicts.answer(runs, root).values()
+    assert [round(-c["forgetting"], 6) for c in a["curve"]] == [0.05, 0.10, 0.20]
+    assert a["rows"][1]["forgets_less"] and a["rows"][1]["keeps_accuracy"]  # one seed each: the floors alone
