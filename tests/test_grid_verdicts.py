@@ -107,7 +107,7 @@ def test_the_figure_holds_the_grid_s_points(grid):
     (a,) = verdicts.answer(runs, root).values()
     fig, panels, _ = plot.figure(a["rows"] + a["curve"], None, a["updates"], verdicts.figure_text(a))
     assert list(panels) == ["recadam", "llrd"]
-    assert fig._supxlabel.get_text().startswith("forgetting: mlm loss (bits) since θ* (positive = forgot)")
+    assert fig._supxlabel.get_text().startswith("forgetting: mlm loss (bits) since θ*, positive = forgot")
     assert fig._supylabel.get_text() == "dev accuracy" and fig._suptitle.get_text().startswith("SST-2: ")
 
     def points(ax):

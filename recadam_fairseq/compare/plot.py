@@ -22,6 +22,7 @@ OVERVIEW_MIN_GAP = -0.15
 # one colour per method within a panel: tab10 without its red (the frontier) and grey (Adam's run)
 PALETTE = tuple(f"tab:{c}" for c in ("blue", "orange", "green", "purple", "brown", "pink", "olive", "cyan"))
 ADAM = "black"
+KEY_UPDATES = 6  # the key lists Adam's intermediate points' updates up to this many, a range beyond
 # where a point's label may go, in points from the point, first fit first
 LABEL_OFFSETS = ((4, 3), (4, -3), (-4, 3), (-4, -3), (10, 0), (-10, 0), (4, 14), (4, -14), (-4, 14), (-4, -14),
                  (4, 25), (4, -25), (-4, 25), (-4, -25))
@@ -272,8 +273,10 @@ def key_panel(ax, plt, rows, final):
                           label=("adam (each point: mean ± std over seeds)" if adam
                                  else "each point: mean ± std over seeds"))]
     if len(adam) > 1:
-        handles.append(plt.Line2D([], [], color="grey", ls=":", marker=".", label="adam, the same runs after "
-                                  + ", ".join(str(r["stopped_at"]) for r in adam if r.get("stopped_at")) + " updates"))
+        ups = [r["stopped_at"] for r in adam if r.get("stopped_at")]  # a grid's: every validation, a range then
+        handles.append(plt.Line2D([], [], color="grey", ls=":", marker=".", label="adam, the same runs after " + (
+            ", ".join(map(str, ups)) if len(ups) <= KEY_UPDATES else f"{ups[0]} to {ups[-1]} ({len(ups)} points)")
+            + " updates"))
     wise = sorted({p["alpha"] for r in final for p in r.get("interpolated", [])})
     if wise:  # θ* (α = 0) forgets nothing but has no head of its own for the target: its line, no point
         handles += [plt.Line2D([], [], color="black", ls=":", marker="x", ms=3, label="WiSE-FT (1 − α)·θ* + α·θ, "

@@ -201,7 +201,7 @@ def plot(out, answers):
 
 def figure_text(a):
     """The figure's texts (compare/plot.py's comparison_text's keys) of one task's answer."""
-    return {"x": f"forgetting: {a['forgetting_metric']} since θ* (positive = forgot), each setting at its best "
-                 "validation, mean ± std over seeds", "y": f"dev {a['metric']}",
+    return {"x": f"forgetting: {a['forgetting_metric']} since θ*, positive = forgot (each setting at its best "
+                 "validation)", "y": f"dev {a['metric']}",
             "drop": f"forgetting ({a['forgetting_metric']})",
             "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods"}
