@@ -33,6 +33,7 @@ MARKERS = [
     ("README.md", "<!-- forgetting-summary:start -->", "<!-- forgetting-summary:end -->"),
     ("README.md", "<!-- quickstart:start -->", "<!-- quickstart:end -->"),            # tests/test_quickstart.py
     ("docs/glue.md", "<!-- after-quickstart:start -->", "<!-- after-quickstart:end -->"),  # the same test
+    ("docs/forgetting-your-task.md", "<!-- your-task:start -->", "<!-- your-task:end -->"),  # test_grid_verdicts.py
 ]
 
 # ```python blocks that are not run here, each with why: (page, a line the block holds) -> reason.
@@ -121,7 +122,7 @@ def test_pages_exist():
     names = {os.path.basename(p) for p in DOCS}
     want = {"recadam.md", "r3f.md", "sam.md", "ca-mtl.md", "forgetting.md", "performance.md", "glue.md",
             "benchmark.md", "bench_sam.md", "bench_baselines.md", "forgetting-adam-400.md", "reinit.md", "lora.md",
-            "llrd.md", "wise-ft.md", "child-tuning.md", "rdrop.md", "mixout.md"}
+            "llrd.md", "wise-ft.md", "child-tuning.md", "rdrop.md", "mixout.md", "forgetting-your-task.md"}
     assert want <= names, sorted(want - names)
 
 

@@ -7,6 +7,8 @@ without a probe unchanged. No training: milliseconds, the figures a second or tw
 import csv
 import math
 import os
+import subprocess
+import sys
 
 import pytest
 
@@ -194,3 +196,49 @@ def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
     (a,) = verdicts.answer(runs, root).values()
     assert [round(-c["forgetting"], 6) for c in a["curve"]] == [0.05, 0.10, 0.20]
     assert a["rows"][1]["forgets_less"] and a["rows"][1]["keeps_accuracy"]  # one seed each: the floors alone
+
+
+PAGE = "docs/forgetting-your-task.md"
+
+
+def test_the_page_s_walk_through_as_printed(tmp_path):
+    """docs/forgetting-your-task.md's commands, as printed but for `make demo` (the set-up) and with DRY_RUN=1 (the
+    grid's six runs are not trained here): in a directory laid out as the repository after `make demo`, grid.sh
+    plans the six runs, each with the probe; then the page's summarize.py line, on synthetic runs of that layout,
+    writes the files it names and the section's table with the header and columns the page shows."""
+    from helpers import ROOT, base_env, marked_bash_lines
+
+    lines = marked_bash_lines(PAGE, "<!-- your-task:start -->", "<!-- your-task:end -->")
+    assert lines[0].startswith("make demo") and "grid.sh SST-2" in lines[2] and "summarize.py runs" in lines[3]
+    for name in ("scripts", "recadam_fairseq"):
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), tmp_path / ".venv")
+    (tmp_path / "demo-out" / "tiny" / "glue-bin" / "SST-2-bin" / "input0").mkdir(parents=True)
+    (tmp_path / "demo-out" / "tiny" / "pretrained.pt").write_text("")  # a stand-in: ARCH given, it is not read
+    (tmp_path / "demo-out" / "probe").mkdir()
+    env = base_env(DRY_RUN=1, ARCH="roberta_base", MAX_POSITIONS=512, FP16=0, OMP_NUM_THREADS=1)  # the scripts' python:
+    # the .venv's, a fresh one each (light: ARCH given, no checkpoint is read)
+
+    def shell(*commands):
+        p = subprocess.run(["bash", "-c", "set -euo pipefail\n" + "\n".join(commands)], cwd=tmp_path, env=env,
+                           capture_output=True, text=True)
+        assert p.returncode == 0, (p.stdout + p.stderr)[-3000:]
+        return p.stdout
+
+    assert "SST-2: ran 6, skipped 0, failed 0" in shell(*lines[1:3])
+    runs = tmp_path / "runs" / "SST-2"
+    planned = sorted(str(d.relative_to(runs)) for d in runs.glob("*/seed*"))
+    assert planned == [f"{s}/seed{n}" for s in ("adam", "llrd-d0.9", "recadam-k0.1-t10") for n in (1, 2)]
+    for d in planned:
+        assert "--forgetting-probe demo-out/probe" in (runs / d / "command.sh").read_text()
+    write_grid(str(tmp_path / "runs"))  # what the six runs (and one more setting) log, done
+    out = shell(lines[1], lines[3])
+    written = lines[3].split("#", 1)[1].strip().split(", ")
+    assert all(os.path.isfile(tmp_path / f) for f in written) and all(f in out for f in written)
+    page = open(os.path.join(ROOT, PAGE), encoding="utf-8").read()
+    shown = [ln[2:] for ln in page.splitlines() if ln.startswith("> ")]
+    md = (tmp_path / "runs" / "summary.md").read_text().splitlines()
+    assert all(ln in md for ln in shown[:3])  # the heading, the table's header and rule
+    assert [ln.split(" | ")[0] for ln in shown if ln.startswith("| ") and not ln.startswith("| setting")] == [
+        "| adam", "| recadam-k0.1-t10", "| llrd-d0.9"]
+    assert shown[-1].startswith("**Answer**: ") and any(ln.startswith("**Answer**: ") for ln in md)

@@ -3,22 +3,17 @@ this suite already ran), in a fresh directory that holds the repository's script
 commands that follow it (docs/glue.md: predict.py and the Hugging Face export of its Adam run)."""
 
 import os
-import re
 import subprocess
 import sys
 
-from helpers import ROOT
+from helpers import ROOT, marked_bash_lines
 
 START, END = "<!-- quickstart:start -->", "<!-- quickstart:end -->"
 AFTER = ("docs/glue.md", "<!-- after-quickstart:start -->", "<!-- after-quickstart:end -->")
 
 
 def quickstart_lines(page="README.md", start=START, end=END):
-    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
-        text = f.read()
-    block = text.split(start, 1)[1].split(end, 1)[0]
-    code = re.search(r"```bash\n(.*?)```", block, re.S).group(1)
-    return [ln for ln in code.splitlines() if ln.strip()]
+    return marked_bash_lines(page, start, end)
 
 
 def test_readme_quickstart_runs_as_printed(tmp_path, tiny):

@@ -513,6 +513,17 @@ def fast_interpreter():
         yield
 
 
+def marked_bash_lines(page, start, end):
+    """The non-empty lines of the ```bash block between a page's markers (a walk-through the suite runs as printed)."""
+    import re
+
+    with open(os.path.join(ROOT, page), encoding="utf-8") as f:
+        text = f.read()
+    block = text.split(start, 1)[1].split(end, 1)[0]
+    code = re.search(r"```bash\n(.*?)```", block, re.S).group(1)
+    return [ln for ln in code.splitlines() if ln.strip()]
+
+
 # The env vars the task scripts (scripts/glue, scripts/seq2seq) read: their tests start from none of them set.
 SCRIPT_ENV = ["ROBERTA_PATH", "DATA_DIR", "SAVE_DIR", "ARCH", "MAX_UPDATE", "LR", "BATCH", "SEED", "FP16",
               "NUM_GPUS", "USER_DIR", "FAIRSEQ_TRAIN", "K", "T0", "GAMMA", "ANNEAL_FUN", "CRITERION", "DRY_RUN",
