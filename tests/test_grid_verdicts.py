@@ -242,3 +242,11 @@ def test_the_page_s_walk_through_as_printed(tmp_path):
     assert [ln.split(" | ")[0] for ln in shown if ln.startswith("| ") and not ln.startswith("| setting")] == [
         "| adam", "| recadam-k0.1-t10", "| llrd-d0.9"]
     assert shown[-1].startswith("**Answer**: ") and any(ln.startswith("**Answer**: ") for ln in md)
+
+
+def test_a_run_of_no_catalogue_method_gets_no_verdicts(tmp_path, capsys):
+    """summarize.py on one run's directory (its name says no method): its table as before, no figure."""
+    root = write_grid(str(tmp_path / "runs"), grid={"adam": GRID["adam"]})
+    run = os.path.join(root, "SST-2", "adam", "seed1")
+    summarize.main([run, "--out", str(tmp_path / "out")])
+    assert sorted(os.listdir(tmp_path / "out")) == sorted(FILES)

@@ -71,8 +71,10 @@ def adam_curve(adam_runs, root):
 
 
 def task_answer(task, runs, root):
-    """One task's rows (settings, Adam's curve), its verdicts and texts; None without a metered, scored run."""
-    scored = [r for r in runs if r["best"] is not None and r["forgetting"] is not None]
+    """One task's rows (settings, Adam's curve), its verdicts and texts; None without a metered, scored run of a
+    catalogue's method (a run directory not named by one, read from run.json alone, has no place in the figure)."""
+    scored = [r for r in runs if r["best"] is not None and r["forgetting"] is not None
+              and r["method"] in catalogue.METHODS]
     if not scored:
         return None
     by_setting = defaultdict(list)
