@@ -84,7 +84,8 @@ def test_summarize_writes_the_plot_and_the_verdicts(grid, capsys):
     for name in FILES + ["verdicts.csv", "forgetting-SST-2.png"]:
         assert os.path.join(root, name) in printed.splitlines()[-1]
     md = open(os.path.join(root, "summary.md")).read()
-    assert "## Which method forgets least" in md and "![SST-2: dev accuracy against forgetting](forgetting-SST-2.png)" in md
+    assert "## Which method forgets least" in md
+    assert "![SST-2: dev accuracy against forgetting](forgetting-SST-2.png)" in md
     assert ("| recadam-k0.1-t10 | 2 | 81.00 ± 0.71 | +0.0450 ± 0.0071 | +0.00 | -0.0650 | yes | yes | yes (1) |"
             in md)
     assert ("**Answer**: recadam-k0.1-t10 (on the frontier) keeps Adam's accuracy within the seed noise and forgets "

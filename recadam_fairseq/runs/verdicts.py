@@ -141,7 +141,7 @@ CSV_FIELDS = ["task", "setting", "method", "config", "seeds", "metric", "mean", 
 def winners(a):
     """The settings that keep Adam's accuracy within the noise and forget less beyond it, frontier ones first."""
     both = [r for r in a["rows"] if r.get("keeps_accuracy") and r.get("forgets_less")]
-    return sorted(both, key=lambda r: (r["rank"], r["forgetting"] * -1))
+    return sorted(both, key=lambda r: (r["rank"], -r["forgetting"]))
 
 
 def markdown(answers):
@@ -163,8 +163,9 @@ def markdown(answers):
                f"| setting | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
                "keeps Adam's accuracy | forgets less | frontier (rank) |", "|---|---|---|---|---|---|---|---|---|"]
         for r in a["rows"]:
-            md.append(f"| {r['name']} | {len(r['seeds'])} | {r['target_accuracy']:.2f} ± {r['target_accuracy_std']:.2f}"
-                      f" | {-r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
+            md.append(f"| {r['name']} | {len(r['seeds'])} | "
+                      f"{r['target_accuracy']:.2f} ± {r['target_accuracy_std']:.2f} | "
+                      f"{-r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
                       + ("" if "d_accuracy" not in r else f"{r['d_accuracy']:+.2f}") + " | "
                       + ("" if "d_forgetting" not in r else f"{r['d_forgetting']:+.4f}") + " | "
                       + ("(Adam)" if r is a["adam"] else yes(r.get("keeps_accuracy"))) + " | "

@@ -32,7 +32,8 @@ def write_grid(root, task="SST-2", grid=None, probe=True):
             os.makedirs(run, exist_ok=True)
             with open(os.path.join(run, "train.log"), "w") as f:
                 for update, acc, fgt in validations:
-                    rec = {"epoch": 1, "valid_loss": "0.6", "valid_accuracy": f"{acc}", "valid_num_updates": str(update)}
+                    rec = {"epoch": 1, "valid_loss": "0.6", "valid_accuracy": f"{acc}",
+                           "valid_num_updates": str(update)}
                     if probe:
                         rec.update(valid_fgt_mlm_loss=f"{7.0 + fgt:.5f}", valid_fgt_mlm_loss_delta=f"{fgt:.5f}")
                     f.write(f"2026-01-01 00:00:00 | INFO | valid | {json.dumps(rec)}\n")
