@@ -153,11 +153,6 @@ def finetune_env(args, data, seed, label):
             "FAIRSEQ_TRAIN": os.path.join(bindir(), "fairseq-train"), "PYTHON": env_python()}
 
 
-def run_dir_of(stdout):
-    m = re.search(r"^== .* -> (\S+)$", stdout, re.M) or re.search(r"^== already done: (\S+)", stdout, re.M)
-    return m.group(1) if m else None
-
-
 def command_of(run_dir):
     """command.sh without its comment lines (they hold the date)."""
     with open(os.path.join(ROOT, run_dir, "command.sh")) as f:

@@ -98,14 +98,6 @@ def _without_grad(seg: "Segment") -> tuple:
     return seg.p, seg.exp_avg, seg.exp_avg_sq, seg.anchor, seg.fisher
 
 
-def _chunks(lo: int, hi: int, contiguous: bool):
-    if not contiguous:  # cannot take flat views: one piece
-        yield lo, hi
-        return
-    for a in range(lo, hi, CHUNK):
-        yield a, min(a + CHUNK, hi)
-
-
 class Segment(NamedTuple):
     """Elements of one tensor as an update call takes them: the tensors themselves or flat views."""
     p: Tensor
