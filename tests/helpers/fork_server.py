@@ -25,7 +25,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 
-CLIENT = '''#!{python} -IS
+CLIENT = '''#!{real} -IS
 import json, os, signal, socket, sys
 REAL, SOCK, SCRIPT, PATHS = {real!r}, {sock!r}, {script!r}, {paths!r}
 args = sys.argv[1:]
@@ -35,18 +35,13 @@ if not argv or argv[0].startswith("-") or os.environ.get("PYTHONPATH", "") != PA
 try:
     s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     s.connect(SOCK)
-    msg = json.dumps(dict(argv=argv, env=dict(os.environ), cwd=os.getcwd(), exe=None if SCRIPT else sys.argv[0])).encode()
-    socket.send_fds(s, [msg], [0, 1, 2])
+    job = dict(argv=argv, env=dict(os.environ), cwd=os.getcwd(), exe=None if SCRIPT else sys.argv[0])
+    socket.send_fds(s, [json.dumps(job).encode()], [0, 1, 2])
 except OSError:
     os.execv(REAL, [REAL] + argv)
 for n in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
     signal.signal(n, lambda n, f: s.send(json.dumps(dict(signal=n)).encode()))
-while True:
-    try:
-        data = s.recv(4096)
-        break
-    except InterruptedError:
-        continue
+data = s.recv(4096)  # (a signal's handler runs, then recv goes on: PEP 475)
 code = json.loads(data)["code"] if data else 1
 if code < 0:
     signal.signal(-code, signal.SIG_DFL)
@@ -58,7 +53,6 @@ sys.exit(code)
 def _run_child(conn_fds, argv, env, cwd, exe):
     """In the forked child: become ``python ARGV`` with ``env`` in ``cwd`` on the client's stdio, ``exe`` (the
     client ``python``) its sys.executable so that what it starts forks too; never returns."""
-    import atexit as _atexit
     import runpy
 
     import torch
@@ -94,7 +88,7 @@ def _run_child(conn_fds, argv, env, cwd, exe):
             code = -signal.SIGINT
         except BaseException:  # noqa: BLE001 - as the interpreter: sys.excepthook (the plug-in's one line), status 1
             sys.excepthook(*sys.exc_info())
-        _atexit._run_exitfuncs()
+        atexit._run_exitfuncs()
         sys.stdout.flush()
         sys.stderr.flush()
     except BaseException:  # noqa: BLE001 - the child's own set-up failed: say so on the client's stderr
@@ -190,7 +184,7 @@ def bin_dir():
         for name, script in (("python", None), ("fairseq-train", console)):
             path = os.path.join(d, name)
             with open(path, "w") as f:
-                f.write(CLIENT.format(python=sys.executable, real=sys.executable, sock=sock, script=script,
+                f.write(CLIENT.format(real=sys.executable, sock=sock, script=script,
                                       paths=os.environ.get("PYTHONPATH", "")))
             os.chmod(path, 0o755)
         _bin.append(d)
