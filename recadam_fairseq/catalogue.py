@@ -457,6 +457,13 @@ def names(scripts: Optional[bool] = None, seq2seq: bool = False) -> List[str]:
     return [n for n, m in METHODS.items() if (scripts is None or m.scripts == scripts) and (m.seq2seq or not seq2seq)]
 
 
+def position(name: str) -> int:
+    """Where ``name`` (a method or an alias of it) stands in the catalogue's order; after every method if unknown."""
+    order = list(METHODS)
+    n = ALIASES.get(name, name)
+    return order.index(n) if n in METHODS else len(order)
+
+
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 

@@ -36,9 +36,8 @@ def family(method: str) -> str:
 def families(names):
     """{family: [its methods among ``names``]}, in the catalogue's order; Adam, drawn in every panel,
     is in none (a figure of Adam alone gets one panel: {"adam": []})."""
-    order = {n: i for i, n in enumerate(catalogue.METHODS)}
     out = {}
-    for n in sorted(dict.fromkeys(names), key=lambda n: order[catalogue.get(n).name]):
+    for n in sorted(dict.fromkeys(names), key=lambda n: catalogue.position(catalogue.get(n).name)):
         if catalogue.get(n).name != "adam":
             out.setdefault(family(n), []).append(n)
     return out or {"adam": []}

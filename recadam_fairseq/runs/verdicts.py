@@ -80,9 +80,8 @@ def task_answer(task, runs, root):
     by_setting = defaultdict(list)
     for r in scored:
         by_setting[(r["method"], r["config"])].append(r)
-    order_of = {n: i for i, n in enumerate(catalogue.METHODS)}
     rows = []
-    for (method, config), rs in sorted(by_setting.items(), key=lambda kv: (order_of.get(kv[0][0], 1e9), kv[0])):
+    for (method, config), rs in sorted(by_setting.items(), key=lambda kv: (catalogue.position(kv[0][0]), kv[0])):
         name = f"{method}-{config}" if config else method
         ups = [to_float(r["best_update"]) for r in rs if to_float(r["best_update"]) is not None]
         rows.append(setting_row(name, method, [(r["seed"], r["best"], r["forgetting"]) for r in rs], config=config,
