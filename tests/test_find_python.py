@@ -8,6 +8,8 @@ import sys
 from helpers import ROOT, SCRIPTS
 
 FIND = os.path.join(SCRIPTS, "find_python.sh")
+# `make -n` as a user types it: under CI's `make test` the inherited MAKELEVEL adds "Entering directory" lines.
+MAKE_ENV = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS", "MAKEOVERRIDES")}
 V = f"{sys.version_info[0]}.{sys.version_info[1]}"  # the tests' own interpreter stands in for a real one
 
 
@@ -68,10 +70,11 @@ def test_make_uses_it_unless_python_is_given(tmp_path):
     version = subprocess.run([found, "-c", "import sys; print(sys.version_info[:2])"], capture_output=True, text=True)
     assert version.stdout.strip() in ("(3, 12)", "(3, 11)")
     venv = str(tmp_path / "v")
-    plan = subprocess.run(["make", "-n", "venv", f"VENV={venv}"], capture_output=True, text=True, cwd=ROOT).stdout
+    plan = subprocess.run(["make", "-n", "venv", f"VENV={venv}"], capture_output=True, text=True, cwd=ROOT,
+                          env=MAKE_ENV).stdout
     assert f"{found} -m venv {venv}" in plan
     plan = subprocess.run(["make", "-n", "venv", f"VENV={venv}", "PYTHON=/opt/py/bin/python3.11"],
-                          capture_output=True, text=True, cwd=ROOT).stdout
+                          capture_output=True, text=True, cwd=ROOT, env=MAKE_ENV).stdout
     assert f"/opt/py/bin/python3.11 -m venv {venv}" in plan
 
 
@@ -82,7 +85,7 @@ def test_make_demo_installs_the_users_set_and_make_test_adds_the_tests(tmp_path)
 
     def plan(target):
         return subprocess.run(["make", "-n", target, f"VENV={venv}", "PYTHON=python3"], capture_output=True, text=True,
-                              cwd=ROOT, check=True).stdout.splitlines()
+                              cwd=ROOT, env=MAKE_ENV, check=True).stdout.splitlines()
 
     demo, test = plan("demo"), plan("test")
     user = [f"{venv}/bin/python -m pip install torch==2.13.0",
