@@ -251,3 +251,33 @@ def test_a_run_of_no_catalogue_method_gets_no_verdicts(tmp_path, capsys):
     run = os.path.join(root, "SST-2", "adam", "seed1")
     summarize.main([run, "--out", str(tmp_path / "out")])
     assert sorted(os.listdir(tmp_path / "out")) == sorted(FILES)
+
+
+def test_the_executor_runs_every_job_and_reports_every_failure_at_the_end():
+    """runs/execute.py (both comparisons' plans): results in the plan's order whatever the start order,
+    on_done in start order, a failed run does not stop the others, and every failure's text is in the error."""
+    import threading
+
+    from recadam_fairseq.runs.execute import RunError, execute
+
+    started, done, gate = [], [], threading.Event()
+
+    def job(i, fail=False):
+        def run(say):
+            started.append(i)
+            if i == 2:  # the first started waits for the second: two at a time really run side by side
+                assert gate.wait(10), "the second job never started beside the first"
+            if i == 0:
+                gate.set()
+            if fail:
+                raise RunError(f"run {i} failed")
+            return i * 10
+        return run
+
+    assert execute([job(0), job(1), job(2)], jobs=2, order=[2, 0, 1],
+                   on_done=lambda i, r: done.append((i, r))) == [0, 10, 20]
+    assert started[:2] in ([2, 0], [0, 2]) and done == [(2, 20), (0, 0), (1, 10)]
+    started.clear()
+    with pytest.raises(RunError) as e:
+        execute([job(0, fail=True), job(1), job(3, fail=True)], jobs=1, on_done=lambda i, r: done.append(i))
+    assert started == [0, 1, 3] and str(e.value) == "run 0 failed\n\nrun 3 failed"

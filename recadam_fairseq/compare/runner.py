@@ -3,20 +3,17 @@ the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --j
 
 import os
 import shlex
+import functools
 import subprocess
 import sys
-import threading
 import time
 
 from recadam_fairseq.compare import measure, methods
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, USER_DIR, read_json, rel, write_json
 from recadam_fairseq.compare.methods import fmt
 from recadam_fairseq.compare.plan import early_points, planned_runs
+from recadam_fairseq.runs.execute import RunError, execute
 from recadam_fairseq.tools import plot_run
-
-
-class RunError(Exception):
-    """A run that failed or left a requested point unmeasured; the command line prints it and exits 1."""
 
 
 def fairseq_train():
@@ -263,30 +260,17 @@ def measure_run(ctx, setting, seed, cmd, run_dir, env, train_s, say):
 
 
 def run_all(ctx, grid, on_done=None):
-    """Every (setting, seed), --jobs at a time, seed by seed and the costliest first; results in grid order."""
-    from concurrent.futures import ThreadPoolExecutor
-
-    lock = threading.Lock()
-
-    def say(text):
-        with lock:
-            print(text, flush=True)
-
+    """Every (setting, seed) through the engine's executor, --jobs at a time, seed by seed and the costliest first;
+    results in grid order. ``on_done(results so far, planned)`` after each run."""
     todo = planned_runs(ctx.opts, grid)
     order = sorted(range(len(todo)), key=lambda i: (todo[i][1] not in ctx.opts.seeds, todo[i][1],
                                                     -methods.method_of(todo[i][0]).cost))
     results = [None] * len(todo)
-    with ThreadPoolExecutor(max_workers=ctx.opts.jobs) as pool:
-        futures = {i: pool.submit(run_one, ctx, *todo[i], say) for i in order}
-        errors = []
-        for i in order:
-            try:
-                results[i] = futures[i].result()
-            except RunError as e:
-                errors.append(str(e))
-            else:
-                if on_done:
-                    on_done([r for r in results if r is not None], len(todo))
-    if errors:
-        raise RunError("\n\n".join(errors))
+
+    def done(i, res):
+        results[i] = res
+        if on_done:
+            on_done([r for r in results if r is not None], len(todo))
+
+    execute([functools.partial(run_one, ctx, *t) for t in todo], ctx.opts.jobs, order, done)
     return results

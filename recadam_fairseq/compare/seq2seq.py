@@ -10,6 +10,10 @@ scripts/seq2seq/finetune.sh (the real fairseq-train with the catalogue's flags),
 run's own log at its last update: ``valid`` is B's dev set, ``test`` A's. WiSE-FT mixes a run's last weights
 with θ* (scripts/interpolate.py) and scores both domains with fairseq-validate.
 
+The runs go through the engine's executor (runs/execute.py, --jobs at a time); the page's table, verdicts and
+figure are runs/verdicts.py's, the ones scripts/glue/summarize.py gives a user's own grid (BLEU on B against the
+fall of BLEU on A since θ*, judged against Adam by the comparison's noise-aware rule).
+
 Everything a result came from is recorded in WORK/results.json (the commands, the numbers) and copied to
 docs/seq2seq-comparison.json; a run is reused while its command is the same (finetune.sh itself skips a
 finished run); the table and the figure are drawn from the JSON alone, so --report-only regenerates them
@@ -17,6 +21,7 @@ byte for byte.
 """
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -29,6 +34,8 @@ import numpy as np
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
+from recadam_fairseq.runs import verdicts
+from recadam_fairseq.runs.execute import RunError, execute
 
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
@@ -57,6 +64,7 @@ def parse_args(argv=None):
     p.add_argument("--alphas", type=float, nargs="+", default=[0.25, 0.5, 0.75], help="WiSE-FT's α")
     p.add_argument("--pretrain-updates", type=int, default=500)
     p.add_argument("--fisher-examples", type=int, default=1024)
+    p.add_argument("--jobs", type=int, default=1, help="runs at a time (each on one core)")
     p.add_argument("--report-only", action="store_true", help="the md and png again from docs' JSON")
     p.add_argument("--docs", default=DOCS, help="where the md, json and png go")
     return p.parse_args(argv)
@@ -88,7 +96,7 @@ def run(cmd, logfile=None, env=None):
         out = f if logfile else None
         proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
-        raise SystemExit(f"seq2seq-compare: failed ({proc.returncode}): {shlex.join(cmd)}"
+        raise RunError(f"seq2seq-compare: failed ({proc.returncode}): {shlex.join(cmd)}"
                          + (f" (see {logfile})" if logfile else ""))
 
 
@@ -173,7 +181,7 @@ def last_bleu(run_dir, updates):
     return out
 
 
-def finetune(args, data, label, method, extra, seed, fisher):
+def finetune(args, data, label, method, extra, seed, fisher, say=log):
     """One run through scripts/seq2seq/finetune.sh; its record."""
     extra = [x.format(fisher=rel(fisher)) for x in extra]
     env = finetune_env(args, data, seed, label)
@@ -182,12 +190,12 @@ def finetune(args, data, label, method, extra, seed, fisher):
                          stderr=subprocess.STDOUT, text=True)
     m = re.search(r"--save-dir (\S+)", dry.stdout)
     if dry.returncode or not m:
-        raise SystemExit(f"seq2seq-compare: finetune.sh {method} (DRY_RUN=1) failed:\n{dry.stdout[-2000:]}")
+        raise RunError(f"seq2seq-compare: finetune.sh {method} (DRY_RUN=1) failed:\n{dry.stdout[-2000:]}")
     run_dir = shlex.split(m.group(1))[0]
     t = time.time()
     done = os.path.isfile(os.path.join(ROOT, run_dir, "done"))
     if not done:
-        log(f"{label} seed {seed} -> {run_dir}")
+        say(f"seq2seq-compare: {label} seed {seed} -> {run_dir}")
         run(cmd, os.path.join(args.work, f"{label}-{seed}.log"), env)
     bleu = last_bleu(run_dir, args.max_update)
     return {"label": label, "method": method, "seed": seed, "run_dir": run_dir, "command": command_of(run_dir),
@@ -217,7 +225,14 @@ def wise_points(args, data, rec, done):
 
 
 def main(argv=None):
-    args = parse_args(argv)
+    try:
+        return compare(parse_args(argv))
+    except RunError as e:
+        raise SystemExit(str(e))
+
+
+def compare(args):
+    """The comparison (or its page again, --report-only)."""
     if args.report_only:
         res = read_json(os.path.join(args.docs, NAME + ".json"))
         if res is None:
@@ -242,25 +257,33 @@ def main(argv=None):
     res["fisher_command"] = fisher_cmd and portable(fisher_cmd)
     runs = {(r["label"], r["seed"]): r for r in res.get("runs", [])}
     wise = {(w["label"], w["seed"], w["alpha"]): w for w in res.get("wise", [])}
-    for seed in args.seeds:
-        for label, method, extra in METHODS:
-            if label not in args.methods:
-                continue
-            rec = finetune(args, data, label, method, extra, seed, fisher)
-            old = runs.get((label, seed))
-            if old and old["command"] == rec["command"] and rec["seconds"] is None:
-                rec["seconds"] = old.get("seconds")
-            else:  # a new or changed run: its WiSE-FT points again
-                wise = {k: v for k, v in wise.items() if k[:2] != (label, seed)}
-            runs[(label, seed)] = rec
-            log(f"{label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
-            if label in WISE:
-                done = {k[2]: v for k, v in wise.items() if k[:2] == (label, seed)}
-                for w in wise_points(args, data, rec, done):
-                    wise[(label, seed, w["alpha"])] = w
-            res["runs"] = [runs[k] for k in sorted(runs, key=order_key)]
-            res["wise"] = [wise[k] for k in sorted(wise, key=lambda k: (order_key(k[:2]), k[2]))]
-            write_json(results_path, res)
+    plan = [(label, method, extra, seed) for seed in args.seeds for label, method, extra in METHODS
+            if label in args.methods]
+    recorded, recorded_wise = dict(runs), dict(wise)  # what the runs read (record() changes the others)
+
+    def one(label, method, extra, seed, say):
+        """The run's record and its WiSE-FT points (those of an unchanged run reused)."""
+        rec = finetune(args, data, label, method, extra, seed, fisher, say)
+        old = recorded.get((label, seed))
+        same = old and old["command"] == rec["command"] and rec["seconds"] is None
+        if same:
+            rec["seconds"] = old.get("seconds")
+        done = {k[2]: v for k, v in recorded_wise.items() if k[:2] == (label, seed)} if same else {}
+        return rec, wise_points(args, data, rec, done) if label in WISE else []
+
+    def record(i, result):
+        rec, points = result
+        label, seed = rec["label"], rec["seed"]
+        log(f"{label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
+        runs[(label, seed)] = rec
+        for k in [k for k in wise if k[:2] == (label, seed)]:  # a new or changed run's points replace its old ones
+            del wise[k]
+        wise.update({(label, seed, w["alpha"]): w for w in points})
+        res["runs"] = [runs[k] for k in sorted(runs, key=order_key)]
+        res["wise"] = [wise[k] for k in sorted(wise, key=lambda k: (order_key(k[:2]), k[2]))]
+        write_json(results_path, res)
+
+    execute([functools.partial(one, *p) for p in plan], args.jobs, on_done=record)
     os.makedirs(args.docs, exist_ok=True)
     write_json(os.path.join(args.docs, NAME + ".json"), res)
     write_report(res, args.docs)
@@ -274,23 +297,39 @@ def order_key(key):
 
 # ---- the report: from the JSON alone ----
 
+TASK = "translation, domain B"  # the answer's task: BLEU on B (the new domain) against BLEU on A's fall since θ*
+FORGETTING = "BLEU on A"
+
+
 def fmt(x):
     return f"{x:.2f}"
 
 
-def summary(res):
-    """Per method (in the runs' order: METHODS' when they were recorded): mean and spread (half the range over
-    seeds) of B, A, ΔA."""
+def answer(res):
+    """The runs of the JSON judged by the grid's rule (runs/verdicts.py, as summarize.py judges a user's grid):
+    per method, BLEU on B against the fall of BLEU on A since θ*, mean ± std over seeds; the WiSE-FT points on
+    their runs' rows."""
     pre_a = res["pretrained"]["bleu_a"]
     rows = []
     for label in dict.fromkeys(r["label"] for r in res["runs"]):
         rs = [r for r in res["runs"] if r["label"] == label]
-        b = np.array([r["bleu_b"] for r in rs])
-        a = np.array([r["bleu_a"] for r in rs])
-        rows.append({"label": label, "method": rs[0]["method"], "seeds": [r["seed"] for r in rs],
-                     "b": b.mean(), "b_spread": (b.max() - b.min()) / 2, "a": a.mean(),
-                     "a_spread": (a.max() - a.min()) / 2, "da": a.mean() - pre_a})
-    return rows
+        row = verdicts.setting_row(label, label, [(r["seed"], r["bleu_b"], pre_a - r["bleu_a"]) for r in rs],
+                                   config="", **knobs(label, res["settings"]))
+        wise = [w for w in res.get("wise", []) if w["label"] == label]
+        if wise:  # per α strictly between θ* and the run (compare/plot.py joins them to the run's point)
+            row["interpolated"] = [verdicts.setting_row(f"{label} α={a:g}", label, [
+                (w["seed"], w["bleu_b"], pre_a - w["bleu_a"]) for w in wise if w["alpha"] == a], alpha=a)
+                for a in sorted({w["alpha"] for w in wise})]
+        rows.append(row)
+    return verdicts.judge(TASK, "bleu", FORGETTING, rows, updates=res["settings"]["max_update"],
+                          at="its last update")
+
+
+def knobs(label, s):
+    """A method's knobs as the runs had them: the catalogue's defaults, RecAdam's from the settings."""
+    m = catalogue.get(label)
+    given = {"k": s["k"], "t0": s["t0"], "gamma": s["gamma"]}
+    return {k: catalogue.KNOBS[k].type(given.get(k, v)) for k, v in m.defaults().items()}
 
 
 def wise_curves(res):
@@ -319,7 +358,7 @@ def describe(label, res):
 
 
 def write_report(res, docs):
-    rows = summary(res)
+    a = answer(res)
     curves = wise_curves(res)
     pre = res["pretrained"]
     s = res["settings"]
@@ -336,87 +375,33 @@ def write_report(res, docs):
         f"{d['domains']['a']['train']} training and {d['domains']['a']['valid']} dev fragments per domain, "
         f"{d['vocab']['per_domain']} words per domain ({d['vocab']['shared']} shared); "
         f"{100 * d['a_valid_words_not_in_b_vocab']:.1f}% of A's dev words never occur in B. A transformer "
-        f"(2+2 layers, dim 64) pretrained {d['pretrain_updates']} updates on A, then fine-tuned "
-        f"{s['max_update']} updates on B (lr {s['lr']}, polynomial decay, 6% warmup, {s['max_tokens']} tokens a "
-        f"batch, fp32 on one CPU core) through `scripts/seq2seq/finetune.sh`. BLEU (sacrebleu, greedy) at the last "
-        f"update; seeds {', '.join(str(x) for x in s['seeds'])}: the mean ± half the range over seeds.",
+        f"(2+2 layers, dim 64) pretrained {d['pretrain_updates']} updates on A (BLEU {fmt(pre['bleu_b'])} on B, "
+        f"{fmt(pre['bleu_a'])} on A), then fine-tuned {s['max_update']} updates on B (lr {s['lr']}, polynomial "
+        f"decay, 6% warmup, {s['max_tokens']} tokens a batch, fp32 on one CPU core) through "
+        "`scripts/seq2seq/finetune.sh`. BLEU (sacrebleu, greedy) at the last update; seeds "
+        f"{', '.join(str(x) for x in s['seeds'])}.",
         "",
-        "| method | BLEU B (new domain) | BLEU A (old domain) | Δ A from pretrained |",
-        "|---|---|---|---|",
-        f"| pretrained θ* | {fmt(pre['bleu_b'])} | {fmt(pre['bleu_a'])} | - |",
+        "The table and the figure are what `scripts/glue/summarize.py` writes for a user's own grid "
+        "([docs/forgetting-your-task.md](forgetting-your-task.md)), by the same rule: each method's BLEU on B "
+        "against its forgetting, the fall of BLEU on A since θ* (positive = forgot), mean ± std over seeds; "
+        "against Adam, **keeps** its BLEU when the gap is within twice its standard error over the seeds, "
+        "**forgets less** when the fall is smaller by more than that (each at least 0.5 BLEU); **frontier**: "
+        "no other method has a higher BLEU on B and less forgetting.",
+        "",
     ]
-    for r in rows:
-        lines.append(f"| {describe(r['label'], res)} | {fmt(r['b'])} ± {fmt(r['b_spread'])} | "
-                     f"{fmt(r['a'])} ± {fmt(r['a_spread'])} | {r['da']:+.2f} |")
+    lines += verdicts.task_markdown(a)
+    lines += ["The methods' settings: " + "; ".join(describe(r["name"], res) for r in a["rows"]) + ".", ""]
     if curves:
-        lines += ["", "WiSE-FT: (1 − α)·θ* + α·θ_run of the last weights (`scripts/interpolate.py`), scored with "
+        lines += ["WiSE-FT: (1 − α)·θ* + α·θ_run of the last weights (`scripts/interpolate.py`), scored with "
                   "`fairseq-validate`; the mean over seeds (α = 0: θ*, α = 1: the run).", "",
                   "| run | " + " | ".join(f"α = {a:g}" for a, _, _ in next(iter(curves.values()))) + " |",
                   "|---|" + "---|" * len(next(iter(curves.values())))]
         for label, pts in curves.items():
-            lines.append(f"| {label}: BLEU B / A | " + " | ".join(f"{fmt(b)} / {fmt(a)}" for _, b, a in pts) + " |")
-    lines += ["", "![old-domain BLEU against new-domain BLEU](seq2seq-comparison.png)", "",
+            lines.append(f"| {label}: BLEU B / A | " + " | ".join(f"{fmt(b)} / {fmt(y)}" for _, b, y in pts) + " |")
+    lines += ["", "![BLEU on B against the fall of BLEU on A](seq2seq-comparison.png)", "",
               "Each run (seed, method, BLEU B, BLEU A):", ""]
     for r in res["runs"]:
         lines.append(f"- {r['label']} seed {r['seed']}: {fmt(r['bleu_b'])}, {fmt(r['bleu_a'])} (`{r['run_dir']}`)")
     with open(os.path.join(docs, NAME + ".md"), "w", encoding="utf-8") as f:
         f.write("\n".join(lines) + "\n")
-    plot(rows, curves, res, os.path.join(docs, NAME + ".png"))
-
-
-COLOURS = {m.name: m.colour for m in catalogue.METHODS.values() if m.colour}
-
-
-def plot(rows, curves, res, out):
-    """Two panels: everything (left), and the fine-tuned runs' corner, zoomed on BLEU B (right)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(1, 2, figsize=(12, 5.6), gridspec_kw={"width_ratios": [1, 1]})
-    pre = res["pretrained"]
-    nseeds = len(res["settings"]["seeds"])
-    # the zoom: the methods within 8 BLEU of the best on B (the rest stay in the left panel only)
-    top = max(r["b"] for r in rows)
-    near = [r for r in rows if r["b"] >= top - 8]
-    zoom = (min(r["b"] - r["b_spread"] for r in near) - 0.8, max(r["b"] + r["b_spread"] for r in near) + 0.6)
-    placed = []
-    for n, ax in enumerate(axes):
-        ax.plot([pre["bleu_b"]], [pre["bleu_a"]], marker="*", ms=14, color="gold", mec="black", ls="none",
-                label="pretrained θ*", zorder=5)
-        for i, (label, pts) in enumerate(curves.items()):
-            c = COLOURS.get(label, "grey")
-            ax.plot([p[1] for p in pts], [p[2] for p in pts], ls="--", color=c, lw=1, alpha=0.8, marker=".",
-                    label=f"WiSE-FT of {label}: α = 0, {', '.join(f'{p[0]:g}' for p in pts[1:-1])}, 1")
-            for a, b, y in pts[1:-1]:
-                if n == 0 or zoom[0] <= b <= zoom[1]:
-                    ax.annotate(f"α={a:g}", (b, y), textcoords="offset points", xytext=(4, 4 if i % 2 == 0 else -11),
-                                fontsize=7, color=c)
-        for r in rows:
-            c = COLOURS.get(r["label"], "grey")
-            ax.errorbar([r["b"]], [r["a"]], xerr=[r["b_spread"]], yerr=[r["a_spread"]], marker="o", ms=7, color=c,
-                        capsize=3, ls="none", label=r["label"], zorder=4)
-            for run in res["runs"]:
-                if run["label"] == r["label"]:
-                    ax.plot([run["bleu_b"]], [run["bleu_a"]], marker="x", ms=5, color=c, ls="none", alpha=0.7)
-            if n == 1 and r in near:  # above the point; below when another label is already there
-                below = any(abs(r["b"] - b) < 0.6 and abs(r["a"] - a) < 2.5 for b, a in placed)
-                placed.append((r["b"], r["a"]))
-                ax.annotate(r["label"], (r["b"], r["a"]), textcoords="offset points", xytext=(0, -15 if below else 8),
-                            fontsize=8, color=c, ha="center", va="bottom" if not below else "top")
-        ax.set_xlabel("BLEU on domain B (tweets: the new domain)")
-        ax.grid(alpha=0.3)
-    axes[0].set_ylabel("BLEU on domain A (movie snippets: the pretraining domain)")
-    axes[0].set_title("all points", fontsize=10)
-    axes[0].axvspan(*zoom, color="grey", alpha=0.08)
-    axes[1].set_xlim(*zoom)
-    lo, hi = axes[0].get_ylim()
-    for ax in axes:
-        ax.set_ylim(lo - 2, hi)  # room for a label below the lowest point
-    axes[1].set_title("the fine-tuned runs (the shaded band, zoomed on B)", fontsize=10)
-    axes[0].legend(fontsize=7.5, loc="lower left", framealpha=0.9)
-    fig.suptitle(f"Fine-tuning on domain B of a rule-based synthetic pair: what it learns (right) and keeps (up); "
-                 f"mean ± half-range of {nseeds} seeds (o), each seed (x)", fontsize=10)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100, metadata={"Software": None})
-    plt.close(fig)
+    verdicts.plot_one(a, os.path.join(docs, NAME + ".png"))

@@ -86,11 +86,27 @@ def task_answer(task, runs, root):
         ups = [to_float(r["best_update"]) for r in rs if to_float(r["best_update"]) is not None]
         rows.append(setting_row(name, method, [(r["seed"], r["best"], r["forgetting"]) for r in rs], config=config,
                                 at_update=sum(ups) / len(ups) if ups else None, **knobs(method, config)))
+    adam = adam_row(rows)
+    curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
+        if adam is not None else []
+    return judge(task, scored[0]["metric"], scored[0]["forgetting_metric"], rows, curve,
+                 max((to_float(r["last_update"]) or 0 for r in scored), default=0))
+
+
+def adam_row(rows):
+    """The setting the others are judged against: Adam at its defaults, else Adam's first setting; None without."""
+    return next((r for r in rows if r["name"] == "adam"), next((r for r in rows if r["method"] == "adam"), None))
+
+
+def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its best validation"):
+    """The answer of one task's settings (``setting_row``s, WiSE-FT points under ``interpolated``): the frontier,
+    each setting's Pareto rank and, against Adam, the noise-aware verdicts (compare/stats.py's rule, the floors in
+    the metric's units; ``at``: where each setting was read, for the figure). The grid's summary and the translation
+    comparison both read their rows through it."""
     stats.frontier(rows)
     ranks = stats.pareto_ranks(rows)
-    adam = next((r for r in rows if r["name"] == "adam"), next((r for r in rows if r["method"] == "adam"), None))
-    fgt_metric = scored[0]["forgetting_metric"]
-    acc_floor, fgt_floor = floors(fgt_metric)
+    adam = adam_row(rows)
+    acc_floor, fgt_floor = floors(forgetting_metric)
     for r in rows:
         r["rank"] = ranks[r["name"]]
         if adam is not None and r is not adam:
@@ -98,11 +114,8 @@ def task_answer(task, runs, root):
             r["d_forgetting"] = adam["forgetting"] - r["forgetting"]  # positive: forgets more than Adam
             r["keeps_accuracy"] = stats.keeps_accuracy_within_noise(r, adam, acc_floor)
             r["forgets_less"] = stats.forgets_less_beyond_noise(r, adam, fgt_floor)
-    curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
-        if adam is not None else []
-    return {"task": task, "metric": scored[0]["metric"], "forgetting_metric": fgt_metric, "rows": rows,
-            "curve": curve, "adam": adam, "floors": (acc_floor, fgt_floor),
-            "updates": max((to_float(r["last_update"]) or 0 for r in scored), default=0)}
+    return {"task": task, "metric": metric, "forgetting_metric": forgetting_metric, "rows": rows,
+            "curve": list(curve), "adam": adam, "floors": (acc_floor, fgt_floor), "updates": updates, "at": at}
 
 
 def answer(runs, root):
@@ -156,32 +169,37 @@ def markdown(answers):
           "the metric, 0.005 of the probe's unit, 0.5 BLEU); **frontier**: no other setting has a higher metric "
           "and less forgetting (rank 2: on it once those are removed). The plot: forgetting-<TASK>.png.", ""]
     for a in answers.values():
-        fl = a["floors"]
         md += [f"### {a['task']}: dev {a['metric']} against forgetting ({a['forgetting_metric']} since θ*)", "",
-               f"![{a['task']}: dev {a['metric']} against forgetting]({plot_name(a['task'])})", "",
-               f"| setting | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
-               "keeps Adam's accuracy | forgets less | frontier (rank) |", "|---|---|---|---|---|---|---|---|---|"]
-        for r in a["rows"]:
-            md.append(f"| {r['name']} | {len(r['seeds'])} | "
-                      f"{r['target_accuracy']:.2f} ± {r['target_accuracy_std']:.2f} | "
-                      f"{-r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
-                      + ("" if "d_accuracy" not in r else f"{r['d_accuracy']:+.2f}") + " | "
-                      + ("" if "d_forgetting" not in r else f"{r['d_forgetting']:+.4f}") + " | "
-                      + ("(Adam)" if r is a["adam"] else yes(r.get("keeps_accuracy"))) + " | "
-                      + ("" if r is a["adam"] else yes(r.get("forgets_less"))) + " | "
-                      + ("yes" if r["frontier"] else "no") + f" ({r['rank']}) |")
-        md.append("")
-        if a["adam"] is None:
-            md += ["No adam runs with the probe: no verdicts against Adam (METHODS=\"adam ...\" adds them).", ""]
-            continue
-        best = winners(a)
-        md += [("**Answer**: " + ", ".join(f"{r['name']} ({'on' if r['frontier'] else 'off'} the frontier)"
-                                           for r in best)
-                + " keep" + ("s" if len(best) == 1 else "") + " Adam's accuracy within the seed noise and forget"
-                + ("s" if len(best) == 1 else "") + " less beyond it." if best else
-                "**Answer**: no setting keeps Adam's accuracy within the seed noise and forgets less beyond it.")
-               + f" (Floors: {fl[0]:g} {a['metric']}, {fl[1]:g} forgetting.)", ""]
+               f"![{a['task']}: dev {a['metric']} against forgetting]({plot_name(a['task'])})", ""]
+        md += task_markdown(a)
     return md
+
+
+def task_markdown(a):
+    """One task's verdicts table and its answer in one line (the grid's summary; the translation comparison's
+    page)."""
+    fl = a["floors"]
+    md = [f"| setting | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
+          "keeps Adam's accuracy | forgets less | frontier (rank) |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in a["rows"]:
+        md.append(f"| {r['name']} | {len(r['seeds'])} | "
+                  f"{r['target_accuracy']:.2f} ± {r['target_accuracy_std']:.2f} | "
+                  f"{0.0 - r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
+                  + ("" if "d_accuracy" not in r else f"{r['d_accuracy']:+.2f}") + " | "
+                  + ("" if "d_forgetting" not in r else f"{r['d_forgetting']:+.4f}") + " | "
+                  + ("(Adam)" if r is a["adam"] else yes(r.get("keeps_accuracy"))) + " | "
+                  + ("" if r is a["adam"] else yes(r.get("forgets_less"))) + " | "
+                  + ("yes" if r["frontier"] else "no") + f" ({r['rank']}) |")
+    md.append("")
+    if a["adam"] is None:
+        return md + ["No adam runs with the probe: no verdicts against Adam (METHODS=\"adam ...\" adds them).", ""]
+    best = winners(a)
+    return md + [("**Answer**: " + ", ".join(f"{r['name']} ({'on' if r['frontier'] else 'off'} the frontier)"
+                                             for r in best)
+                  + " keep" + ("s" if len(best) == 1 else "") + " Adam's accuracy within the seed noise and forget"
+                  + ("s" if len(best) == 1 else "") + " less beyond it." if best else
+                  "**Answer**: no setting keeps Adam's accuracy within the seed noise and forgets less beyond it.")
+                 + f" (Floors: {fl[0]:g} {a['metric']}, {fl[1]:g} forgetting.)", ""]
 
 
 def plot_name(task):
@@ -189,21 +207,21 @@ def plot_name(task):
 
 
 def plot(out, answers):
-    """forgetting-<TASK>.png in ``out`` per task (compare/plot.py's figure); the files written ([] without
-    matplotlib)."""
+    """forgetting-<TASK>.png in ``out`` per task; the files written ([] without matplotlib)."""
+    paths = [os.path.join(out, plot_name(a["task"])) for a in answers.values()]
+    return [p for p, a in zip(paths, answers.values()) if plot_one(a, p)]
+
+
+def plot_one(a, path):
+    """One task's answer drawn at ``path`` (compare/plot.py's figure); False without matplotlib."""
     from recadam_fairseq.compare import plot as figures
 
-    written = []
-    for a in answers.values():
-        path = os.path.join(out, plot_name(a["task"]))
-        if figures.plot(a["rows"] + a["curve"], None, path, a["updates"], figure_text(a)) is not None:
-            written.append(path)
-    return written
+    return figures.plot(a["rows"] + a["curve"], None, path, a["updates"], figure_text(a)) is not None
 
 
 def figure_text(a):
     """The figure's texts (compare/plot.py's comparison_text's keys) of one task's answer."""
-    return {"x": f"forgetting: {a['forgetting_metric']} since θ*, positive = forgot (each setting at its best "
-                 "validation)", "y": f"dev {a['metric']}",
+    return {"x": f"forgetting: {a['forgetting_metric']} since θ*, positive = forgot (each setting at "
+                 f"{a['at']})", "y": f"dev {a['metric']}",
             "drop": f"forgetting ({a['forgetting_metric']})",
             "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods"}
