@@ -24,7 +24,7 @@ from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 from recadam_fairseq.tools import prepare_glue as pg
 
 from recadam_fairseq.core import mt_sampling
-from recadam_fairseq.runs import summarize  # scripts/glue/summarize.py's code
+from recadam_fairseq.engine import summarize  # scripts/glue/summarize.py's code
 from recadam_fairseq.tools import predict_multitask  # scripts/glue/predict_multitask.py's code
 
 TASKS = ["CoLA", "MRPC", "STS-B", "MNLI"]

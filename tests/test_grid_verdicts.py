@@ -1,5 +1,5 @@
 """summarize.py's answer to which method keeps the accuracy and forgets least, on a grid's runs with a probe
-(recadam_fairseq/runs/verdicts.py, docs/forgetting-your-task.md): synthetic run directories with known numbers
+(recadam_fairseq/engine/verdicts.py, docs/forgetting-your-task.md): synthetic run directories with known numbers
 (tests/helpers/grid_runs.py), the verdicts derived here by hand from the comparison's rule (docs/forgetting.md:
 a gap counts beyond twice its standard error over the seeds, at least a floor), the figure's points, and runs
 without a probe unchanged. No training: milliseconds, the figures a second or two."""
@@ -13,8 +13,8 @@ import sys
 import pytest
 
 from helpers.grid_runs import GRID, write_grid
-from recadam_fairseq.runs import summarize, verdicts
-from recadam_fairseq.runs.read import find_runs, read_runs
+from recadam_fairseq.engine import summarize, verdicts
+from recadam_fairseq.engine.read import find_runs, read_runs
 
 FILES = ["summary.md", "summary.csv", "variants.csv", "runs.csv"]
 
@@ -102,9 +102,9 @@ def test_summarize_writes_the_plot_and_the_verdicts(grid, capsys):
 
 
 def test_the_figure_holds_the_grid_s_points(grid):
-    """The figure (compare/plot.py's) of the answer: a panel per family with Adam's point and its curve along its
+    """The figure (engine/plot.py's) of the answer: a panel per family with Adam's point and its curve along its
     validations in each, each setting at (its forgetting, its accuracy), the grid's axis texts."""
-    from recadam_fairseq.compare import plot
+    from recadam_fairseq.engine import plot
 
     root, runs = grid
     (a,) = verdicts.answer(runs, root).values()
@@ -254,11 +254,11 @@ def test_a_run_of_no_catalogue_method_gets_no_verdicts(tmp_path, capsys):
 
 
 def test_the_executor_runs_every_job_and_reports_every_failure_at_the_end():
-    """runs/execute.py (both comparisons' plans): results in the plan's order whatever the start order,
+    """engine/execute.py (both comparisons' plans): results in the plan's order whatever the start order,
     on_done in start order, a failed run does not stop the others, and every failure's text is in the error."""
     import threading
 
-    from recadam_fairseq.runs.execute import RunError, execute
+    from recadam_fairseq.engine.execute import RunError, execute
 
     started, done, gate = [], [], threading.Event()
 

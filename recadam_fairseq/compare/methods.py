@@ -41,15 +41,12 @@ MULTITASK_METHODS are allowed.
 from typing import Dict, List, Optional, Tuple
 
 from .. import catalogue
+from ..engine.settings import METHODS, SPEC_EXCLUDED, fmt
 
 # knobs a spec does not vary: their flags at these values (those left out add no flag)
 # (EWC's F: the task's, which ewc_fisher.py swaps for the task's one shared file)
 PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8", "fisher": "task"}
-SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha", "fisher")
 DEFAULTS = {"t0": 40.0, "lambda": 1.0}  # the comparison's own, for its 200-update runs
-METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
-    n: tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
-    for n, m in catalogue.METHODS.items() if m.comparison}
 INT_KNOBS = tuple(k for k, knob in catalogue.KNOBS.items() if knob.type is int and k not in SPEC_EXCLUDED)
 # knob: (default, its prefix in run names); gamma None: --gamma
 KNOBS = {k: (None if k == "gamma" else DEFAULTS.get(k, (int if k in INT_KNOBS else float)(knob.default)),
@@ -64,10 +61,6 @@ MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask
 
 class MethodError(ValueError):
     """A bad --methods spec; the message names it."""
-
-
-def fmt(x) -> str:
-    return f"{x:g}" if isinstance(x, float) else str(x)
 
 
 def parse(spec: str, gamma: float = 5000.0) -> dict:
@@ -123,11 +116,6 @@ def label(s: dict) -> str:
         parts.append(f"{catalogue.KNOBS[k].label or k}={fmt(s[k])}")
     text = s["method"] + (" " + " ".join(parts) if parts else "")
     return text + " (λ(t) only, no pull)" if s.get("gamma") == 0 else text
-
-
-def group(s: dict) -> str:
-    """The curve a setting belongs to (frontiers, plot): its method; RecAdam's γ = 0 control apart."""
-    return s["method"] + " γ=0 (λ(t) only)" if s.get("gamma") == 0 else s["method"]
 
 
 def knob_text(s: dict) -> str:

@@ -12,8 +12,8 @@ from recadam_fairseq.compare import measure, methods
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, USER_DIR, read_json, rel, write_json
 from recadam_fairseq.compare.methods import fmt
 from recadam_fairseq.compare.plan import early_points, planned_runs
-from recadam_fairseq.runs.execute import RunError, execute
-from recadam_fairseq.tools import plot_run
+from recadam_fairseq.engine.execute import RunError, execute
+from recadam_fairseq.engine.fairseq_log import read_log
 
 
 def fairseq_train():
@@ -218,7 +218,7 @@ def train(name, seed, cmd, run_dir, env, say):
 
 def logged_figures(log):
     """What fairseq logged last: the held-out accuracy of its validation, RecAdam's distance and λ."""
-    logs = plot_run.read_log(log)
+    logs = read_log(log)
     valid = [r for r in logs.get("valid", []) if any(k.endswith("accuracy") for k in r)]
     inner = [r for r in logs.get("train_inner", []) if "recadam_dist" in r]
     return {"fairseq_valid_accuracy": (float(next(v for k, v in valid[-1].items() if k.endswith("accuracy"))) / 100

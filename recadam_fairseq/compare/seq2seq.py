@@ -10,8 +10,8 @@ scripts/seq2seq/finetune.sh (the real fairseq-train with the catalogue's flags),
 run's own log at its last update: ``valid`` is B's dev set, ``test`` A's. WiSE-FT mixes a run's last weights
 with θ* (scripts/interpolate.py) and scores both domains with fairseq-validate.
 
-The runs go through the engine's executor (runs/execute.py, --jobs at a time); the page's table, verdicts and
-figure are runs/verdicts.py's, the ones scripts/glue/summarize.py gives a user's own grid (BLEU on B against the
+The runs go through the engine's executor (engine/execute.py, --jobs at a time); the page's table, verdicts and
+figure are engine/verdicts.py's, the ones scripts/glue/summarize.py gives a user's own grid (BLEU on B against the
 fall of BLEU on A since θ*, judged against Adam by the comparison's noise-aware rule).
 
 Everything a result came from is recorded in WORK/results.json (the commands, the numbers) and copied to
@@ -22,7 +22,6 @@ byte for byte.
 
 import argparse
 import functools
-import json
 import os
 import re
 import shlex
@@ -34,8 +33,10 @@ import numpy as np
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
-from recadam_fairseq.runs import verdicts
-from recadam_fairseq.runs.execute import RunError, execute
+from recadam_fairseq.engine import verdicts
+from recadam_fairseq.engine.aggregate import OTHERS, to_float
+from recadam_fairseq.engine.fairseq_log import parse_log
+from recadam_fairseq.engine.execute import RunError, execute
 
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
@@ -168,17 +169,12 @@ def command_of(run_dir):
 
 
 def last_bleu(run_dir, updates):
-    """{"valid": ..., "test": ...}: the BLEU the run's log has at its last update."""
-    out = {}
-    with open(os.path.join(ROOT, run_dir, "train.log")) as f:
-        for line in f:
-            for s in ("valid", "test"):
-                m = re.search(r"\| INFO \| %s \| (\{.*\})$" % s, line)
-                if m:
-                    rec = json.loads(m.group(1))
-                    if int(rec[f"{s}_num_updates"]) == updates:
-                        out[s] = float(rec[f"{s}_bleu"])
-    return out
+    """{"valid": ..., "test": ...}: the BLEU the run's log has at its last update (B's validation, A's beside it)."""
+    valid = parse_log(os.path.join(ROOT, run_dir, "train.log"))[0].get("valid", [])
+    at = [e for e in valid if to_float(e.get("num_updates")) == updates]
+    if not at or "test" not in at[-1][OTHERS]:
+        raise RunError(f"seq2seq-compare: {run_dir}/train.log has no validation of valid and test at update {updates}")
+    return {"valid": float(at[-1]["bleu"]), "test": float(at[-1][OTHERS]["test"]["bleu"])}
 
 
 def finetune(args, data, label, method, extra, seed, fisher, say=log):
@@ -306,7 +302,7 @@ def fmt(x):
 
 
 def answer(res):
-    """The runs of the JSON judged by the grid's rule (runs/verdicts.py, as summarize.py judges a user's grid):
+    """The runs of the JSON judged by the grid's rule (engine/verdicts.py, as summarize.py judges a user's grid):
     per method, BLEU on B against the fall of BLEU on A since θ*, mean ± std over seeds; the WiSE-FT points on
     their runs' rows."""
     pre_a = res["pretrained"]["bleu_a"]
@@ -316,7 +312,7 @@ def answer(res):
         row = verdicts.setting_row(label, label, [(r["seed"], r["bleu_b"], pre_a - r["bleu_a"]) for r in rs],
                                    config="", **knobs(label, res["settings"]))
         wise = [w for w in res.get("wise", []) if w["label"] == label]
-        if wise:  # per α strictly between θ* and the run (compare/plot.py joins them to the run's point)
+        if wise:  # per α strictly between θ* and the run (engine/plot.py joins them to the run's point)
             row["interpolated"] = [verdicts.setting_row(f"{label} α={a:g}", label, [
                 (w["seed"], w["bleu_b"], pre_a - w["bleu_a"]) for w in wise if w["alpha"] == a], alpha=a)
                 for a in sorted({w["alpha"] for w in wise})]

@@ -47,7 +47,8 @@ import torch
 
 from recadam_fairseq.core import layer_lr
 from recadam_fairseq.core.recadam import RecAdam
-from recadam_fairseq.tools import plot_run, readme_block, tiny_train
+from recadam_fairseq.engine.fairseq_log import parse_log_lines
+from recadam_fairseq.tools import readme_block, tiny_train
 
 # (layers, dim, ffn, vocab) of RoBERTa-like encoders.
 SIZES = {
@@ -649,7 +650,7 @@ def e2e_train(tiny_dir: str, name: str, updates: int, log_interval: int, threads
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"fairseq-train ({name}) failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
-    records = plot_run.parse_log_lines((proc.stdout + proc.stderr).splitlines())["train_inner"]
+    records = parse_log_lines((proc.stdout + proc.stderr).splitlines())["train_inner"]
     # updates per second over each log interval (train_wall is logged in whole seconds); the first
     # interval holds start-up work
     ups = [float(r["ups"]) for r in records[1:]]

@@ -34,7 +34,8 @@ from typing import Dict, List, Optional
 from recadam_fairseq import catalogue  # its GPU rows
 from recadam_fairseq.compare import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.compare.prepare import glue_layout
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, plot_run, readme_block, tiny_train
+from recadam_fairseq.engine.fairseq_log import parse_log_lines
+from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, readme_block, tiny_train
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
@@ -147,7 +148,7 @@ def run_one(args, setup: Dict, name: str, rnd) -> Dict:
         f.write(log)
     if proc.returncode != 0:
         raise SystemExit(f"e2e_overhead: fairseq-train failed for {name}:\n{log[-3000:]}")
-    records = plot_run.parse_log_lines(log.splitlines())["train_inner"]
+    records = parse_log_lines(log.splitlines())["train_inner"]
     ups = [float(r["ups"]) for r in records[1:]]  # the first interval holds start-up work
     if not ups or min(ups) <= 0:
         raise SystemExit(f"e2e_overhead: {name}: fewer than 2 log intervals to time (--updates / --log-interval)")

@@ -9,39 +9,11 @@ have no λ / distance line.
 """
 
 import argparse
-import json
 import os
-from collections import defaultdict
+
+from recadam_fairseq.engine.fairseq_log import read_log
 
 DEV_METRICS = ("accuracy", "mcc", "f1", "pearson", "spearman", "acc_and_f1")
-
-
-def read_log(path):
-    """{kind: [record, ...]} for the json records of a fairseq log file (train_inner, valid, train)."""
-    with open(path) as f:
-        return parse_log_lines(f)
-
-
-def parse_log_lines(lines):
-    """The json records of fairseq log lines: "... | INFO | train_inner | {...}", "INFO:train_inner:{...}"
-    (Python's default log format, e.g. on distributed ranks) or bare json lines."""
-    out = defaultdict(list)
-    for line in lines:
-        brace = line.find("{")
-        if brace < 0:
-            continue
-        head = line[:brace].replace(":", "|")
-        kind = head.rstrip(" |").rsplit("|", 1)[-1].strip() if "|" in head else ""
-        try:
-            rec = json.loads(line[brace:])
-        except json.JSONDecodeError:
-            continue
-        if not isinstance(rec, dict):
-            continue
-        if not kind:  # bare json lines (no logging prefix): tell them apart by their keys
-            kind = "valid" if any(k.startswith("valid_") for k in rec) else "train_inner"
-        out[kind].append(rec)
-    return out
 
 
 def series(records, key, x_key="num_updates"):

@@ -13,7 +13,7 @@ import time
 from typing import Optional
 
 from ..core.forgetting import BLEU_DELTA, BUDGET, forgetting, label, within_budget
-from .plot_run import parse_log_lines
+from recadam_fairseq.engine.fairseq_log import parse_log_lines
 
 
 # loggers whose INFO lines the terminal shows too: EWC's Fisher pass before update 1 (its progress, its time, F)

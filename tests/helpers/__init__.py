@@ -43,9 +43,9 @@ def load_ckpt(path):
 
 def json_records(log, kind):
     """fairseq --log-format json records of one kind (train_inner, valid, train) in a log's text."""
-    from recadam_fairseq.tools import plot_run
+    from recadam_fairseq.engine.fairseq_log import parse_log_lines
 
-    return plot_run.parse_log_lines(log.splitlines())[kind]
+    return parse_log_lines(log.splitlines())[kind]
 
 
 def load_model(ckpt_path):

@@ -16,7 +16,7 @@ so ("(means)"). Changing a task's table to the second would change the recorded 
 
 import numpy as np
 
-from recadam_fairseq.compare import methods
+from recadam_fairseq.engine.settings import KNOB_NAMES, group
 
 NOISE_FLOOR = 0.005  # accuracy and ΔAUC gaps below this are never read as differences
 
@@ -46,7 +46,7 @@ def summarize(runs, base):
     rows = []
     for name in dict.fromkeys(r["name"] for r in runs):
         rs = [r for r in runs if r["name"] == name]
-        row = {k: v for k, v in rs[0].items() if k == "method" or k in methods.KNOBS}
+        row = {k: v for k, v in rs[0].items() if k == "method" or k in KNOB_NAMES}
         row.update(name=name, label=rs[0]["label"], seeds=sorted(r["seed"] for r in rs))
         rows.append(point_stats(row, rs, base))
         for updates in sorted({e["updates"] for r in rs for e in r.get("early", [])}):
@@ -82,7 +82,7 @@ def frontier(rows):
     final = [r for r in rows if not r.get("stopped_at")]
     for r in final:
         r["frontier"] = not dominated(r, final)
-        r["method_frontier"] = not dominated(r, [q for q in final if methods.group(q) == methods.group(r)])
+        r["method_frontier"] = not dominated(r, [q for q in final if group(q) == group(r)])
 
 
 def dominates(q, r):
@@ -130,7 +130,7 @@ def wise_beats_adam(rows, adam):
 
 def noise(row, adam, key, floor=NOISE_FLOOR):
     """Twice the standard error of the gap between a setting's mean and Adam's (at least ``floor``: NOISE_FLOOR
-    in the comparison's units; a grid's summary passes it in its metric's, runs/verdicts.py)."""
+    in the comparison's units; a grid's summary passes it in its metric's, engine/verdicts.py)."""
     se = np.sqrt(row[key + "_std"] ** 2 / len(row["seeds"]) + adam[key + "_std"] ** 2 / len(adam["seeds"]))
     return max(2 * float(se), floor)
 

@@ -7,10 +7,11 @@ from collections import defaultdict
 
 from recadam_fairseq.core import glue_tasks
 from recadam_fairseq.core.forgetting import label
-from recadam_fairseq.runs import verdicts
-from recadam_fairseq.runs.aggregate import MM, OTHERS, best_of, num_key, order, primary_metric, run_budget, \
+from recadam_fairseq.engine import verdicts
+from recadam_fairseq.engine.aggregate import MM, OTHERS, best_of, num_key, order, primary_metric, run_budget, \
     run_forgetting, to_float
-from recadam_fairseq.runs.read import checkpoint_at, only_k_t0, parse_log, saved_checkpoints
+from recadam_fairseq.engine.fairseq_log import parse_log
+from recadam_fairseq.engine.read import checkpoint_at, only_k_t0, saved_checkpoints
 
 
 def fmt(x, nd=2):

@@ -3,9 +3,9 @@ logged a forgetting probe (FORGETTING_PROBE, docs/forgetting-meter.md; translati
 the original domain): per task, each setting (method and config) at the validation ``read`` picks (the best dev
 metric, within a forgetting budget where one applies: the one summary.md's tables show), mean ± std over seeds;
 Adam's curve along its validations; the frontier; and the comparison's verdicts against Adam, by its rule
-(``compare/stats.py``, docs/forgetting.md): keeps Adam's accuracy within the seed noise, forgets less beyond it,
+(``engine/stats.py``, docs/forgetting.md): keeps Adam's accuracy within the seed noise, forgets less beyond it,
 on the frontier. The rows are the comparison's (``target_accuracy``, ``forgetting`` as a change with higher =
-less forgotten), so ``compare/plot.py`` draws them: summarize.py writes forgetting-<TASK>.png, verdicts.csv and
+less forgotten), so ``engine/plot.py`` draws them: summarize.py writes forgetting-<TASK>.png, verdicts.csv and
 summary.md's section. Runs without a probe give nothing here."""
 
 import os
@@ -13,10 +13,12 @@ import re
 from collections import defaultdict
 
 from recadam_fairseq import catalogue
-from recadam_fairseq.compare import methods, stats
-from recadam_fairseq.runs.aggregate import order, run_forgetting, to_float
 from recadam_fairseq.core.glue_tasks import head_name
-from recadam_fairseq.runs.read import MTL, parse_log
+from recadam_fairseq.engine import stats
+from recadam_fairseq.engine.aggregate import order, run_forgetting, to_float
+from recadam_fairseq.engine.fairseq_log import parse_log
+from recadam_fairseq.engine.read import MTL
+from recadam_fairseq.engine.settings import METHODS
 
 # every metric a grid is scored by is logged x100 (GLUE's: glue_core; BLEU): the comparison's floor, in its units
 SCALE = 100.0
@@ -33,7 +35,7 @@ def knobs(method, config):
     directory, else the catalogue's defaults."""
     named = catalogue.parse_run_name(f"{method}-{config}" if config else method)[1]
     out = {}
-    for k in methods.METHODS.get(method, ()):
+    for k in METHODS.get(method, ()):
         knob = catalogue.KNOBS[k]
         value = named.get(k, knob.default)
         try:
@@ -100,7 +102,7 @@ def adam_row(rows):
 
 def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its best validation"):
     """The answer of one task's settings (``setting_row``s, WiSE-FT points under ``interpolated``): the frontier,
-    each setting's Pareto rank and, against Adam, the noise-aware verdicts (compare/stats.py's rule, the floors in
+    each setting's Pareto rank and, against Adam, the noise-aware verdicts (engine/stats.py's rule, the floors in
     the metric's units; ``at``: where each setting was read, for the figure). The grid's summary and the translation
     comparison both read their rows through it."""
     stats.frontier(rows)
@@ -213,14 +215,14 @@ def plot(out, answers):
 
 
 def plot_one(a, path):
-    """One task's answer drawn at ``path`` (compare/plot.py's figure); False without matplotlib."""
-    from recadam_fairseq.compare import plot as figures
+    """One task's answer drawn at ``path`` (engine/plot.py's figure); False without matplotlib."""
+    from recadam_fairseq.engine import plot as figures
 
     return figures.plot(a["rows"] + a["curve"], None, path, a["updates"], figure_text(a)) is not None
 
 
 def figure_text(a):
-    """The figure's texts (compare/plot.py's comparison_text's keys) of one task's answer."""
+    """The figure's texts (engine/plot.py's comparison_text's keys) of one task's answer."""
     return {"x": f"forgetting: {a['forgetting_metric']} since θ*, positive = forgot (each setting at "
                  f"{a['at']})", "y": f"dev {a['metric']}",
             "drop": f"forgetting ({a['forgetting_metric']})",

@@ -46,10 +46,10 @@ import argparse
 import os
 import sys
 
-from recadam_fairseq.runs import verdicts
-from recadam_fairseq.runs.aggregate import order, summarize
-from recadam_fairseq.runs.read import find_runs, read_runs
-from recadam_fairseq.runs.write import run_line, write_summary
+from recadam_fairseq.engine import verdicts
+from recadam_fairseq.engine.aggregate import order, summarize
+from recadam_fairseq.engine.read import find_runs, read_runs
+from recadam_fairseq.engine.write import run_line, write_summary
 
 
 def main(argv=None):

@@ -9,8 +9,7 @@ import math
 import numpy as np
 
 from recadam_fairseq import catalogue
-from recadam_fairseq.compare import methods
-from recadam_fairseq.compare.methods import fmt
+from recadam_fairseq.engine.settings import METHODS, fmt, group
 
 # the panels leave out settings below this (near chance: 0.5) when most settings are above it
 CHART_MIN_ACCURACY = 0.6
@@ -111,7 +110,7 @@ def grid(plt, panels, width=4.6, height=3.7):
 def knob_labels(rs):
     """Each setting's knobs that differ among ``rs`` (one method's settings; the legend names the
     method), or no labels for a single setting."""
-    keys = [k for k in methods.METHODS[rs[0]["method"]] if len({r[k] for r in rs}) > 1]
+    keys = [k for k in METHODS[rs[0]["method"]] if len({r[k] for r in rs}) > 1]
     return [", ".join(f"{k}={fmt(r[k])}" for k in keys) for r in rs]
 
 
@@ -182,7 +181,7 @@ def lay_out(fig, panels, labels):
 
 def update_of(r, default=1e9):
     """The update a row stands at: an intermediate point's, a row's own ``at_update`` (a grid's setting at its
-    best validation, runs/verdicts.py), else ``default`` (the comparison's final checkpoint: the end)."""
+    best validation, engine/verdicts.py), else ``default`` (the comparison's final checkpoint: the end)."""
     return r.get("stopped_at") or r.get("at_update") or default
 
 
@@ -234,9 +233,9 @@ def method_panel(ax, rows, final, names, off, lims):
     returns the labels to place once the figure is laid out."""
     draw_reference(ax, rows, final)
     labels = []
-    groups = dict.fromkeys(methods.group(r) for r in final if r["method"] in names)
+    groups = dict.fromkeys(group(r) for r in final if r["method"] in names)
     for color, g in zip((ADAM,) + PALETTE, ["adam"] + [g for g in groups if g != "adam"]):
-        rs = [r for r in final if methods.group(r) == g]
+        rs = [r for r in final if group(r) == g]
         if rs:
             draw_curves(ax, rs, color, off, lims, labels)
             ax.plot([], [], marker="o", color=color, ls="-" if len(rs) > 1 else "", lw=1, label=g)
@@ -290,7 +289,7 @@ def key_panel(ax, plt, rows, final):
 
 def comparison_text(base):
     """The comparison's texts of a task's figure: the axes (x: the forgetting, y: the target's metric), Adam's
-    forgetting axis (``drop``) and the title (a grid's summary passes its own: runs/verdicts.py)."""
+    forgetting axis (``drop``) and the title (a grid's summary passes its own: engine/verdicts.py)."""
     return {"x": f"forgetting: SNLI AUC drop from the pretrained {base['snli_auc']:.3f} (mean ± std over seeds)",
             "y": "target accuracy (held-out)", "drop": "SNLI AUC drop",
             "title": "target accuracy vs forgetting, one panel per family of methods (its page in docs/)"}

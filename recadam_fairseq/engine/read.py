@@ -6,55 +6,16 @@ import json
 import os
 import re
 import sys
-from collections import defaultdict
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.core import glue_tasks
 from recadam_fairseq.core.forgetting import label
 from recadam_fairseq.core.glue_tasks import head_name
-from recadam_fairseq.runs.aggregate import OTHERS, TASKS, best_of, primary_metric, run_budget, run_forgetting, to_float
+from recadam_fairseq.engine.aggregate import TASKS, best_of, primary_metric, run_budget, run_forgetting, to_float
+from recadam_fairseq.engine.fairseq_log import parse_log
 
 OTHER = {n: list(t.other_metrics) for n, t in glue_tasks.TASKS.items()}
 MTL = "MTL"  # directory of multi-task runs (scripts/glue/multitask.sh): MTL/<NAME>/seed<N>
-
-
-def parse_log(path):
-    """fairseq json log -> ({subset: [stats of one validation, ...]}, last update number seen).
-
-    Lines are either bare json (--log-file) or prefixed ("... | INFO | valid | {...}"). A
-    validation line holds "<subset>_num_updates"; train lines hold "num_updates" (train_inner)
-    or "train_num_updates" (end of epoch).
-    """
-    valid, last = defaultdict(list), None
-    with open(path, encoding="utf-8", errors="replace") as f:
-        for line in f:
-            i = line.find('{"')
-            if i < 0:
-                continue
-            try:
-                rec = json.loads(line[i:])
-            except ValueError:
-                continue
-            if not isinstance(rec, dict):
-                continue
-            for key in rec:
-                if key == "num_updates" or key.endswith("_num_updates"):
-                    n = to_float(rec[key])
-                    if n is not None:
-                        last = int(n) if last is None else max(last, int(n))
-                if not key.endswith("_num_updates"):
-                    continue
-                subset = key[: -len("_num_updates")]
-                if subset == "train":
-                    continue
-                valid[subset].append({k[len(subset) + 1:]: v for k, v in rec.items() if k.startswith(subset + "_")})
-    for e in valid.get("valid", []):  # the other subsets at the same update (translation's original domain)
-        e[OTHERS] = {}
-        for subset, es in valid.items():
-            same = [x for x in es if x.get("num_updates") == e.get("num_updates")]
-            if subset != "valid" and same:
-                e[OTHERS][subset] = same[-1]
-    return valid, last
 
 
 SAVED = re.compile(r"Saved checkpoint (\S+) \(epoch (\d+) @ (\d+) updates")
