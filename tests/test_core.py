@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-import recadam_fairseq.core.recadam as core
+import recadam_fairseq.core.recadam_plan as plan
 from helpers import F64, HP, make_problem, ref_lambda, run_pair
 from recadam_fairseq import RecAdam, anneal_lambda
 
@@ -25,7 +25,7 @@ def test_update_matches_float64_reference(foreach):
 
 
 def test_chunked_batches_match_reference(monkeypatch):
-    monkeypatch.setattr(core, "CHUNK", 5)  # split tensors into views and batches of ≤ 5 elements
+    monkeypatch.setattr(plan, "CHUNK", 5)  # split tensors into views and batches of ≤ 5 elements
     got, want, _ = run_pair(True)
     for gp, wp in zip(got, want):
         for a, b in zip(gp, wp):

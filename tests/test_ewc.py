@@ -10,7 +10,7 @@ import shutil
 import pytest
 import torch
 
-import recadam_fairseq.core.recadam as core
+import recadam_fairseq.core.fused as fused_mod
 from recadam_fairseq import RecAdam
 from recadam_fairseq.core import ewc
 from recadam_fairseq.core.errors import ConfigError
@@ -54,7 +54,7 @@ KERNELS = {"foreach": dict(foreach=True, fused=False), "single": dict(foreach=Fa
 @pytest.fixture
 def small_segments_compiled(monkeypatch):
     """The tests' small tensors take the compiled kernel (they are below fused.MIN_SEGMENT)."""
-    monkeypatch.setattr(core._fused, "MIN_SEGMENT", 2)
+    monkeypatch.setattr(fused_mod, "MIN_SEGMENT", 2)
 
 
 @pytest.mark.parametrize("kernel", list(KERNELS))
@@ -158,7 +158,7 @@ def test_guard_lands_huge_fisher_entries_on_theta_star_without_overshoot():
 def test_fisher_segments_take_the_compiled_kernel():
     """fused: large segments go to the compiled kernels with F or without; F's presence and dtype are part of
     the bucket (hence of the kernel's key), so the two never share a program; nothing goes eager."""
-    big = core._fused.MIN_SEGMENT
+    big = fused_mod.MIN_SEGMENT
     p, q, r = torch.zeros(big), torch.zeros(big), torch.zeros(big)
     opt = RecAdam([p, q, r], **HP, fused=False, defer_anchors=True)
     for x in (p, q, r):
@@ -167,7 +167,7 @@ def test_fisher_segments_take_the_compiled_kernel():
     opt.set_fisher(r, torch.ones(big, dtype=torch.bfloat16))
     p.grad, q.grad, r.grad = torch.ones(big), torch.ones(big), torch.ones(big)
     plan = opt._plan(opt.param_groups[0], [p.grad, q.grad, r.grad], True)
-    got = {b.kind[1][3]: [(x.data_ptr(), f is None or f.data_ptr()) for x, f in zip(b.ps, b.fishers)]
+    got = {b.kind.dtypes[3]: [(x.data_ptr(), f is None or f.data_ptr()) for x, f in zip(b.ps, b.fishers)]
            for b in plan.compiled}
     assert got == {None: [(p.data_ptr(), True)], torch.float32: [(q.data_ptr(), opt.fisher_of(q).data_ptr())],
                    torch.bfloat16: [(r.data_ptr(), opt.fisher_of(r).data_ptr())]}

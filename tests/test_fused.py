@@ -364,11 +364,11 @@ def test_cached_plans_follow_direct_state_changes(fused):
 def test_anchor_distance_of_many_tensors_in_batches(monkeypatch, anchor_dtype):
     """A per-tensor layout: no compiled call per tensor (14 ms of host time on an H100 at RoBERTa-base's
     ~200 tensors), batches of _foreach_sub / _foreach_norm, split where a tensor crosses a batch."""
-    import recadam_fairseq.core.recadam as core
+    import recadam_fairseq.core.recadam_kernels as kernels
 
     calls = []
     monkeypatch.setattr(fused_mod, "distance", lambda p, a: calls.append(p.numel()))
-    monkeypatch.setattr(core, "DISTANCE_BATCH", 100_000)  # 4 tensors of 70,000 to 120,000 elements
+    monkeypatch.setattr(kernels, "DISTANCE_BATCH", 100_000)  # 4 tensors of 70,000 to 120,000 elements
     ps, anchors, _ = per_tensor_problem(anchor_dtype=anchor_dtype)
     ps = [torch.nn.Parameter(p) for p in ps]
     opt = RecAdam([{"params": ps[:4], "pretrain_params": anchors}, {"params": ps[4:], "anneal_w": 0.0}],
@@ -378,7 +378,7 @@ def test_anchor_distance_of_many_tensors_in_batches(monkeypatch, anchor_dtype):
     assert got.dtype == torch.float64 and calls == []
     assert abs(got - exact) / exact < 1e-6
     # a large tensor: the norms accumulate in float64 (fp32's sum was 2e-3 off at MiniLM's 22M elements)
-    monkeypatch.setattr(core, "DISTANCE_BATCH", 1 << 23)
+    monkeypatch.setattr(kernels, "DISTANCE_BATCH", 1 << 23)
     big = torch.nn.Parameter(torch.randn(1 << 23, generator=torch.Generator().manual_seed(1)))
     anchor = big.detach() + 0.05
     opt = RecAdam([{"params": [big, *ps[:3]], "pretrain_params": [anchor, *anchors[:3]]}], **HP, fused=True)

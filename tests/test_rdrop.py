@@ -17,7 +17,7 @@ import torch
 from helpers import (ONE_THREAD, assert_same_run, assert_same_weights, criterion, json_records, load_ckpt, one_error_line,
                      run_plan, stock_roberta, transformer)
 
-from recadam_fairseq.core import r3f
+from recadam_fairseq.core import r3f, rdrop
 from recadam_fairseq.core.errors import ConfigError
 
 F64 = torch.float64
@@ -51,9 +51,9 @@ def test_symm_kl_with_padding_and_without():
     ref = kl_both_ways(p.double(), q.double())
     assert r3f.symm_kl_sum(p, q, pad).item() == pytest.approx(ref[~pad].sum().item(), rel=1e-6)
     assert r3f.symm_kl(p, q).item() == pytest.approx(ref.sum().item() / 3, rel=1e-6)  # R3F's: over dim 0
-    assert r3f.rdrop_loss(torch.tensor(4.0), torch.tensor(2.0), 0.5).item() == 0.5 * 4 + 0.5 * 0.5 * 2 / 2
-    twice = r3f.twice({"src_tokens": torch.arange(6).view(2, 3), "src_lengths": torch.tensor([3, 2]),
-                       "nested": {"ids": torch.tensor([7, 8])}, "flag": None})
+    assert rdrop.rdrop_loss(torch.tensor(4.0), torch.tensor(2.0), 0.5).item() == 0.5 * 4 + 0.5 * 0.5 * 2 / 2
+    twice = rdrop.twice({"src_tokens": torch.arange(6).view(2, 3), "src_lengths": torch.tensor([3, 2]),
+                         "nested": {"ids": torch.tensor([7, 8])}, "flag": None})
     assert twice["src_tokens"].tolist() == [[0, 1, 2], [3, 4, 5]] * 2 and twice["src_lengths"].tolist() == [3, 2, 3, 2]
     assert twice["nested"]["ids"].tolist() == [7, 8, 7, 8] and twice["flag"] is None
 

@@ -1,6 +1,6 @@
 """The RecAdam update of one contiguous segment in one pass over memory (``torch.compile``).
 
-Pure torch. The eager multi-tensor path in ``recadam.py`` makes about ten passes (one per
+Pure torch. The eager multi-tensor path in ``recadam_kernels.py`` makes about ten passes (one per
 ``_foreach_*`` op); here the whole per-element rule is one compiled loop that reads p, g, m, v
 (and p* on anchored elements) once and writes p, m, v once: the bandwidth bound. The eager path
 stays the reference: both evaluate the same expressions in the same order, so they agree up

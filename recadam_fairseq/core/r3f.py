@@ -1,10 +1,9 @@
-"""R3F (Aghajanyan et al., 2020, "Better Fine-Tuning by Reducing Representational Collapse") and R-Drop
-(Liang et al., 2021, "R-Drop: Regularized Dropout for Neural Networks"): pure torch.
+"""R3F (Aghajanyan et al., 2020, "Better Fine-Tuning by Reducing Representational Collapse"): pure torch.
 
 The R3F loss is L(f(x), y) + λ·KL_S(f(x) ‖ f(x + z)), z ~ U(−ε, ε) or N(0, ε²) on the token embeddings.
-R-Drop's is the same consistency term without the noise, between two dropout passes f₁, f₂ of the batch,
-with the task loss of both passes: ½·(L(f₁(x), y) + L(f₂(x), y) + α·½·KL_S(f₁(x) ‖ f₂(x))).
-This module holds the math; the fairseq criteria call it. No fairseq import.
+This module holds the math: the noise, and the consistency terms (KL_S; for a regression head, the squared
+difference), which R-Drop (``rdrop.py``) takes between its two dropout passes. The fairseq criteria call
+it. No fairseq import.
 
 The draws match fairseq's ``examples/rxf`` (``torch.distributions`` on the default CPU generator, fp32,
 then moved to the embeddings' device), so a run with the same seed sees the same noise.
@@ -100,24 +99,3 @@ def regression_consistency(noised_pred: torch.Tensor, input_pred: torch.Tensor) 
     """
     d = noised_pred.float().view(-1) - input_pred.float().view(-1)
     return (d * d).sum() / noised_pred.size(0)
-
-
-# --------------------------------------------------------------------------- R-Drop
-def check_rdrop_alpha(alpha: float) -> None:
-    if not 0 <= alpha < float("inf"):  # also NaN
-        raise ConfigError(f"--rdrop-alpha must be a finite number >= 0 (the weight of R-Drop's consistency term), "
-                          f"got {alpha}")
-
-
-def twice(net_input: dict) -> dict:
-    """The batch followed by its copy along dim 0 (nested dicts too): one forward of 2B rows gives two
-    passes of the batch whose dropout draws are independent (dropout draws each element's mask apart)."""
-    return {k: torch.cat([v, v]) if torch.is_tensor(v) else twice(v) if isinstance(v, dict) else v
-            for k, v in net_input.items()}
-
-
-def rdrop_loss(task_loss_both: torch.Tensor, consistency: torch.Tensor, alpha: float) -> torch.Tensor:
-    """The authors' loss over 2, ½·(L₁ + L₂ + α·½·S): ``task_loss_both`` = L₁ + L₂ (summed over both
-    passes' examples), ``consistency`` = S, summed over the batch (R3F's KL_S, or its squared difference
-    for a regression). Over 2: the task part is the mean of the passes, on the scale of one pass's loss."""
-    return 0.5 * task_loss_both + (0.25 * alpha) * consistency

@@ -24,7 +24,7 @@ from fairseq.logging import metrics
 from fairseq.logging.meters import safe_round
 
 from ..config import check_anneal
-from ..core import r3f
+from ..core import r3f, rdrop
 from ..core.errors import ConfigError
 from ..core.glue_tasks import HEAD_TO_TASK, head_primary_metric
 from ..report import log_target_loss
@@ -48,7 +48,7 @@ class GlueMultitaskCriterion(glue_core.ChecksPathsWhenTraining, FairseqCriterion
         if cfg.r3f_lambda > 0 and cfg.eps > 0:  # the consistency term is per head; a batch mixes tasks
             raise ConfigError(f"--r3f-lambda {cfg.r3f_lambda}: R3F is not available with --criterion glue_multitask "
                               f"(its consistency term is per head and a batch mixes tasks); use --r3f-lambda 0")
-        r3f.check_rdrop_alpha(cfg.rdrop_alpha)
+        rdrop.check_rdrop_alpha(cfg.rdrop_alpha)
         if cfg.rdrop_alpha > 0:
             raise ConfigError(f"--rdrop-alpha {cfg.rdrop_alpha}: R-Drop is not available with --criterion "
                               f"glue_multitask (its consistency term is per head and a batch mixes tasks); use "

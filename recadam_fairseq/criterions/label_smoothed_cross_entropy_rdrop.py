@@ -4,7 +4,7 @@ As the authors' ``reg_label_smoothed_cross_entropy``: the batch and its copy in 
 (each copy its own dropout draws), fairseq's label-smoothed cross-entropy of both passes, and the
 symmetric KL of the two passes' output distributions over the target positions that are not padding,
 with the weight α/2 (their ½·(KL(p‖q) + KL(q‖p))). Beyond theirs: the loss is theirs over 2 (the mean of
-the passes' cross-entropies, ``core/r3f.rdrop_loss``), the sample size follows ``--sentence-avg``, the
+the passes' cross-entropies, ``core/rdrop.rdrop_loss``), the sample size follows ``--sentence-avg``, the
 logged ``nll_loss`` is the mean of the passes' (theirs sums both), the term is logged as ``symm_kl``
 (R3F's metric), ``--ignore-prefix-size`` and ``--report-accuracy`` apply, and α is checked at start.
 Validation, and α = 0, is fairseq's ``label_smoothed_cross_entropy``.
@@ -22,7 +22,7 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 
 from ..bleu_start import InstallsWhenTraining
 from ..config import BestCheckpointMetric, BleuStartConfig, RDropHyperparams, redefault
-from ..core import r3f
+from ..core import r3f, rdrop
 from .bleu_check import check_bleu
 from .r3f_term import reduce_symm_kl
 
@@ -38,7 +38,7 @@ class LabelSmoothedCrossEntropyRDropCriterion(InstallsWhenTraining, LabelSmoothe
     def __init__(self, task, sentence_avg, label_smoothing, rdrop_alpha, ignore_prefix_size=0,
                  report_accuracy=False, best_checkpoint_metric=None, maximize_best_checkpoint_metric=None, cfg=None):
         super().__init__(task, sentence_avg, label_smoothing, ignore_prefix_size, report_accuracy)
-        r3f.check_rdrop_alpha(rdrop_alpha)
+        rdrop.check_rdrop_alpha(rdrop_alpha)
         check_bleu(task, best_checkpoint_metric, maximize_best_checkpoint_metric)
         self.rdrop_alpha = rdrop_alpha
         self.bleu_start_cfg = cfg  # --eval-bleu-start (bleu_start.py)
@@ -46,7 +46,7 @@ class LabelSmoothedCrossEntropyRDropCriterion(InstallsWhenTraining, LabelSmoothe
     def forward(self, model, sample, reduce=True):
         if not (self.rdrop_alpha > 0 and model.training):
             return super().forward(model, sample, reduce=reduce)
-        net_output = model(**r3f.twice(sample["net_input"]))
+        net_output = model(**rdrop.twice(sample["net_input"]))
         target = sample["target"]
         both_loss, both_nll = self.compute_loss(model, net_output, {**sample, "target": torch.cat([target, target])})
         logits = net_output[0]
@@ -54,7 +54,7 @@ class LabelSmoothedCrossEntropyRDropCriterion(InstallsWhenTraining, LabelSmoothe
             logits, target = logits[:, self.ignore_prefix_size:], target[:, self.ignore_prefix_size:]
         first, second = logits.chunk(2)
         term = r3f.symm_kl_sum(first, second, target.eq(self.padding_idx))
-        loss = r3f.rdrop_loss(both_loss, term, self.rdrop_alpha)
+        loss = rdrop.rdrop_loss(both_loss, term, self.rdrop_alpha)
         sample_size = sample["target"].size(0) if self.sentence_avg else sample["ntokens"]
         logging_output = {
             "loss": loss.data, "nll_loss": 0.5 * both_nll.data, "ntokens": sample["ntokens"],

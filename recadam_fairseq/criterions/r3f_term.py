@@ -1,5 +1,6 @@
-"""The consistency term for GLUE-style heads, added to the criterion's loss: R3F's (``--r3f-lambda`` > 0)
-and R-Drop's (``--rdrop-alpha`` > 0), the same term (``core/r3f.py``) between different pairs of passes.
+"""R3F's consistency term for GLUE-style heads (``--r3f-lambda`` > 0), added to the criterion's loss. R-Drop's
+(``--rdrop-alpha`` > 0, ``rdrop_term.py``) is the same term between another pair of passes: it takes
+``consistency`` and the ``symm_kl`` metric (``reduce_symm_kl``) from here.
 
 A second forward on noised token embeddings and λ·KL_S(f(x) ‖ f(x+z)) (the regression head: the
 squared difference), with fairseq's ``examples/rxf`` draws and order (``core/r3f.py``): clean
@@ -37,14 +38,6 @@ def clean_and_consistency(model, net_input, head: str, eps: float, noise_type: s
     noise = r3f.sample_noise(embeddings.shape, eps, noise_type)
     noised = logits_from_embeddings(model, net_input, r3f.add_noise(embeddings, noise), head)
     return logits, consistency(regression)(noised, logits)
-
-
-def two_passes_and_consistency(model, net_input, head: str, regression: bool):
-    """R-Drop: (both passes' logits, 2B rows: the batch, then its copy; the consistency term between the
-    two passes over the batch size). One forward of the batch twice over: each copy its own dropout draws."""
-    logits = head_logits(model, r3f.twice(net_input), head)
-    first, second = logits.chunk(2)
-    return logits, consistency(regression)(second, first)
 
 
 def consistency(regression: bool):

@@ -6,7 +6,7 @@
   mcc (CoLA), f1 and acc_and_f1 (MRPC, QQP), pearson, spearman and pearson_and_spearman (STS-B);
   ``target_loss`` (the task loss alone) beside fairseq's ``loss``.
 - Terms added to the loss, each in its own file: the consistency term of R3F (``--r3f-lambda`` > 0) or of
-  R-Drop (``--rdrop-alpha`` > 0: two dropout passes, the task loss of both), ``r3f_term.py``;
+  R-Drop (``--rdrop-alpha`` > 0: two dropout passes, the task loss of both), ``r3f_term.py``, ``rdrop_term.py``;
   ``sentence_prediction_r3f`` / ``sentence_prediction_rdrop`` turn one on by default; and the paper's coupled
   RecAdam objective (``--recadam-objective coupled``, ``coupled_term.py``). The default,
   ``decoupled``, leaves the penalty to ``--optimizer recadam``; over another optimizer (fairseq's adam) the
@@ -24,10 +24,10 @@ from fairseq.tasks.translation import TranslationTask
 
 from ..config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams,
                       RecAdamObjective, check_anneal, check_consistency_terms, redefault)
-from ..core import r3f
+from ..core import r3f, rdrop
 from ..core.errors import ConfigError
 from ..report import log_target_loss
-from . import coupled_term, glue_core, r3f_term, theta_distance
+from . import coupled_term, glue_core, r3f_term, rdrop_term, theta_distance
 from .label_check import check_labels
 
 
@@ -54,7 +54,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         self.regression_target = cfg.regression_target
         r3f.check_hyperparams(cfg.eps, cfg.r3f_lambda, str(cfg.noise_type))
         self.r3f = cfg.r3f_lambda > 0 and cfg.eps > 0  # off: no noise draw, no second forward
-        r3f.check_rdrop_alpha(cfg.rdrop_alpha)
+        rdrop.check_rdrop_alpha(cfg.rdrop_alpha)
         check_consistency_terms(cfg)
         self.rdrop = cfg.rdrop_alpha > 0  # off: one pass, the batch as it is
         self.coupled = None
@@ -96,7 +96,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
             logits, term = r3f_term.clean_and_consistency(model, sample["net_input"], head, cfg.eps,
                                                           str(cfg.noise_type), self.regression_target)
         elif self.rdrop and model.training:  # both passes' logits (2B rows); accuracy counts the first pass
-            both, term = r3f_term.two_passes_and_consistency(model, sample["net_input"], head, self.regression_target)
+            both, term = rdrop_term.two_passes_and_consistency(model, sample["net_input"], head, self.regression_target)
             logits = both[:len(both) // 2]
         else:
             logits = glue_core.head_logits(model, sample["net_input"], head)
@@ -104,7 +104,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
         sample_size = targets.numel()
         if both is None:
             task_loss = glue_core.summed_loss(logits, targets, self.regression_target)
-        else:  # R-Drop: the task loss is the mean of the two passes' (core/r3f.rdrop_loss)
+        else:  # R-Drop: the task loss is the mean of the two passes' (core/rdrop.rdrop_loss)
             both_loss = glue_core.summed_loss(both, targets.repeat(2), self.regression_target)
             task_loss = 0.5 * both_loss
         loss = task_loss
@@ -112,7 +112,7 @@ class SentencePredictionRecAdamCriterion(glue_core.ChecksPathsWhenTraining, Sent
                           "sample_size": sample_size}
         if term is not None:  # summed over the batch (sum/batch·size): one value per update in reduce
             term = term * sample_size
-            loss = loss + cfg.r3f_lambda * term if both is None else r3f.rdrop_loss(both_loss, term, cfg.rdrop_alpha)
+            loss = loss + cfg.r3f_lambda * term if both is None else rdrop.rdrop_loss(both_loss, term, cfg.rdrop_alpha)
             logging_output["symm_kl"] = term.data
         if not self.regression_target:
             logging_output["ncorrect"] = (logits.argmax(dim=1) == targets).sum()

@@ -83,13 +83,13 @@ def make_updates(model, task, device):
 
 def rdrop_two_forwards(model, sample, alpha=1.0):
     """R-Drop's loss with two forwards of B rows (what the criterion does in one forward of 2B)."""
-    from recadam_fairseq.core import r3f
+    from recadam_fairseq.core import r3f, rdrop
     from recadam_fairseq.criterions import glue_core
 
     a, b = (glue_core.head_logits(model, sample["net_input"], "sentence_classification_head") for _ in range(2))
     y = sample["target"]
     both = glue_core.summed_loss(a, y, False) + glue_core.summed_loss(b, y, False)
-    return r3f.rdrop_loss(both, r3f.symm_kl(b, a) * len(y), alpha), len(y), {}
+    return rdrop.rdrop_loss(both, r3f.symm_kl(b, a) * len(y), alpha), len(y), {}
 
 
 def batch(size, device, gen):
