@@ -4,6 +4,7 @@ from it, the command line and the docs' tables generated from it.
 The task scripts' side (finetune.sh builds each METHOD's flags, run directory and run.json from it) is
 tests/test_glue_scripts.py::test_every_method_through_finetune_is_the_catalogue_s."""
 
+import ast
 import json
 import os
 import subprocess
@@ -267,6 +268,7 @@ c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("thr
 """
 # what the comparisons and the docs' tables make of it, in one interpreter
 PROBE = """\
+import ast
 import json
 from recadam_fairseq.__main__ import RENDER
 from recadam_fairseq.compare import methods, plan, seq2seq
@@ -344,3 +346,22 @@ def test_a_new_record_reaches_every_consumer(tmp_path):
                          "tiny", "--methods", "recadam-throwaway", "throwaway"))
     assert list(gpu) == ["adam", "recadam", "recadam-throwaway", "throwaway"]
     assert gpu["recadam-throwaway"][0] == "recadam-throwaway:t0=250" and "--throw" in gpu["recadam-throwaway"][1]
+
+
+def test_no_module_but_the_catalogue_lists_methods():
+    """The catalogue is the only list of methods: no module of the package or scripts/ holds more than three of
+    their names as string literals (prose that mentions them aside; the comparison's plan of settings holds two)."""
+    names = set(METHODS)
+    allowed = {os.path.join("recadam_fairseq", "catalogue.py")}
+    found = {}
+    for top in ("recadam_fairseq", "scripts", "data-prep"):
+        for dirpath, _, files in os.walk(os.path.join(ROOT, top)):
+            for f in files:
+                rel = os.path.relpath(os.path.join(dirpath, f), ROOT)
+                if f.endswith(".py") and rel not in allowed:
+                    with open(os.path.join(ROOT, rel), encoding="utf-8") as fh:
+                        tree = ast.parse(fh.read())
+                    named = {n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value in names}
+                    if len(named) > 3:
+                        found[rel] = sorted(named)
+    assert not found, found
