@@ -209,7 +209,6 @@ class Method:
     translation: bool = False  # a method of the translation comparison (scripts/seq2seq/compare.py)
     # what it runs as there, where scripts/seq2seq/finetune.sh lacks it: (METHOD, its extra flags)
     translation_as: Optional[Tuple[str, Tuple[str, ...]]] = None
-    colour: Optional[str] = None  # its colour in the translation comparison's figure
     bench: Tuple[Variant, ...] = ()  # its rows in the benchmarks and the GPU pass
 
     @property
@@ -308,7 +307,7 @@ def _sam_types(label: str, types: Tuple[str, ...]) -> Tuple[Variant, ...]:
 @dataclass(frozen=True)
 class WithRecAdam:
     """RecAdam + an earlier record (:func:`with_recadam`) at this place in the order; ``changes``: its own facts
-    (its benchmark rows, its colour)."""
+    (its benchmark rows)."""
 
     of: str
     changes: Tuple[Tuple[str, object], ...] = ()
@@ -321,17 +320,16 @@ def _plus(of: str, **changes) -> WithRecAdam:
 # the records, in the catalogue's order (the scripts' --help, the tables, the comparison's figures)
 _RECORDS: List[object] = [
     Method("adam", "fairseq's Adam (AdamW): the baseline", "adam", base="", multitask=True, page="glue.md",
-           translation=True, colour="black", bench=(GPU,)),
+           translation=True, bench=(GPU,)),
     Method("recadam", "RecAdam: Adam with λ(t) and a decoupled pull toward the pretrained weights θ*", "recadam",
-           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md", translation=True, colour="tab:blue",
+           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md", translation=True,
            bench=(GPU, Variant("gpu", "recadam-bf16-anchor", extra=("--recadam-anchor-dtype", "bf16")),
                   # a per-tensor layout's program as a CUDA graph (--precision fp32: the layout it is for)
                   Variant("gpu", "recadam-cudagraph", extra=("--recadam-fused", "cuda-graph"), base="recadam",
                           default=False))),
     Method("recadam-coupled", "the authors' coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² in the loss, over "
            "fairseq's adam", "adam", knobs=RECADAM_KNOBS, criterion="sentence_prediction_recadam",
-           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md", translation=True,
-           colour="tab:pink", bench=(Variant("gpu", values=(("gamma", "5"),), base="adam"),)),
+           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md", translation=True, bench=(Variant("gpu", values=(("gamma", "5"),), base="adam"),)),
     Method("recadam-random-init", "RecAdam from random weights (no --restore-file): the pull recalls θ* (the "
            "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
            page="recadam.md"),
@@ -340,7 +338,7 @@ _RECORDS: List[object] = [
            "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS + ("fisher",),
            criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
            base="recadam-coupled", multitask=True, page="ewc.md", cost=1.3,  # the penalty's gradient on every weight
-           translation=True, translation_as=("recadam-coupled", ("--ewc-fisher", "{fisher}")), colour="tab:red",
+           translation=True, translation_as=("recadam-coupled", ("--ewc-fisher", "{fisher}")),
            bench=(Variant("gpu", values=(("gamma", "5"),)),)),
     Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "
            "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS + ("fisher",), base="recadam", multitask=True,
@@ -348,7 +346,7 @@ _RECORDS: List[object] = [
     Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
            knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
            refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md",
-           cost=2, translation=True, colour="tab:green", bench=(GPU,)),
+           cost=2, translation=True, bench=(GPU,)),
     Method("r4f", "R4F: R3F with a spectrally normalised classification head", "adam", knobs=("lambda", "eps"),
            criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
            extra_fixed=("--spectral-norm-classification-head",), page="r3f.md", cost=2,
@@ -372,7 +370,7 @@ _RECORDS: List[object] = [
     _plus("ca-mtl"),
     # recadam at w = 0: Adam's update, no θ*
     Method("llrd", "layer-wise lr decay: each layer's lr the one above it times the decay", "recadam-w0",
-           knobs=("decay",), page="llrd.md", translation=True, colour="tab:brown",
+           knobs=("decay",), page="llrd.md", translation=True,
            bench=(GPU, Variant("baselines", "llrd 0.9"))),
     _plus("llrd", bench=(GPU, Variant("baselines", "recadam+llrd 0.9"))),
     Method("reinit", "the top encoder layers re-initialised (Zhang et al. 2021)", "adam", knobs=("reinit",),
@@ -396,9 +394,8 @@ _RECORDS: List[object] = [
            bench=(Variant("regularisers", "childtune-f 0.3"),)),
     _plus("childtune-d", bench=(GPU, Variant("regularisers", "recadam+childtune-d 0.3"))),
     Method("rdrop", "R-Drop: two dropout passes and their symmetric KL (Liang et al. 2021)", "adam",
-           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md", cost=2, translation=True,
-           colour="tab:orange", bench=(GPU, Variant("regularisers", "rdrop 1", (("alpha", "1"),)))),
-    _plus("rdrop", translation=True, colour="tab:purple",
+           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md", cost=2, translation=True, bench=(GPU, Variant("regularisers", "rdrop 1", (("alpha", "1"),)))),
+    _plus("rdrop", translation=True,
           bench=(GPU, Variant("regularisers", "recadam+rdrop 1", (("alpha", "1"),)))),
 ]
 
@@ -413,7 +410,7 @@ def with_recadam(m: Method) -> Method:
                    knobs=RECADAM_KNOBS + m.knobs, base="recadam", aliases=(f"recadam+{m.name}",),
                    composed_of=m.name,
                    multitask=m.multitask and m.name != "freeze", translation=False, translation_as=None,
-                   colour=None, bench=())
+                   bench=())
 
 
 METHODS: Dict[str, Method] = {}

@@ -262,7 +262,7 @@ from recadam_fairseq import catalogue as c
 c.KNOBS["throw"] = c.Knob("throw", "THROW", "0.5", float, "--throw", "a test's knob", tag="x", group="optimizer",
                           off_default="0.25", label="θ", bounds=("(0, 1)", "the throw"))
 c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("throw",), multitask=True, cost=3,
-                    page="throwaway.md", translation=True, colour="tab:olive",
+                    page="throwaway.md", translation=True,
                     bench=(c.Variant("gpu"), c.Variant("regularisers", "throwaway 0.5"))),
            c.WithRecAdam("throwaway", (("bench", (c.Variant("gpu"),)),)))
 """
@@ -281,7 +281,7 @@ except methods.MethodError as e:
 print(json.dumps({"settings": [[methods.setting_name(s), methods.label(s), methods.method_of(s).cost,
                                 methods.flags(s, 12, multitask=True)] for s in grid],
                   "refused": refused, "multitask": methods.MULTITASK_METHODS, "seq2seq": seq2seq.METHODS,
-                  "colours": seq2seq.COLOURS, "tables": {k: r() for k, r in RENDER.items()}}))
+                  "tables": {k: r() for k, r in RENDER.items()}}))
 """
 
 
@@ -333,7 +333,7 @@ def test_a_new_record_reaches_every_consumer(tmp_path):
     assert rec == "recadam-throwaway-k0.2-t30-g5000-x0.25" and rec_flags["optimizer"][-2:] == ["--throw", "0.25"]
     assert got["refused"] == "--methods throwaway-x1: the throw must be in (0, 1)"
     assert {"throwaway", "recadam-throwaway"} <= set(got["multitask"])
-    assert ["throwaway", "throwaway", []] in got["seq2seq"] and got["colours"]["throwaway"] == "tab:olive"
+    assert ["throwaway", "throwaway", []] in got["seq2seq"]
     assert "| throwaway | a method only a test has | `throwaway` | `--optimizer adam --throw 0.5` | " \
            "[throwaway.md](docs/throwaway.md) |" in got["tables"]["readme"]
     assert "`throwaway`" in got["tables"]["readme"].splitlines()[-1]  # RecAdam combines with it
