@@ -11,6 +11,7 @@ import sys
 from helpers import ROOT
 
 PACKAGE = os.path.join(ROOT, "recadam_fairseq")
+EVENTS = os.path.join("recadam_fairseq", "plumbing", "events.py")
 CORE = sorted(os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
               for p in glob.glob(os.path.join(PACKAGE, "core", "*.py")))
 
@@ -142,15 +143,15 @@ GLOBAL_HOOKS = ("register_module_forward_pre_hook", "register_module_forward_hoo
 
 def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
     """No assignment to a method of another object (``task.train_step = ...``) anywhere in the package; torch's
-    process-global hooks only in events.py, inside the function that removes its hook on first use."""
+    process-global hooks only in plumbing/events.py, inside the function that removes its hook on first use."""
     methods = _fairseq_method_names()
     problems = []
     for path, tree in sources():
         functions = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in GLOBAL_HOOKS:
-                if path != os.path.join("recadam_fairseq", "events.py"):
-                    problems.append(f"{path}:{node.lineno}: {node.attr} outside events.py")
+                if path != EVENTS:
+                    problems.append(f"{path}:{node.lineno}: {node.attr} outside {EVENTS}")
             if not isinstance(node, ast.Assign):
                 continue
             value = node.value  # a function put in place of a method: a lambda, a def of this file, a partial
@@ -162,7 +163,7 @@ def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
                     problems.append(f"{path}:{t.lineno}: assigns {ast.unparse(t)} = {ast.unparse(value)}")
     assert not problems, "\n".join(problems)
     # events.py: the global hook is registered inside on_first_training_call and removed by its own first call
-    events = dict(sources())[os.path.join("recadam_fairseq", "events.py")]
+    events = dict(sources())[EVENTS]
     funcs = [n for n in events.body if isinstance(n, ast.FunctionDef) and any(
         isinstance(x, ast.Attribute) and x.attr in GLOBAL_HOOKS for x in ast.walk(n))]
     assert [f.name for f in funcs] == ["on_first_training_call"]

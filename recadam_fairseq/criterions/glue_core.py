@@ -19,11 +19,10 @@ from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
 from fairseq.logging import metrics
 from fairseq.logging.meters import MetersDict, safe_round
 
-from .. import forgetting_meter
-from . import theta_distance
-from ..config import check_checkpoint_paths
 from ..core import glue_metrics
 from ..core.errors import ConfigError
+from ..meters import forgetting_meter, theta_distance
+from ..plumbing.config import check_checkpoint_paths
 
 CLASSIFICATION_METRICS = {"mcc": glue_metrics.mcc_from_confusion, "f1": glue_metrics.f1_from_confusion,
                           "acc_and_f1": glue_metrics.acc_and_f1_from_confusion,
@@ -36,7 +35,7 @@ LABEL_FREE_METRICS = {"cm": ("mcc",), "reg": tuple(REGRESSION_METRICS)}
 
 class ChecksPathsWhenTraining:
     """Mixed into the GLUE criteria: ``--restore-file`` / ``--finetune-from-model`` are checked, and the
-    forgetting meter (``--forgetting-probe``) and the distance to θ* (theta_distance.py) installed, when fairseq's
+    forgetting meter (``--forgetting-probe``) and the distance to θ* (meters/theta_distance.py) installed, when fairseq's
     Trainer first puts the criterion in
     training mode, before the first update and outside the step's crash handler. fairseq-validate, which
     rebuilds criteria from a checkpoint whose files may be long gone, never does."""

@@ -12,10 +12,10 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
-from .. import forgetting_meter
-from ..config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams,
-                      SAMHyperparams, check_checkpoint_paths)
-from ..events import LoopOptimizer
+from ..meters import forgetting_meter
+from ..plumbing.config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams,
+                               SAMHyperparams, check_checkpoint_paths)
+from ..plumbing.events import LoopOptimizer
 from .child_tuning import add_child_tuning
 from .layer_lr import LayerwiseSteps, add_layer_lr
 from .sam_support import add_sam
