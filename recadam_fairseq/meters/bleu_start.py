@@ -16,8 +16,8 @@ with ``bleu_delta`` = ``bleu`` − ``bleu_start`` (on the original domain's subs
   update changed is the n-th subset that has a batch. ``bleu_delta`` is derived from fairseq's ``bleu`` when
   the logs are written (``metrics.log_derived``), as fairseq derives ``bleu`` itself.
 
-Installed by the plug-in's seq2seq criteria (``label_smoothed_cross_entropy_rdrop``, ``_r3f``, ``_recadam``) when
-fairseq first puts them in training mode (not in fairseq-validate).
+Installed by ``meters.install`` from the plug-in's seq2seq criteria (``label_smoothed_cross_entropy_rdrop``, ``_r3f``,
+``_recadam``: ``meters.InstallsWhenTraining``) when fairseq first puts them in training mode (not in fairseq-validate).
 """
 
 import logging
@@ -128,17 +128,3 @@ class BleuStart:
         subset = self.order[seen] if seen < len(self.order) else None
         log_bleu_start(self.values.get(subset))
 
-
-class InstallsWhenTraining:
-    """Mixed into the seq2seq criteria, which keep their config in ``bleu_start_cfg``: installed when fairseq's
-    Trainer first puts the criterion in training mode, before update 1 (fairseq-validate, which rebuilds criteria
-    from a checkpoint's config, never does)."""
-
-    bleu_start_cfg = None
-
-    def train(self, mode: bool = True):
-        cfg = self.bleu_start_cfg
-        if mode and cfg is not None:
-            self.bleu_start_cfg = None
-            install(cfg, self.task)
-        return super().train(mode)

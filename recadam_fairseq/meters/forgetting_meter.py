@@ -10,9 +10,9 @@ TensorBoard, W&B), with the change since θ*.
 - The measurement runs in eval mode without gradients; the modules' modes and the RNG states are put
   back, so training is the same with and without the meter.
 
-Installed by the components that declare the flags (config.ForgettingMeterConfig), once per process: the
-plug-in's optimizers when they are built, the GLUE criteria when fairseq first puts them in training mode
-(glue_core.ChecksPathsWhenTraining: not in fairseq-validate, which rebuilds criteria from a checkpoint).
+Installed by ``meters.install`` from the components that declare the flags (config.ForgettingMeterConfig), once per
+process: the plug-in's optimizers when they are built, the GLUE criteria when fairseq first puts them in training
+mode (glue_core.ChecksPathsWhenTraining: not in fairseq-validate, which rebuilds criteria from a checkpoint).
 """
 
 import logging

@@ -37,8 +37,8 @@ def optimizer_reports_it() -> None:
 
 
 def install(criterion) -> Optional["ThetaDistance"]:
-    """When fairseq first puts the criterion in training mode (the optimizer is built by then): a meter for the
-    decoupled objective over an optimizer that logs no distance, else None."""
+    """When fairseq first puts the criterion in training mode (the optimizer is built by then; ``meters.install``):
+    a meter for the decoupled objective over an optimizer that logs no distance, else None."""
     if _reported_by_optimizer or str(getattr(criterion.cfg, "recadam_objective", "decoupled")) == "coupled":
         return None
     meter = ThetaDistance(criterion.cfg)

@@ -22,7 +22,8 @@ from ..core.errors import ConfigError
 from ..core.recadam import RecAdam, validate_hparams
 from ..core.wrappers import unwrap_model
 from ..criterions import fisher_source
-from ..meters import forgetting_meter, theta_distance
+from .. import meters
+from ..meters import theta_distance
 from ..plumbing import events
 from ..plumbing.anchor_source import build_anchors, pretrained_model_state
 from ..plumbing.config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, EWCHyperparams,
@@ -125,7 +126,7 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True,
                                         cuda_graph=str(cfg.recadam_fused) == "cuda-graph")(params, **hp)
         theta_distance.optimizer_reports_it()  # recadam_dist: logged by after_step, not by the criterion
-        forgetting_meter.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
+        meters.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning
         fisher = add_fisher(cfg)  # --ewc-fisher: its passes see θ*, before SAM's first pass 1 moves it
