@@ -170,6 +170,52 @@ def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
     assert "remove" in ast.unparse(funcs[0])
 
 
+def _folder_imports():
+    """{folder: {folder it imports: [files]}} over the package's folders (core/, optim/, ..., tools/): every import,
+    at module level or inside a function, absolute or relative."""
+    folders = {d for d in os.listdir(PACKAGE) if os.path.isfile(os.path.join(PACKAGE, d, "__init__.py"))}
+    edges = {}
+    for path, tree in sources():
+        parts = path[:-3].split(os.sep)  # recadam_fairseq, folder, module
+        if len(parts) < 3:
+            continue  # the package root: its face
+        here = parts[:-1]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                mod = base + (node.module.split(".") if node.module else [])
+                names = [mod + [a.name] for a in node.names] if len(mod) == 1 else [mod]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".") for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name[0] == "recadam_fairseq" and len(name) > 1 and name[1] in folders and name[1] != parts[1]:
+                    edges.setdefault(parts[1], {}).setdefault(name[1], []).append(path)
+    return folders, edges
+
+
+def test_folders_import_one_way():
+    """The package's folders form layers (ARCHITECTURE.md): no folder imports another that imports it back, directly
+    or through others."""
+    folders, edges = _folder_imports()
+    assert {"core", "plumbing", "meters", "criterions", "optim", "compare", "tools", "engine"} <= folders
+    assert edges.get("core", {}) == {}, edges.get("core")
+    problems = []
+
+    def walk(folder, trail):
+        for nxt, files in sorted(edges.get(folder, {}).items()):
+            if nxt in trail:
+                loop = trail[trail.index(nxt):] + [nxt]
+                problems.append(" -> ".join(loop) + f" ({folder} -> {nxt}: {sorted(set(files))[0]})")
+            else:
+                walk(nxt, trail + [nxt])
+
+    for f in sorted(folders):
+        walk(f, [f])
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
 def test_no_module_is_loaded_by_file_path():
     """Code shared between scripts lives in the package and is imported: no importlib.util.spec_from_file_location
     (nor a sys.path entry for a scripts/ folder) anywhere in the repository."""

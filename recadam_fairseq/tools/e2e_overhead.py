@@ -5,7 +5,7 @@ Generates a RoBERTa-sized setup (random "pretrained" weights after one masked-LM
 ``fairseq-train`` (through ``train_peak.py``, which adds the peak CUDA memory) once per method
 and round, the order rotating by round. Its rows are the catalogue's GPU rows (recadam_fairseq/catalogue.py:
 each method's, against its base's) and their flags come from the forgetting harness
-(recadam_fairseq/compare/methods.py), so the commands are the ones the comparison ran.
+(recadam_fairseq/engine/methods.py, the comparison's specs), so the commands are the ones the comparison ran.
 
     python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
     python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
@@ -32,10 +32,10 @@ import time
 from typing import Dict, List, Optional
 
 from recadam_fairseq import catalogue  # its GPU rows
-from recadam_fairseq.compare import methods  # the comparison's specs, on the catalogue
-from recadam_fairseq.compare.prepare import glue_layout
+from recadam_fairseq.engine import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, readme_block, tiny_train
+from recadam_fairseq.tools.text_data import glue_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
