@@ -12,6 +12,7 @@ from helpers import ROOT
 
 PACKAGE = os.path.join(ROOT, "recadam_fairseq")
 EVENTS = os.path.join("recadam_fairseq", "plumbing", "events.py")
+ADAPTERS = {"optim", "criterions", "tasks", "models", "meters", "plumbing"}  # the fairseq adapters' folders
 CORE = sorted(os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
               for p in glob.glob(os.path.join(PACKAGE, "core", "*.py")))
 
@@ -214,6 +215,29 @@ def test_folders_import_one_way():
     for f in sorted(folders):
         walk(f, [f])
     assert not problems, "\n".join(sorted(set(problems)))
+
+
+# names that two modules may share (ARCHITECTURE.md): fairseq's name of a task and a criterion registered together
+REGISTERED_TWICE = {"glue_multitask.py": {"criterions", "tasks"}}
+
+
+def test_module_names_are_unique_but_the_core_adapter_mirror():
+    """No two modules of the package share a name, except the math in core/ and its fairseq adapter of the same
+    name in one adapter folder (core/layer_lr.py, optim/layer_lr.py), and a task and a criterion fairseq registers
+    under one name."""
+    where = {}
+    for path, _ in sources():
+        parts = path.split(os.sep)
+        if parts[-1] != "__init__.py":
+            where.setdefault(parts[-1], []).append(parts[1] if len(parts) > 2 else "(root)")
+    problems = []
+    for name, folders in sorted(where.items()):
+        if len(folders) == 1:
+            continue
+        mirror = len(folders) == 2 and "core" in folders and set(folders) - {"core"} <= ADAPTERS
+        if not mirror and set(folders) != REGISTERED_TWICE.get(name):
+            problems.append(f"{name}: in {', '.join(sorted(folders))}")
+    assert not problems, "\n".join(problems)
 
 
 def test_no_module_is_loaded_by_file_path():
