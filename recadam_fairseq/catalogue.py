@@ -6,7 +6,7 @@ flag, a default and the variable the task scripts read it from). Its consumers:
 
 - the task scripts (``scripts/glue/finetune.sh``, ``grid.sh``, ``multitask.sh``, through
   ``scripts/glue/prelaunch.py``): METHOD names, variables, flags, run-directory names, run.json;
-- the comparison (``recadam_fairseq.compare.methods``: ``--methods NAME:VALUES``);
+- the comparison (``recadam_fairseq.engine.methods``: ``--methods NAME:VALUES``);
 - the benchmarks (``scripts/bench_methods.py``) and the GPU pass (``scripts/gpu/e2e_overhead.py``);
 - the docs' method tables (``python -m recadam_fairseq methods --markdown``) and the command line
   (``python -m recadam_fairseq methods [NAME]``).

@@ -106,7 +106,7 @@ def test_pretrained_path_overrides_the_loaded_weights(tmp_path):
 
 def test_anchor_source_reads_the_model_state_of_the_pretrained_file(tmp_path):
     """What the coupled criterion uses (it has no optimizer that read the file at build)."""
-    from recadam_fairseq.anchor_source import anchor_source
+    from recadam_fairseq.plumbing.anchor_source import anchor_source
 
     path = pretrained_file(tmp_path)
     source, state, from_file = anchor_source(parse("--recadam-pretrained-path", str(path)).optimizer)
@@ -183,11 +183,11 @@ def test_non_finite_gradients_never_reach_the_anchor(tmp_path):
     assert torch.equal(opt.optimizer.anchor_of(net.encoder.weight), before)
 
 
-# --------------------------------------------------------------------------- θ*'s source (anchor_source.py)
+# --------------------------------------------------------------------------- θ*'s source (plumbing/anchor_source.py)
 def test_recadam_checkpoints_are_told_by_the_components_with_recadam_flags():
     """A checkpoint is fine-tuned by recadam when its optimizer or criterion takes the --recadam-* flags
     (R-Drop's criterion included): the registries say which, no list of names to keep up to date."""
-    from recadam_fairseq.anchor_source import recadam_components, recadam_updates
+    from recadam_fairseq.plumbing.anchor_source import recadam_components, recadam_updates
 
     assert recadam_components() == {"FairseqRecAdam", "SentencePredictionRecAdamCriterion", "GlueMultitaskCriterion",
                                      "SentencePredictionR3FCriterion", "SentencePredictionRDropCriterion",
@@ -237,13 +237,13 @@ def test_the_anchor_leaves_fairseqs_loggers_as_they_are(tmp_path, caplog):
     assert opt.optimizer.anchor_of(net.encoder.weight) is not None
 
 
-# --------------------------------------------------------------------------- the listeners' order (events.py)
+# --------------------------------------------------------------------------- the listeners' order (plumbing/events.py)
 ALL_LISTENERS = ["--sam-type", "sam", "--child-tuning", "F", "--layer-lr-decay", "0.9"]
 
 
 def build_with_listeners(monkeypatch, tmp_path, optimizer, *flags):
     """(optimizer, model, the first-call callbacks it registered): fairseq's config, no global hook left."""
-    from recadam_fairseq import events
+    from recadam_fairseq.plumbing import events
 
     first_calls = []
     monkeypatch.setattr(events, "on_first_training_call", first_calls.append)
@@ -260,7 +260,7 @@ def test_listeners_run_in_the_declared_order(monkeypatch, tmp_path, optimizer, k
     """Every event reaches the listeners in the order events.LISTENERS declares."""
     import functools
 
-    from recadam_fairseq.events import LISTENERS
+    from recadam_fairseq.plumbing.events import LISTENERS
 
     opt, model, _ = build_with_listeners(monkeypatch, tmp_path, optimizer, *ALL_LISTENERS)
     assert [k for k, _ in opt.listeners()] == keys == [k for k in LISTENERS if k in keys]

@@ -1,5 +1,7 @@
 """The shape ARCHITECTURE.md describes, checked: the core imports no fairseq, every flag is declared
-once, and nothing in the package patches fairseq or leaves a global torch hook in place."""
+once (the components' dataclass fields, the models' argparse flags), the folders import one way, a module's
+name is its own, and nothing in the package patches fairseq or leaves a global hook in place (but the one
+``sys.excepthook`` of plumbing/errors_hook.py)."""
 
 import ast
 import dataclasses
@@ -11,6 +13,8 @@ import sys
 from helpers import ROOT
 
 PACKAGE = os.path.join(ROOT, "recadam_fairseq")
+EVENTS = os.path.join("recadam_fairseq", "plumbing", "events.py")
+ADAPTERS = {"optim", "criterions", "tasks", "models", "meters", "plumbing"}  # the fairseq adapters' folders
 CORE = sorted(os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
               for p in glob.glob(os.path.join(PACKAGE, "core", "*.py")))
 
@@ -51,22 +55,49 @@ def _field_declarations():
                     yield path, cls.name, stmt.target.id, how
 
 
+def _fairseq_flag_names():
+    """The names of fairseq's own flags the plug-in's components sit beside: its config groups, the dataclasses
+    the plug-in's components extend, and the argparse flags of RoBERTa, which the plug-in's models extend."""
+    import argparse
+
+    from fairseq.criterions.sentence_prediction import SentencePredictionConfig
+    from fairseq.dataclass.configs import FairseqConfig
+    from fairseq.models.roberta import RobertaModel
+    from fairseq.optim.adam import FairseqAdamConfig
+    from fairseq.tasks.sentence_prediction import SentencePredictionConfig as SentencePredictionTaskConfig
+
+    names = set()
+    for dc in (SentencePredictionConfig, SentencePredictionTaskConfig, FairseqAdamConfig):
+        names |= {f.name for f in dataclasses.fields(dc)}
+    for group in dataclasses.fields(FairseqConfig):
+        if dataclasses.is_dataclass(group.default_factory if group.default_factory is not dataclasses.MISSING
+                                    else None):
+            names |= {f.name for f in dataclasses.fields(group.default_factory)}
+    roberta = argparse.ArgumentParser(add_help=False)
+    RobertaModel.add_args(roberta)
+    return names | {a.dest for a in roberta._actions}
+
+
+def _model_flags():
+    """(file, line, option strings, help text or None) of every ``add_argument`` in models/: fairseq 0.12's
+    models take argparse flags (``add_args``), not dataclass fields."""
+    for path, tree in sources():
+        if not path.startswith(os.path.join("recadam_fairseq", "models") + os.sep):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "add_argument":
+                options = [a.value for a in node.args if isinstance(a, ast.Constant)]
+                given = next((k.value for k in node.keywords if k.arg == "help"), None)
+                help_text = given.value if isinstance(given, ast.Constant) else (
+                    ast.unparse(given) if given is not None else None)
+                yield path, node.lineno, options, help_text
+
+
 def test_every_flag_is_declared_once():
     """A flag (a dataclass field with help) is declared with field(...) in one place; a component whose
     default differs, or that takes another's flag, uses config.redefault (same help, one declaration);
     fairseq's own flags (fairseq's dataclasses) are never declared again here."""
-    from fairseq.criterions.sentence_prediction import SentencePredictionConfig
-    from fairseq.dataclass.configs import FairseqConfig
-    from fairseq.optim.adam import FairseqAdamConfig
-    from fairseq.tasks.sentence_prediction import SentencePredictionConfig as SentencePredictionTaskConfig
-
-    fairseq_names = set()
-    for dc in (SentencePredictionConfig, SentencePredictionTaskConfig, FairseqAdamConfig):
-        fairseq_names |= {f.name for f in dataclasses.fields(dc)}
-    for group in dataclasses.fields(FairseqConfig):
-        if dataclasses.is_dataclass(group.default_factory if group.default_factory is not dataclasses.MISSING
-                                    else None):
-            fairseq_names |= {f.name for f in dataclasses.fields(group.default_factory)}
+    fairseq_names = _fairseq_flag_names()
     # glue_multitask's data is a directory of <TASK>-bin directories, not sentence_prediction's one: its own help
     meaning_differs = {"data"}
     own = {}
@@ -82,6 +113,29 @@ def test_every_flag_is_declared_once():
             problems.append(f"{name} ({path}:{cls}): declared with {how}, not field/redefault/II")
     assert not problems, "\n".join(problems)
     assert {"recadam_anneal_k", "sam_type", "r3f_lambda", "rdrop_alpha", "mt_tasks"} <= set(own)
+
+
+def test_every_model_flag_has_help_and_is_declared_once():
+    """The models' flags (argparse, ``add_args``): each with a help text, under a name that no other flag of the
+    package (a model's or a dataclass field) and none of fairseq's has."""
+    fairseq_names = _fairseq_flag_names()
+    own = {name: f"{path}:{cls}" for path, cls, name, how in _field_declarations() if how == "field"}
+    problems = []
+    for path, line, options, help_text in _model_flags():
+        where = f"{path}:{line}"
+        if len(options) != 1 or not str(options[0]).startswith("--"):
+            problems.append(f"{where}: {options}: one --long-option per flag")
+            continue
+        name = options[0][2:].replace("-", "_")
+        if not (help_text or "").strip():
+            problems.append(f"{where}: {options[0]} has no help")
+        if name in own:
+            problems.append(f"{options[0]}: declared in {own[name]} and {where}")
+        if name in fairseq_names:
+            problems.append(f"{options[0]} ({where}) is fairseq's flag")
+        own[name] = where
+    assert not problems, "\n".join(problems)
+    assert {"reinit_layers", "lora_rank", "mixout", "ca_mtl_cln_layers", "ca_mtl_no_alignment"} <= set(own)
 
 
 def test_every_registered_component_parses_and_flags_agree():
@@ -140,19 +194,33 @@ GLOBAL_HOOKS = ("register_module_forward_pre_hook", "register_module_forward_hoo
                 "register_optimizer_step_post_hook")
 
 
+# the interpreter's own process-wide hooks: set by assignment, or by a call
+PROCESS_HOOKS = ("sys.excepthook", "sys.unraisablehook", "sys.displayhook", "threading.excepthook")
+PROCESS_HOOK_CALLS = ("sys.settrace", "sys.setprofile", "sys.addaudithook", "threading.settrace")
+ERRORS_HOOK = os.path.join("recadam_fairseq", "plumbing", "errors_hook.py")
+
+
 def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
     """No assignment to a method of another object (``task.train_step = ...``) anywhere in the package; torch's
-    process-global hooks only in events.py, inside the function that removes its hook on first use."""
+    process-global hooks only in plumbing/events.py, inside the function that removes its hook on first use; of the
+    interpreter's process-wide hooks, only plumbing/errors_hook.py's ``sys.excepthook`` (ARCHITECTURE.md says
+    why it stays)."""
     methods = _fairseq_method_names()
     problems = []
     for path, tree in sources():
         functions = {n.name for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}
         for node in ast.walk(tree):
             if isinstance(node, ast.Attribute) and node.attr in GLOBAL_HOOKS:
-                if path != os.path.join("recadam_fairseq", "events.py"):
-                    problems.append(f"{path}:{node.lineno}: {node.attr} outside events.py")
+                if path != EVENTS:
+                    problems.append(f"{path}:{node.lineno}: {node.attr} outside {EVENTS}")
+            if isinstance(node, ast.Call) and ast.unparse(node.func) in PROCESS_HOOK_CALLS:
+                problems.append(f"{path}:{node.lineno}: {ast.unparse(node.func)}")
             if not isinstance(node, ast.Assign):
                 continue
+            for t in node.targets:
+                hook = ast.unparse(t)
+                if hook in PROCESS_HOOKS and (hook, path) != ("sys.excepthook", ERRORS_HOOK):
+                    problems.append(f"{path}:{t.lineno}: sets {hook}")
             value = node.value  # a function put in place of a method: a lambda, a def of this file, a partial
             is_function = isinstance(value, ast.Lambda) or (isinstance(value, ast.Name) and value.id in functions) or (
                 isinstance(value, ast.Call) and "partial" in ast.unparse(value.func))
@@ -162,11 +230,80 @@ def test_nothing_patches_fairseq_and_no_global_hook_outside_events():
                     problems.append(f"{path}:{t.lineno}: assigns {ast.unparse(t)} = {ast.unparse(value)}")
     assert not problems, "\n".join(problems)
     # events.py: the global hook is registered inside on_first_training_call and removed by its own first call
-    events = dict(sources())[os.path.join("recadam_fairseq", "events.py")]
+    events = dict(sources())[EVENTS]
     funcs = [n for n in events.body if isinstance(n, ast.FunctionDef) and any(
         isinstance(x, ast.Attribute) and x.attr in GLOBAL_HOOKS for x in ast.walk(n))]
     assert [f.name for f in funcs] == ["on_first_training_call"]
     assert "remove" in ast.unparse(funcs[0])
+
+
+def _folder_imports():
+    """{folder: {folder it imports: [files]}} over the package's folders (core/, optim/, ..., tools/): every import,
+    at module level or inside a function, absolute or relative."""
+    folders = {d for d in os.listdir(PACKAGE) if os.path.isfile(os.path.join(PACKAGE, d, "__init__.py"))}
+    edges = {}
+    for path, tree in sources():
+        parts = path[:-3].split(os.sep)  # recadam_fairseq, folder, module
+        if len(parts) < 3:
+            continue  # the package root: its face
+        here = parts[:-1]
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom):
+                base = here[:len(here) - node.level + 1] if node.level else []
+                mod = base + (node.module.split(".") if node.module else [])
+                names = [mod + [a.name] for a in node.names] if len(mod) == 1 else [mod]
+            elif isinstance(node, ast.Import):
+                names = [a.name.split(".") for a in node.names]
+            else:
+                continue
+            for name in names:
+                if name[0] == "recadam_fairseq" and len(name) > 1 and name[1] in folders and name[1] != parts[1]:
+                    edges.setdefault(parts[1], {}).setdefault(name[1], []).append(path)
+    return folders, edges
+
+
+def test_folders_import_one_way():
+    """The package's folders form layers (ARCHITECTURE.md): no folder imports another that imports it back, directly
+    or through others."""
+    folders, edges = _folder_imports()
+    assert {"core", "plumbing", "meters", "criterions", "optim", "compare", "tools", "engine"} <= folders
+    assert edges.get("core", {}) == {}, edges.get("core")
+    problems = []
+
+    def walk(folder, trail):
+        for nxt, files in sorted(edges.get(folder, {}).items()):
+            if nxt in trail:
+                loop = trail[trail.index(nxt):] + [nxt]
+                problems.append(" -> ".join(loop) + f" ({folder} -> {nxt}: {sorted(set(files))[0]})")
+            else:
+                walk(nxt, trail + [nxt])
+
+    for f in sorted(folders):
+        walk(f, [f])
+    assert not problems, "\n".join(sorted(set(problems)))
+
+
+# names that two modules may share (ARCHITECTURE.md): fairseq's name of a task and a criterion registered together
+REGISTERED_TWICE = {"glue_multitask.py": {"criterions", "tasks"}}
+
+
+def test_module_names_are_unique_but_the_core_adapter_mirror():
+    """No two modules of the package share a name, except the math in core/ and its fairseq adapter of the same
+    name in one adapter folder (core/layer_lr.py, optim/layer_lr.py), and a task and a criterion fairseq registers
+    under one name."""
+    where = {}
+    for path, _ in sources():
+        parts = path.split(os.sep)
+        if parts[-1] != "__init__.py":
+            where.setdefault(parts[-1], []).append(parts[1] if len(parts) > 2 else "(root)")
+    problems = []
+    for name, folders in sorted(where.items()):
+        if len(folders) == 1:
+            continue
+        mirror = len(folders) == 2 and "core" in folders and set(folders) - {"core"} <= ADAPTERS
+        if not mirror and set(folders) != REGISTERED_TWICE.get(name):
+            problems.append(f"{name}: in {', '.join(sorted(folders))}")
+    assert not problems, "\n".join(problems)
 
 
 def test_no_module_is_loaded_by_file_path():

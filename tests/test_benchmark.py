@@ -77,17 +77,12 @@ def test_benchmark_quick_writes_markdown_and_json(tmp_path):
     assert new.split(bench.README_END)[1] == old.split(bench.README_END)[1]
 
 
-def test_doc_flag_and_its_deprecated_alias(tmp_path, capsys):
-    """--readme still works (as --doc, with a warning); a page without the markers stops before any timing."""
+def test_doc_flag(tmp_path, capsys):
+    """--doc names the page; a page without the markers stops before any timing."""
     page = tmp_path / "page.md"
     page.write_text(f"# x\n{bench.README_START}\nold\n{bench.README_END}\n")
     assert bench.parse_args(["--doc", str(page)]).doc == str(page)
-    args = bench.parse_args(["--readme", str(page)])
-    assert args.doc == str(page) and "--readme is deprecated, use --doc" in capsys.readouterr().err
     (tmp_path / "bare.md").write_text("# no markers\n")
-    for flag in ("--doc", "--readme"):
-        with pytest.raises(SystemExit):
-            bench.parse_args([flag, str(tmp_path / "bare.md")])
-        assert f"{flag} {tmp_path / 'bare.md'}: no <!-- benchmark:start -->" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        bench.parse_args(["--doc", str(page), "--readme", str(page)])
+        bench.parse_args(["--doc", str(tmp_path / "bare.md")])
+    assert f"--doc {tmp_path / 'bare.md'}: no <!-- benchmark:start -->" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from helpers import ROOT, USER_DIR, base_env
 from recadam_fairseq import catalogue
 from recadam_fairseq.__main__ import DOC_TABLES, RENDER
 from recadam_fairseq.catalogue import KNOBS, METHODS
-from recadam_fairseq.compare import methods as comparison
+from recadam_fairseq.engine import methods as comparison
 
 
 def at_defaults(m):
@@ -271,7 +271,8 @@ PROBE = """\
 import ast
 import json
 from recadam_fairseq.__main__ import RENDER
-from recadam_fairseq.compare import methods, plan, seq2seq
+from recadam_fairseq.compare import plan, seq2seq
+from recadam_fairseq.engine import methods
 grid = plan.make_grid(["throwaway:0.25", "recadam-throwaway:k=0.2,t0=30,throw=0.25"], 5000.0)
 try:
     methods.flags(methods.parse("throwaway:1"), 12)

@@ -170,7 +170,7 @@ def test_plot_run_renders_real_logs(json_runs, tmp_path):
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and out.stat().st_size > 10_000
     panels = {ax.get_title(): [ln.get_label() for ln in ax.get_lines()] for ax in fig.axes}
     assert panels["λ(t)"] == ["recadam"]  # adam reports no λ
-    # fairseq's adam logs its distance through the plug-in's criterion (criterions/theta_distance.py)
+    # fairseq's adam logs its distance through the plug-in's criterion (meters/theta_distance.py)
     assert panels["Σ(θ−θ*)²  (distance to the pretrained weights)"] == ["recadam", "adam"]
     assert panels["train target loss (bits)"] == ["recadam", "adam"]
     assert panels["dev accuracy"] == ["recadam", "adam"]

@@ -1,8 +1,8 @@
-"""events.py: fairseq's update number as fairseq hands it to task.train_step, from its logged metrics."""
+"""plumbing/events.py: fairseq's update number as fairseq hands it to task.train_step, from its logged metrics."""
 
 from fairseq.logging import metrics
 
-from recadam_fairseq import events
+from recadam_fairseq.plumbing import events
 
 
 def _saved_meters(n):

@@ -249,8 +249,8 @@ def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
     """fisher_source.task_fisher (batched forward, one gradient per example, eval mode) on the first 24 examples
     of the epoch-1 order (the second batch cut short) against a loop over those examples, one per forward,
     in float64."""
-    from recadam_fairseq.fisher_source import task_fisher
-    from recadam_fairseq.optim.child_tuning import train_batches
+    from recadam_fairseq.criterions.fisher_source import task_fisher
+    from recadam_fairseq.plumbing.batches import train_batches
     from recadam_fairseq.tools import fisher as tool
 
     cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
@@ -281,7 +281,7 @@ def test_task_fisher_of_an_fp16_model_unscales_and_halves_on_overflow(tiny, monk
     halved when one overflows. Started at 2^40 (the first example overflows fp16 until the scale is halved
     25 times; it stays down for the others), F of 16 examples equals the fp32 model's up to fp16 rounding
     (per tensor, 2% in L2); a scale removed once too often after a halving is a factor of 4."""
-    import recadam_fairseq.fisher_source as source
+    import recadam_fairseq.criterions.fisher_source as source
     from recadam_fairseq.tools import fisher as tool
 
     cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
@@ -413,7 +413,7 @@ def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
     task scripts' terminal (tools/progress.py) shows those lines, not only train.log."""
     from recadam_fairseq.tools.progress import progress_line
 
-    lines = [ln for ln in runs["task"][1].splitlines() if " | recadam_fairseq.fisher_source | ewc: " in ln]
+    lines = [ln for ln in runs["task"][1].splitlines() if " | recadam_fairseq.criterions.fisher_source | ewc: " in ln]
     shown = [progress_line(ln) for ln in lines]
     passes = [s for s in shown if s and s.startswith("  ewc: the Fisher pass: ")]
     assert len(passes) == 9 and passes[0].startswith("  ewc: the Fisher pass: 4/32 examples (12%), "), shown
@@ -529,7 +529,7 @@ def test_flags_and_files_refused_before_training(tmp_path):
 def test_task_fisher_must_be_taken_at_theta_star():
     """--ewc-fisher task over weights other than θ* (--recadam-pretrained-path over a random init) is refused;
     a bf16 θ* of the same weights is θ* to its rounding."""
-    from recadam_fairseq.fisher_source import check_at_theta_star, pieces
+    from recadam_fairseq.criterions.fisher_source import check_at_theta_star, pieces
 
     t = torch.randn(10)
     check_at_theta_star(pieces([(t, t.clone(), None), (t, None, None)]), "w")
@@ -544,7 +544,7 @@ def test_task_fisher_must_be_taken_at_theta_star():
 def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path):
     """scripts/fisher.py with fairseq's masked_lm on the valid split: the per-example losses are the criterion's
     loss split by example (each equal to that example alone, in float64), and the file fits the classifier."""
-    from recadam_fairseq.fisher_source import masked_lm_per_example
+    from recadam_fairseq.criterions.fisher_source import masked_lm_per_example
     from recadam_fairseq.tools import fisher as tool
 
     mlm = [tiny.lm_bin, "--task", "masked_lm", "--criterion", "masked_lm", *tiny_roberta.TINY_ARCH,

@@ -155,7 +155,7 @@ def test_tiny_roberta_under_fsdp_anchors_what_the_unsharded_run_does(tiny):
     over 2 ranks: θ* of each shard is the pretrained values of its elements; the head stays plain Adam."""
     from fairseq import tasks
 
-    from recadam_fairseq.anchor_source import quiet_upgrade
+    from recadam_fairseq.plumbing.anchor_source import quiet_upgrade
     from recadam_fairseq.core.anchor import pretrained_names
     from recadam_fairseq.optim.fsdp_support import build_anchors, shard_parts as parts_of
     from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH

@@ -22,8 +22,8 @@ import torch
 
 from helpers import ROOT, fast_interpreter, load_ckpt
 
-from recadam_fairseq.compare import cli, ewc_fisher, measure, methods, plan, prepare, report, runner, summary
-from recadam_fairseq.engine import plot, stats
+from recadam_fairseq.compare import cli, ewc_fisher, measure, plan, prepare, report, runner, summary
+from recadam_fairseq.engine import methods, plot, stats
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.data import data_settings, task_layout
 from recadam_fairseq.compare.files import task_dirs

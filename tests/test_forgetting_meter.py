@@ -205,7 +205,7 @@ def test_budget_flags_go_together_in_one_line():
     from types import SimpleNamespace
 
     from recadam_fairseq.core.errors import ConfigError
-    from recadam_fairseq.forgetting_meter import check_budget
+    from recadam_fairseq.meters.forgetting_meter import check_budget
 
     def cfg(budget, best):
         return SimpleNamespace(forgetting_budget=budget, best_checkpoint_metric=best, maximize_best_checkpoint_metric=True)
@@ -296,7 +296,7 @@ def test_bad_probes_are_one_line_errors(tiny, runs):
     # with the task (the GLUE criteria's install): symbol by symbol, so a reordered dictionary is caught too
     from fairseq.data import Dictionary
 
-    from recadam_fairseq import forgetting_meter
+    from recadam_fairseq.meters import forgetting_meter
     from recadam_fairseq.core.errors import ConfigError
 
     meter = forgetting_meter.ForgettingMeter(None, forgetting_meter.load_probe(runs["mlm"], "mlm"))

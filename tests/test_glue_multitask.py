@@ -823,7 +823,7 @@ def test_per_example_losses_are_each_example_alone_and_feed_ewc_task_fisher(mt):
     """glue_multitask's per-example losses (EWC's --ewc-fisher task) on a batch mixing the four heads, STS-B's
     regression included, in float64: each is that example's loss computed alone through the criterion, and
     they sum to the batch's; task_fisher takes them (a Fisher of 12 examples, finite, not all zero)."""
-    from recadam_fairseq.fisher_source import task_fisher
+    from recadam_fairseq.criterions.fisher_source import task_fisher
     from recadam_fairseq.tools import fisher as tool
 
     cfg, task, model, criterion = tool.setup(mt_args(mt, mt.root / "unused"))

@@ -90,12 +90,11 @@ def test_bad_input_is_refused_before_any_run(tmp_path, args, message):
     assert not (tmp_path / "work").exists()
 
 
-@pytest.mark.parametrize("flag", ["--doc", "--readme"])  # --readme: the deprecated alias of --doc
-def test_missing_doc_markers_stop_before_any_run(tmp_path, flag):
+def test_missing_doc_markers_stop_before_any_run(tmp_path):
     (tmp_path / "page.md").write_text("no markers\n")
-    proc = _e2e("--device", "cpu", "--precision", "fp32", flag, str(tmp_path / "page.md"),
+    proc = _e2e("--device", "cpu", "--precision", "fp32", "--doc", str(tmp_path / "page.md"),
                 "--work", str(tmp_path / "work"), cwd=str(tmp_path))
-    assert proc.returncode != 0 and f"{flag} {tmp_path / 'page.md'}: no <!-- gpu-e2e:start --> ... <!-- gpu-e2e:end --> markers" in proc.stderr
+    assert proc.returncode != 0 and f"--doc {tmp_path / 'page.md'}: no <!-- gpu-e2e:start --> ... <!-- gpu-e2e:end --> markers" in proc.stderr
     assert not (tmp_path / "work").exists()
 
 

@@ -1,4 +1,4 @@
-"""WiSE-FT weight-space interpolation: core.interpolate against float64 references, and
+"""WiSE-FT weight-space interpolation: core/wise_ft.py against float64 references, and
 scripts/interpolate.py end to end on a checkpoint of the real fairseq-train (loaded back by fairseq)."""
 
 import os
@@ -11,7 +11,7 @@ import torch
 
 from helpers import ROOT, SCRIPTS, code_carrying, load_ckpt
 from recadam_fairseq.core.errors import ConfigError
-from recadam_fairseq.core.interpolate import interpolate, shared_names
+from recadam_fairseq.core.wise_ft import interpolate, shared_names
 from recadam_fairseq.tools import interpolate as wise
 
 SCRIPT = os.path.join(SCRIPTS, "interpolate.py")

@@ -122,7 +122,7 @@ def test_plain_fairseq_train_refuses_a_checkpoint_carrying_code_in_one_line(runs
     """fairseq-train with neither the plug-in's criterion nor its optimizer (only --user-dir): a checkpoint that
     carries code stops the run in one line saying why, before fairseq makes --save-dir or logs a line; the code
     never runs. (fairseq makes the directory before it builds any component: the plug-in reads the file at its
-    import, restore_check.py.)"""
+    import, plumbing/restore_check.py.)"""
     name = "code" if flag == "--restore-file" else "code_ft"
     rc, log = runs["out"][name]
     assert rc == 1 and log.splitlines() == [f"train_entry.py: error: {flag} {runs['root'] / 'code.pt'}: "
@@ -132,7 +132,7 @@ def test_plain_fairseq_train_refuses_a_checkpoint_carrying_code_in_one_line(runs
 
 def test_a_checkpoint_only_fairseq_cannot_read_is_one_line(runs):
     """A file the plug-in reads but fairseq's loader cannot (no optimizer history): fairseq's own failure, as one
-    line naming the file (errors_hook.py)."""
+    line naming the file (plumbing/errors_hook.py)."""
     msg = one_error_line(result(runs, "bare"))
     assert msg == f"{runs['root'] / 'bare.pt'}: fairseq cannot read it as a checkpoint (KeyError: 'best_loss')"
 
@@ -156,7 +156,7 @@ def test_hook_prints_ours_as_one_line_and_chains_the_rest(tmp_path):
     one, keep their tracebacks."""
     code = """
 import sys
-import recadam_fairseq.errors_hook as h
+import recadam_fairseq.plumbing.errors_hook as h
 from recadam_fairseq.core.errors import ConfigError
 h.install(); h.install()  # once
 kind = sys.argv[1]

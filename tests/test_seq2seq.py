@@ -611,7 +611,7 @@ def _start(pair, *flags, data=None):
 ])
 def test_eval_bleu_start_up_failures_of_fairseq_name_the_flag(pair, flags, message):
     """What fairseq's translation task raises building --eval-bleu's pieces with the model, as the hook words it."""
-    from recadam_fairseq.errors_hook import fairseq_input_error
+    from recadam_fairseq.plumbing.errors_hook import fairseq_input_error
 
     if "moses" in flags and importlib.util.find_spec("sacremoses") is not None:
         pytest.skip("sacremoses is installed: fairseq's moses detokenizer builds")

@@ -41,7 +41,7 @@ def test_fisher_per_example_loss_on_translation():
     from fairseq.models.transformer import TransformerModel, base_architecture
     from fairseq.tasks.translation import TranslationConfig, TranslationTask
 
-    from recadam_fairseq.fisher_source import seq2seq_per_example
+    from recadam_fairseq.criterions.fisher_source import seq2seq_per_example
 
     d = Dictionary()
     for w in "abcdefgh":

@@ -14,7 +14,7 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
    (recadam_fairseq/compare/prepare.py);
 3. fine-tunes the converted encoder once per (setting, seed) with the ``fairseq-train`` command a
    user would type: one shared command (data, lr schedule, batch, updates, seed), the method's
-   flags on it (recadam_fairseq/compare/methods.py: what ``--methods`` takes);
+   flags on it (recadam_fairseq/engine/methods.py: what ``--methods`` takes);
 4. measures every final checkpoint and, for ``--early-methods``, the checkpoints every
    ``--early-every`` updates (scripts/forgetting/measure.py, its own command): held-out target
    accuracy, the change of the zero-shot SNLI entailment-vs-contradiction AUC (forgetting) and
@@ -44,10 +44,11 @@ import sys
 import threading
 import time
 
-from recadam_fairseq.compare import data, ewc_fisher, methods, plan, prepare, pretrained
+from recadam_fairseq.compare import data, ewc_fisher, plan, prepare, pretrained
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.files import ROOT, read_json, task_dirs
-from recadam_fairseq.compare.methods import fmt
+from recadam_fairseq.engine import methods
+from recadam_fairseq.engine.settings import fmt
 from recadam_fairseq.compare.plan import DEFAULT_ALPHAS, DEFAULT_METHODS, MULTI, MULTITASK_SETTINGS, TASK_METHODS, UPDATES
 from recadam_fairseq.compare.report import report, table_target_error
 from recadam_fairseq.compare.runner import RunError, run_all
@@ -90,7 +91,7 @@ def build_parser():
                          "converted there when missing)")
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="seeds of every setting")
     ap.add_argument("--methods", nargs="+", metavar="METHOD[:VALUES]",
-                    help="what to run (recadam_fairseq/compare/methods.py): " + ", ".join(methods.METHODS)
+                    help="what to run (recadam_fairseq/engine/methods.py): " + ", ".join(methods.METHODS)
                     + " (default: movie: " + " ".join(DEFAULT_METHODS) + "; the other tasks: each method's best "
                     "setting on the movie task, " + " ".join(TASK_METHODS) + ")")
     ap.add_argument("--third-seed", nargs="*", default=[], metavar="METHOD[:VALUES]",

@@ -5,7 +5,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Mapping, Optional, Tuple
 
-from recadam_fairseq.compare import methods
+from recadam_fairseq.engine import methods
 
 
 @dataclass(frozen=True)

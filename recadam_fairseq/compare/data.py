@@ -4,10 +4,12 @@ per setting in WORK/data[-TASK], and where a run finds its target and the probe.
 import os
 import sys
 
-from recadam_fairseq.compare import methods, prepare
+from recadam_fairseq.compare import prepare
 from recadam_fairseq.compare.files import read_json, task_dirs, write_json
 from recadam_fairseq.compare.plan import MULTI
+from recadam_fairseq.engine import methods
 from recadam_fairseq.tools import convert_bert as conv
+from recadam_fairseq.tools.text_data import glue_dir, glue_layout
 
 
 def data_settings(opts, task=None):
@@ -56,10 +58,10 @@ def task_layout(opts, data, dirs, create=True):
         glue = prepare.multi_layout(task_dirs(opts.work, MULTI)[0], targets)
         return {"targets": {t: os.path.join(glue, f"{t}-bin") for t in targets}, "snli": os.path.join(data, "snli-bin"),
                 "glue": glue, "mt_task": ",".join(targets), "num_classes": None, "multitask": True}
-    glue = prepare.glue_dir(data)
+    glue = glue_dir(data)
     if opts.task == "movie":
         return {"sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"),
-                "glue": prepare.glue_layout(data) if create else glue, "mt_task": methods.MT_TASK, "num_classes": 2}
+                "glue": glue_layout(data) if create else glue, "mt_task": methods.MT_TASK, "num_classes": 2}
     return {"sentiment": os.path.join(data, f"{opts.task}-bin"), "snli": os.path.join(data, "snli-bin"),
             "glue": prepare.own_layout(data, opts.task) if create else glue, "mt_task": opts.task,
             "num_classes": len(prepare.TARGETS[opts.task].classes)}

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from recadam_fairseq.compare import methods
+from recadam_fairseq.engine import methods
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, read_json, rel, write_json
 from recadam_fairseq.compare.runner import RunError, train_command
 

@@ -185,7 +185,7 @@ def measure_interpolated(model, pretrained_state: Dict[str, torch.Tensor], alpha
                          target_dir: str, snli_dir: str) -> List[dict]:
     """[{alpha, measures}] of θ_α = (1 − α)·θ* + α·θ for each α, θ the loaded model's weights (heads
     and modules θ* lacks are θ's at every α); the model holds θ again afterwards."""
-    from recadam_fairseq.core.interpolate import interpolate
+    from recadam_fairseq.core.wise_ft import interpolate
 
     state = {k: v.clone() for k, v in model.state_dict().items()}
     own, pre = wise.model_states(state, pretrained_state)
@@ -222,7 +222,7 @@ def main(argv: Optional[List[str]] = None):
     ap.add_argument("--out", help="write the JSON here (default: stdout)")
     args = ap.parse_args(argv)
     from recadam_fairseq.core.errors import ConfigError
-    from recadam_fairseq.core.interpolate import check_alpha
+    from recadam_fairseq.core.wise_ft import check_alpha
 
     try:
         args.sentiment = parse_targets(args.sentiment)

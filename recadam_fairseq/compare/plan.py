@@ -1,7 +1,7 @@
 """Which (setting, seed) one invocation runs: the default grids of each task, the third seeds, the
 intermediate points measured along a run, and the rule that picks each method's setting for the other tasks."""
 
-from recadam_fairseq.compare import methods
+from recadam_fairseq.engine import methods
 
 DEFAULT_METHODS = (
     "adam",

@@ -5,10 +5,10 @@ import os
 
 import numpy as np
 
-from recadam_fairseq.compare import methods, plan
-from recadam_fairseq.engine import plot
+from recadam_fairseq.compare import plan
+from recadam_fairseq.engine import methods, plot
+from recadam_fairseq.engine.settings import fmt
 from recadam_fairseq.compare.files import write_json
-from recadam_fairseq.compare.methods import fmt
 from recadam_fairseq.engine.stats import beats_adam, compute_seconds, summarize, wise_beats_adam
 from recadam_fairseq.tools import readme_block
 

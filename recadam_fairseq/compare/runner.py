@@ -8,12 +8,13 @@ import subprocess
 import sys
 import time
 
-from recadam_fairseq.compare import measure, methods
+from recadam_fairseq.compare import measure
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, USER_DIR, read_json, rel, write_json
-from recadam_fairseq.compare.methods import fmt
 from recadam_fairseq.compare.plan import early_points, planned_runs
+from recadam_fairseq.engine import methods
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.engine.fairseq_log import read_log
+from recadam_fairseq.engine.settings import fmt
 
 
 def fairseq_train():

@@ -26,8 +26,9 @@ import os
 
 import numpy as np
 
-from recadam_fairseq.compare import methods, plan, prepare
+from recadam_fairseq.compare import plan, prepare
 from recadam_fairseq.compare.files import ROOT, read_json, write_json
+from recadam_fairseq.engine import methods
 from recadam_fairseq.engine.plot import overview_plot
 from recadam_fairseq.compare.report import mean_std_text
 from recadam_fairseq.engine.stats import (NOISE_FLOOR, forgets_less_beyond_noise, keeps_accuracy_within_noise,

@@ -1,6 +1,6 @@
 """The pretrained anchor θ*: which parameters it covers, its layout, its values.
 
-Pure torch (no fairseq import): the fairseq adapter (``anchor_source.py``) picks the checkpoint
+Pure torch (no fairseq import): the fairseq adapter (``plumbing/anchor_source.py``) picks the checkpoint
 (fairseq's restore rule, ``--recadam-pretrained-path``) and hands in its model state dict, the
 model, the optimizer's tensors and the model's own upgrade of a checkpoint's keys.
 

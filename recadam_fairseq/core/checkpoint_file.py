@@ -2,7 +2,7 @@
 function is never called), and one line saying why a file was not read.
 
 Every reader of a checkpoint or a Fisher file goes through :func:`load` (the plug-in's θ*, EWC's file, the
-forgetting meter, the task scripts, the tools) or :func:`why` (fairseq's own loads, through errors_hook.py),
+forgetting meter, the task scripts, the tools) or :func:`why` (fairseq's own loads, through plumbing/errors_hook.py),
 so a file is refused with the same words everywhere: what was refused, why, and to load only files you trust.
 """
 

@@ -11,7 +11,7 @@ from typing import Dict, Optional, Tuple
 
 # logged change -> (what it is, sign making "forgot" positive)
 DELTAS = {"fgt_mlm_loss_delta": ("mlm loss (bits)", 1.0), "fgt_pairs_auc_delta": ("pair AUC", -1.0)}
-BLEU_DELTA = "bleu_delta"  # --eval-bleu-start's bleu − bleu_start of one subset (bleu_start.py)
+BLEU_DELTA = "bleu_delta"  # --eval-bleu-start's bleu − bleu_start of one subset (meters/bleu_start.py)
 ROUND = 5  # the meter's values and changes, as logged (and so as read back)
 BUDGET = "fgt_budget"  # --forgetting-budget, logged at each validation
 BUDGET_PREFIX = BUDGET + "_"  # fgt_budget_<metric>: <metric> where the validation forgot at most the budget

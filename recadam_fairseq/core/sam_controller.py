@@ -1,7 +1,7 @@
 """One optimizer's SAM family: pass 1, ε, the exact restore, GSAM's decomposition and the Fisher mask.
 
 Pure torch. The fairseq adapter (``optim/sam_support.py``) connects it to fairseq's loop through
-``events.py``: :meth:`SAMController.attach` when the criterion first trains, :meth:`before_forward`
+``plumbing/events.py``: :meth:`SAMController.attach` when the criterion first trains, :meth:`before_forward`
 and :meth:`after_forward` around every training call of the criterion, :meth:`before_reduce`,
 :meth:`after_reduce` and :meth:`after_step` from the optimizer.
 
@@ -72,7 +72,7 @@ class Update:
 
 
 class SAMController:
-    """``hp``: sam_type, rho, beta, gamma, keep_ratio, mask_iter_e, gsam_alpha, rho_min (config.py's flags).
+    """``hp``: sam_type, rho, beta, gamma, keep_ratio, mask_iter_e, gsam_alpha, rho_min (plumbing/config.py's flags).
 
     ``lr_of()`` gives the current lr and ``lr_max`` the peak one (GSAM's ρ_t); ``log(rho, eps_norm,
     mask_frac, sharpness)`` receives each update's figures. ``t`` counts committed updates; the mask,

@@ -6,7 +6,7 @@ fairseq takes each of these and fails or misleads later: ``--best-checkpoint-met
 ``--eval-bleu-remove-bpe`` fairseq does not know raises at the first validation; and BLEU on BPE'd
 or Moses-escaped text that the flags do not undo is a number, but not of words (``core/subwords.py``
 reads the target dictionary). fairseq's own start-up failures of ``--eval-bleu`` (an unknown or
-uninstalled ``--eval-bleu-detok``, JSON that does not parse) are turned into one line by ``errors_hook.py``.
+uninstalled ``--eval-bleu-detok``, JSON that does not parse) are turned into one line by ``plumbing/errors_hook.py``.
 """
 
 import os

@@ -2,7 +2,8 @@
 
 Loss = λ(t)·Loss_T + (w − λ(t))·γ/2·Σ(θ − θ*)², for any optimizer: the baseline the paper improves on
 by decoupling the pull (``--optimizer recadam``). θ* and λ(t) come from the same code as the
-optimizer's (``anchor_source.py``, ``core/anneal.py``); t is fairseq's update number (``events.py``).
+optimizer's (``plumbing/anchor_source.py``, ``core/anneal.py``); t is fairseq's update number
+(``plumbing/events.py``).
 
 EWC (``--ewc-fisher``): Σ(θ − θ*)² becomes Σ F·(θ − θ*)², F normalised to mean 1 over the anchored
 elements (``fisher_source.py``, ``core/ewc.py``); without it the term is computed as before, bit for bit.
@@ -10,11 +11,12 @@ elements (``fisher_source.py``, ``core/ewc.py``); without it the term is compute
 
 import logging
 
-from .. import events, fisher_source
-from ..anchor_source import build_anchors
 from ..core import ewc
 from ..core.anneal import anneal_lambda
-from ..report import RECADAM_METRICS, log_recadam_metrics
+from ..plumbing import events
+from ..plumbing.anchor_source import build_anchors
+from ..plumbing.metrics import RECADAM_METRICS, log_recadam_metrics
+from . import fisher_source
 
 logger = logging.getLogger(__name__)
 

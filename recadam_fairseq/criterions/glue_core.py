@@ -19,11 +19,10 @@ from fairseq.criterions.sentence_prediction import SentencePredictionCriterion
 from fairseq.logging import metrics
 from fairseq.logging.meters import MetersDict, safe_round
 
-from .. import forgetting_meter
-from . import theta_distance
-from ..config import check_checkpoint_paths
 from ..core import glue_metrics
 from ..core.errors import ConfigError
+from .. import meters
+from ..plumbing.config import check_checkpoint_paths
 
 CLASSIFICATION_METRICS = {"mcc": glue_metrics.mcc_from_confusion, "f1": glue_metrics.f1_from_confusion,
                           "acc_and_f1": glue_metrics.acc_and_f1_from_confusion,
@@ -35,17 +34,16 @@ LABEL_FREE_METRICS = {"cm": ("mcc",), "reg": tuple(REGRESSION_METRICS)}
 
 
 class ChecksPathsWhenTraining:
-    """Mixed into the GLUE criteria: ``--restore-file`` / ``--finetune-from-model`` are checked, and the
-    forgetting meter (``--forgetting-probe``) and the distance to θ* (theta_distance.py) installed, when fairseq's
-    Trainer first puts the criterion in
-    training mode, before the first update and outside the step's crash handler. fairseq-validate, which
-    rebuilds criteria from a checkpoint whose files may be long gone, never does."""
+    """Mixed into the GLUE criteria: ``--restore-file`` / ``--finetune-from-model`` are checked, and the meters
+    installed (``meters.install``: the forgetting meter of ``--forgetting-probe``, and the distance to θ* that
+    these criteria log where the optimizer and the objective log none), when fairseq's Trainer first puts the
+    criterion in training mode, before the first update and outside the step's crash handler. fairseq-validate,
+    which rebuilds criteria from a checkpoint whose files may be long gone, never does."""
 
     def train(self, mode: bool = True):
         if mode and not getattr(self, "_paths_checked", False):
             check_checkpoint_paths(self.cfg)
-            forgetting_meter.install(self.cfg, self.task)
-            theta_distance.install(self)  # recadam_dist where the optimizer and the objective log none
+            meters.install(self.cfg, self.task, criterion=self)
             self._paths_checked = True
         return super().train(mode)
 

@@ -23,12 +23,13 @@ from fairseq.criterions import FairseqCriterion, register_criterion
 from fairseq.logging import metrics
 from fairseq.logging.meters import safe_round
 
-from ..config import check_anneal
 from ..core import r3f, rdrop
 from ..core.errors import ConfigError
 from ..core.glue_tasks import HEAD_TO_TASK, head_primary_metric
-from ..report import log_target_loss
-from . import coupled_term, glue_core, theta_distance
+from ..meters import theta_distance
+from ..plumbing.config import check_anneal
+from ..plumbing.metrics import log_target_loss
+from . import coupled_term, glue_core
 from .sentence_prediction_recadam import SentencePredictionRecAdamConfig
 
 

@@ -18,10 +18,10 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
 )
 from fairseq.dataclass import ChoiceEnum
 
-from ..bleu_start import InstallsWhenTraining
-from ..config import BestCheckpointMetric, BleuStartConfig, R3FHyperparams, redefault
 from ..core import r3f
 from ..core.errors import ConfigError
+from ..meters import InstallsWhenTraining
+from ..plumbing.config import BestCheckpointMetric, BleuStartConfig, R3FHyperparams, redefault
 from .bleu_check import check_bleu
 from .r3f_term import reduce_symm_kl
 
@@ -43,7 +43,7 @@ class LabelSmoothedCrossEntropyR3FCriterion(InstallsWhenTraining, LabelSmoothedC
         check_bleu(task, best_checkpoint_metric, maximize_best_checkpoint_metric)
         self.noise_eps, self.r3f_lambda, self.noise_type = eps, r3f_lambda, str(noise_type)  # self.eps: smoothing
         self.r3f = r3f_lambda > 0 and eps > 0
-        self.bleu_start_cfg = cfg  # --eval-bleu-start (bleu_start.py)
+        self.meters_cfg = cfg  # --eval-bleu-start (meters/bleu_start.py)
         self._takes_embeddings = None
 
     def _check_model(self, model):

@@ -20,9 +20,9 @@ from fairseq.criterions.label_smoothed_cross_entropy import (
     LabelSmoothedCrossEntropyCriterionConfig,
 )
 
-from ..bleu_start import InstallsWhenTraining
-from ..config import BestCheckpointMetric, BleuStartConfig, RDropHyperparams, redefault
 from ..core import r3f, rdrop
+from ..meters import InstallsWhenTraining
+from ..plumbing.config import BestCheckpointMetric, BleuStartConfig, RDropHyperparams, redefault
 from .bleu_check import check_bleu
 from .r3f_term import reduce_symm_kl
 
@@ -41,7 +41,7 @@ class LabelSmoothedCrossEntropyRDropCriterion(InstallsWhenTraining, LabelSmoothe
         rdrop.check_rdrop_alpha(rdrop_alpha)
         check_bleu(task, best_checkpoint_metric, maximize_best_checkpoint_metric)
         self.rdrop_alpha = rdrop_alpha
-        self.bleu_start_cfg = cfg  # --eval-bleu-start (bleu_start.py)
+        self.meters_cfg = cfg  # --eval-bleu-start (meters/bleu_start.py)
 
     def forward(self, model, sample, reduce=True):
         if not (self.rdrop_alpha > 0 and model.training):

@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 
-from ..config import EWCHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal, redefault
-from ..report import log_target_loss
+from ..plumbing.config import EWCHyperparams, RecAdamHyperparams, RecAdamObjective, check_anneal, redefault
+from ..plumbing.metrics import log_target_loss
 from . import coupled_term
 from .label_smoothed_cross_entropy_rdrop import LabelSmoothedCrossEntropyRDropConfig, LabelSmoothedCrossEntropyRDropCriterion
 

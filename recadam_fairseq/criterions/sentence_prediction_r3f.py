@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 
-from ..config import R3FHyperparams, redefault
+from ..plumbing.config import R3FHyperparams, redefault
 from .sentence_prediction_recadam import SentencePredictionRecAdamConfig, SentencePredictionRecAdamCriterion
 
 

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from fairseq.criterions import register_criterion
 
-from ..config import RDropHyperparams, redefault
+from ..plumbing.config import RDropHyperparams, redefault
 from .sentence_prediction_recadam import SentencePredictionRecAdamConfig, SentencePredictionRecAdamCriterion
 
 

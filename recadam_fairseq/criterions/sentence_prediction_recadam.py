@@ -10,7 +10,7 @@
   ``sentence_prediction_r3f`` / ``sentence_prediction_rdrop`` turn one on by default; and the paper's coupled
   RecAdam objective (``--recadam-objective coupled``, ``coupled_term.py``). The default,
   ``decoupled``, leaves the penalty to ``--optimizer recadam``; over another optimizer (fairseq's adam) the
-  criterion logs ``recadam_dist`` itself (``theta_distance.py``).
+  criterion logs ``recadam_dist`` itself (``meters/theta_distance.py``).
 """
 
 from dataclasses import dataclass
@@ -22,12 +22,13 @@ from fairseq.criterions.fairseq_criterion import FairseqCriterion
 from fairseq.criterions.sentence_prediction import SentencePredictionConfig, SentencePredictionCriterion
 from fairseq.tasks.translation import TranslationTask
 
-from ..config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDropHyperparams, RecAdamHyperparams,
-                      RecAdamObjective, check_anneal, check_consistency_terms, redefault)
 from ..core import r3f, rdrop
 from ..core.errors import ConfigError
-from ..report import log_target_loss
-from . import coupled_term, glue_core, r3f_term, rdrop_term, theta_distance
+from ..meters import theta_distance
+from ..plumbing.config import (EWCHyperparams, ForgettingMeterConfig, R3FHyperparams, RDropHyperparams,
+                               RecAdamHyperparams, RecAdamObjective, check_anneal, check_consistency_terms, redefault)
+from ..plumbing.metrics import log_target_loss
+from . import coupled_term, glue_core, r3f_term, rdrop_term
 from .label_check import check_labels
 
 
@@ -37,7 +38,7 @@ class SentencePredictionRecAdamConfig(RecAdamHyperparams, RecAdamObjective, R3FH
     # fairseq's sentence_prediction flags, as its SentencePredictionConfig declares them
     classification_head_name: str = redefault(SentencePredictionConfig, "classification_head_name")
     regression_target: bool = redefault(SentencePredictionConfig, "regression_target")
-    log_interval: int = II("common.log_interval")  # theta_distance.py: recadam_dist on log steps
+    log_interval: int = II("common.log_interval")  # meters/theta_distance.py: recadam_dist on log steps
 
 
 @register_criterion("sentence_prediction_recadam", dataclass=SentencePredictionRecAdamConfig)

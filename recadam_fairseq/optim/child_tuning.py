@@ -2,7 +2,7 @@
 
 The authors' ``ChildTuningAdamW`` multiplies each gradient by its mask inside the step: after the
 trainer's gradient clipping, before Adam's moments. Here the mask is the listener's ``before_step``
-(``events.py``), on the optimizer's own tensors (the model's, fp32 copies, or ``--fp16``'s flat master)
+(``plumbing/events.py``), on the optimizer's own tensors (the model's, fp32 copies, or ``--fp16``'s flat master)
 after fairseq's reduction, overflow check and ``--clip-norm``; F's 1/p goes into the step's gradient
 scale, so no fp16 gradient is multiplied toward overflow. The masks are bound to those tensors at the
 first gradient reduction, which shows the parameters' names (as RecAdam's θ* and LLRD's scales).
@@ -20,15 +20,15 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from fairseq import utils
 from fairseq.distributed import utils as distributed_utils
 
-from .. import events
 from ..core.anchor import layout, trainable_named_parameters
 from ..core.child_tuning import (FLAG, RATIO_FLAG, FisherSum, check, checksum, d_eligible, d_mask, draw_seed,
                                  mask_f_, pack_bits, unpack_bits)
 from ..core.errors import ConfigError
 from ..core.wrappers import unwrap_model
+from ..plumbing import events
+from ..plumbing.batches import prepare, train_batches
 
 logger = logging.getLogger(__name__)
 
@@ -215,27 +215,6 @@ class ChildTuning:
                                   f"new optimizer state with --reset-optimizer")
             self.packed, self.keep = dict(st["keep"]), None
             self.plan, self.drop, self.by_name = None, [], {}  # bound again at the next reduction
-
-
-def train_batches(cfg, task, model, world: int, rank: int):
-    """This rank's shard of the training set, in fairseq's batches and epoch-1 order (ChildTuning-D's and
-    EWC's Fisher passes; ``cfg``: a config with ``config.TrainBatches``' fields and ``seed``)."""
-    return task.get_batch_iterator(
-        dataset=task.dataset(cfg.train_subset), max_tokens=cfg.max_tokens, max_sentences=cfg.batch_size,
-        max_positions=utils.resolve_max_positions(task.max_positions(), model.max_positions(), cfg.max_tokens),
-        ignore_invalid_inputs=True, required_batch_size_multiple=cfg.required_batch_size_multiple,
-        seed=cfg.seed, num_shards=world, shard_id=rank, num_workers=cfg.num_workers, epoch=1,
-        disable_iterator_cache=True,  # not the trainer's cached iterator
-    ).next_epoch_itr(shuffle=True)
-
-
-def prepare(sample, device: torch.device, dtype: torch.dtype):
-    """A batch as fairseq's Trainer prepares it: on the model's device, fp32 tensors in an fp16/bf16 model's dtype."""
-    if device.type == "cuda":
-        sample = utils.move_to_cuda(sample, device=device)
-    if dtype in (torch.float16, torch.bfloat16):
-        sample = utils.apply_to_sample(lambda t: t.to(dtype) if t.dtype is torch.float32 else t, sample)
-    return sample
 
 
 def add_child_tuning(optimizer: events.LoopOptimizer, cfg) -> Optional[ChildTuning]:

@@ -2,7 +2,7 @@
 
 fairseq builds the optimizer from unnamed tensors (possibly one flat fp32 copy of all of them),
 so the anchor cannot be placed at construction: :class:`Anchoring` attaches θ* at the first
-gradient reduction (``events.py``), before the first step.
+gradient reduction (``plumbing/events.py``), before the first step.
 """
 
 import logging
@@ -15,20 +15,22 @@ from fairseq.optim import FairseqOptimizer, register_optimizer
 from fairseq.optim.adam import FairseqAdamConfig
 from omegaconf import II, OmegaConf
 
-from .. import events, fisher_source, forgetting_meter
-from ..anchor_source import build_anchors, pretrained_model_state
-from ..criterions import theta_distance
-from ..config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, EWCHyperparams, ForgettingMeterConfig,
-                      LayerLRHyperparams, RecAdamHyperparams, SAMHyperparams, check_anneal, check_checkpoint_paths,
-                      lr_values, redefault)
 from ..core import mixout
 from ..core.anchor import share_existing
 from ..core.anneal import anneal_lambda
 from ..core.errors import ConfigError
 from ..core.recadam import RecAdam, validate_hparams
 from ..core.wrappers import unwrap_model
-from ..events import LoopOptimizer
-from ..report import log_recadam_metrics
+from ..criterions import fisher_source
+from .. import meters
+from ..meters import theta_distance
+from ..plumbing import events
+from ..plumbing.anchor_source import build_anchors, pretrained_model_state
+from ..plumbing.config import (ANCHOR_DTYPES, FLAG_NAMES, ChildTuningHyperparams, EWCHyperparams,
+                               ForgettingMeterConfig, LayerLRHyperparams, RecAdamHyperparams, SAMHyperparams,
+                               check_anneal, check_checkpoint_paths, lr_values, redefault)
+from ..plumbing.events import LoopOptimizer
+from ..plumbing.metrics import log_recadam_metrics
 from .child_tuning import add_child_tuning
 from .layer_lr import add_layer_lr
 from .sam_support import add_sam
@@ -124,7 +126,7 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         self._optimizer = bound_recadam(fused=FUSED[str(cfg.recadam_fused)], defer_anchors=True,
                                         cuda_graph=str(cfg.recadam_fused) == "cuda-graph")(params, **hp)
         theta_distance.optimizer_reports_it()  # recadam_dist: logged by after_step, not by the criterion
-        forgetting_meter.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
+        meters.install(cfg)  # --forgetting-probe: first, so θ* is measured before SAM's first pass 1
         # the listeners, in the order of events.LISTENERS (which says why; listen() refuses another)
         add_child_tuning(self, cfg)  # --child-tuning
         fisher = add_fisher(cfg)  # --ewc-fisher: its passes see θ*, before SAM's first pass 1 moves it

@@ -1,5 +1,5 @@
 """What ``--sam-type`` adds to a plug-in optimizer (``samsgd``, ``recadam``): the SAM controller
-(``core/sam_controller.py``), connected to fairseq's training loop through ``events.py``.
+(``core/sam_controller.py``), connected to fairseq's training loop through ``plumbing/events.py``.
 
 The optimizer's own events (before/after the gradient reduction, after the step, its checkpoint
 state under ``last_optimizer_state["sam"]``) reach the controller as a listener of the optimizer;
@@ -13,13 +13,13 @@ from typing import Optional
 
 import torch
 
-from .. import events
-from ..config import SAMHyperparams, lr_values
 from ..core.errors import ConfigError
 from ..core.sam import validate_sam_hparams
 from ..core.sam_controller import SAMController, subset
 from ..criterions.glue_core import criterion_name, per_example_loss_of
-from ..report import log_sam_metrics
+from ..plumbing import events
+from ..plumbing.config import SAMHyperparams, lr_values
+from ..plumbing.metrics import log_sam_metrics
 
 logger = logging.getLogger(__name__)
 

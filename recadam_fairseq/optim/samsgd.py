@@ -12,10 +12,10 @@ from fairseq.optim import register_optimizer
 from fairseq.optim.adam import FairseqAdam, FairseqAdamConfig
 from omegaconf import II
 
-from .. import forgetting_meter
-from ..config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams,
-                      SAMHyperparams, check_checkpoint_paths)
-from ..events import LoopOptimizer
+from .. import meters
+from ..plumbing.config import (ChildTuningHyperparams, CheckpointPaths, ForgettingMeterConfig, LayerLRHyperparams,
+                               SAMHyperparams, check_checkpoint_paths)
+from ..plumbing.events import LoopOptimizer
 from .child_tuning import add_child_tuning
 from .layer_lr import LayerwiseSteps, add_layer_lr
 from .sam_support import add_sam
@@ -38,7 +38,7 @@ class SAMSGD(LoopOptimizer, LayerwiseSteps, FairseqAdam):
     def __init__(self, cfg: SAMSGDConfig, params):
         super().__init__(cfg, params)
         check_checkpoint_paths(cfg)
-        forgetting_meter.install(cfg)  # --forgetting-probe: before SAM's first pass 1 moves θ
+        meters.install(cfg)  # --forgetting-probe: before SAM's first pass 1 moves θ
         add_child_tuning(self, cfg)  # the listeners, in the order of events.LISTENERS (which says why)
         add_sam(self, cfg, seed=cfg.seed)
         self.layer_lr = add_layer_lr(self, cfg)

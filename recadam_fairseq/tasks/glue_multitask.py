@@ -31,12 +31,12 @@ from fairseq.tasks.sentence_prediction import SentencePredictionConfig, Sentence
 from omegaconf import II, MISSING, OmegaConf, open_dict
 
 from ..core import mt_sampling as sampling
-from ..config import redefault
 from ..core import glue_tasks
 from ..core.errors import ConfigError
 from ..core.glue_tasks import head_name
 from ..core.layers import parse_layers
 from ..criterions.label_check import check_labels
+from ..plumbing.config import redefault
 from .multitask_data import MultiTaskDataset
 
 logger = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ measured in the same rounds, the peak extra memory of one step and the optimizer
     python scripts/benchmark.py --doc docs/performance.md   # also the summary table into that page
 
 The summary table goes between the ``<!-- benchmark:start -->`` / ``<!-- benchmark:end -->`` lines
-of ``--doc`` (make bench: docs/performance.md); ``--readme`` is a deprecated alias of ``--doc``.
+of ``--doc`` (make bench: docs/performance.md).
 
 Implementations: recadam (the fused one-pass torch.compile'd update; compile time excluded,
 it happens in the warm-up), recadam-foreach (the eager multi-tensor reference),
@@ -727,14 +727,14 @@ def parse_args(argv=None):
                     help="also time fairseq-train on the tiny generated RoBERTa (CPU), adam vs recadam, "
                          "UPDATES updates per run (0: skip, the default)")
     ap.add_argument("--e2e-rounds", type=int, default=3, help="fairseq-train runs per optimizer (alternating)")
-    readme_block.add_doc_options(ap, "also write the summary table into PATH between its <!-- benchmark:start/end --> "
-                                  "markers (make bench: docs/performance.md)")
+    readme_block.add_doc_option(ap, "also write the summary table into PATH between its <!-- benchmark:start/end --> "
+                                 "markers (make bench: docs/performance.md)")
     ap.add_argument("--quick", action="store_true",
                     help="tiny size, 3 short rounds (well under 30 s on CPU): a smoke test")
     ap.add_argument("--out-md", default="bench.md", help="markdown report (default: bench.md)")
     ap.add_argument("--out-json", default="bench.json", help="JSON results (default: bench.json)")
     args = ap.parse_args(argv)
-    args.doc, args.doc_flag = readme_block.doc_target(ap, args, "benchmark", README_START, README_END)  # before timing
+    args.doc = readme_block.doc_target(ap, args, README_START, README_END)  # before timing
     args.warmup = max(1, args.warmup)  # the first step allocates the state; its time sizes a round
     if args.llrd:
         args.impls = [x for pair in LLRD.items() for x in pair[::-1]]
@@ -810,8 +810,7 @@ def main(argv=None) -> int:
     print("\n" + report)
     if args.doc:
         link = os.path.relpath(os.path.abspath(args.out_md), os.path.dirname(os.path.abspath(args.doc)))
-        update_doc(args.doc, summary_table(info, rows, e2e, full_table=args.out_md, link=link.replace(os.sep, "/")),
-                   args.doc_flag)
+        update_doc(args.doc, summary_table(info, rows, e2e, full_table=args.out_md, link=link.replace(os.sep, "/")))
     return 0
 
 

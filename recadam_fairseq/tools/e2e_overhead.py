@@ -5,14 +5,14 @@ Generates a RoBERTa-sized setup (random "pretrained" weights after one masked-LM
 ``fairseq-train`` (through ``train_peak.py``, which adds the peak CUDA memory) once per method
 and round, the order rotating by round. Its rows are the catalogue's GPU rows (recadam_fairseq/catalogue.py:
 each method's, against its base's) and their flags come from the forgetting harness
-(recadam_fairseq/compare/methods.py), so the commands are the ones the comparison ran.
+(recadam_fairseq/engine/methods.py, the comparison's specs), so the commands are the ones the comparison ran.
 
     python scripts/gpu/e2e_overhead.py                          # GPU, --fp16, roberta-base, 2 rounds
     python scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --updates 6   # CPU smoke run
     python scripts/gpu/e2e_overhead.py --doc docs/performance.md   # also the table into that page
 
 ``--doc PATH`` writes the table between the ``<!-- gpu-e2e:start -->`` / ``<!-- gpu-e2e:end -->`` lines
-of PATH (docs/performance.md); ``--readme`` is a deprecated alias of it.
+of PATH (docs/performance.md).
 
 Time per update: the mean of 1/ups over fairseq's log intervals, the first (start-up) left out;
 the median over rounds. Peak memory: ``torch.cuda.max_memory_allocated`` of the whole run.
@@ -32,10 +32,10 @@ import time
 from typing import Dict, List, Optional
 
 from recadam_fairseq import catalogue  # its GPU rows
-from recadam_fairseq.compare import methods  # the comparison's specs, on the catalogue
-from recadam_fairseq.compare.prepare import glue_layout
+from recadam_fairseq.engine import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, readme_block, tiny_train
+from recadam_fairseq.tools.text_data import glue_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
@@ -247,10 +247,10 @@ def parse_args(argv=None):
     ap.add_argument("--out-md", default="e2e.md")
     ap.add_argument("--out-json", default="e2e.json")
     ap.add_argument("--list", action="store_true", help="print each method's fairseq-train command as JSON; run nothing")
-    readme_block.add_doc_options(ap, f"also write the table between the {README_START} / {README_END} lines of "
-                                     "PATH (docs/performance.md)")
+    readme_block.add_doc_option(ap, f"also write the table between the {README_START} / {README_END} lines of "
+                                    "PATH (docs/performance.md)")
     args = ap.parse_args(argv)
-    args.doc, args.doc_flag = readme_block.doc_target(ap, args, "e2e_overhead", README_START, README_END)
+    args.doc = readme_block.doc_target(ap, args, README_START, README_END)
     for flag in ("updates", "log_interval", "batch_size", "train_size", "rounds"):
         if getattr(args, flag) < 1:
             ap.error(f"--{flag.replace('_', '-')} must be >= 1")
@@ -336,7 +336,7 @@ def main(argv=None) -> int:
                   flush=True)
             md = write(done, total)
     if args.doc:
-        readme_block.replace_block(args.doc, README_START, README_END, md, flag=args.doc_flag)
+        readme_block.replace_block(args.doc, README_START, README_END, md)
     print("\n" + md)
     return 0
 

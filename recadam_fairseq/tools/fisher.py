@@ -33,7 +33,7 @@ def with_checkpoint_arch(fairseq_args):
     give no --arch, as the task scripts read it; a file that is not read (refused, cut short, not fairseq's) or an
     --arch that does not build its tensors is a one-line error."""
     from recadam_fairseq.core import checkpoint_file
-    from recadam_fairseq.restore_check import named
+    from recadam_fairseq.plumbing.restore_check import named
     from recadam_fairseq.tools import checkpoint_arch
 
     restore = named(fairseq_args).get("--restore-file")
@@ -108,7 +108,7 @@ def terminal():
     and Hydra's deprecation warnings (fairseq's config composition, not the user's doing) are left out."""
     say = logging.StreamHandler(sys.stderr)
     say.setFormatter(logging.Formatter("fisher.py: %(message)s"))
-    source_log, root = logging.getLogger("recadam_fairseq.fisher_source"), logging.getLogger()
+    source_log, root = logging.getLogger("recadam_fairseq.criterions.fisher_source"), logging.getLogger()
     saved = (source_log.level, source_log.propagate, root.level)
     source_log.addHandler(say)
     source_log.setLevel(logging.INFO)
@@ -126,7 +126,7 @@ def terminal():
 
 
 def main(argv=None) -> int:
-    from recadam_fairseq.fisher_source import task_fisher
+    from recadam_fairseq.criterions.fisher_source import task_fisher
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], usage="%(prog)s --out FILE "
                                      "[--examples N] -- FAIRSEQ-TRAIN-ARGS")

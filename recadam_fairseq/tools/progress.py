@@ -17,7 +17,7 @@ from recadam_fairseq.engine.fairseq_log import parse_log_lines
 
 
 # loggers whose INFO lines the terminal shows too: EWC's Fisher pass before update 1 (its progress, its time, F)
-SHOWN_LOGGERS = ("recadam_fairseq.fisher_source",)
+SHOWN_LOGGERS = ("recadam_fairseq.criterions.fisher_source",)
 
 
 def _num(x) -> str:

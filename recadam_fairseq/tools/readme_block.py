@@ -1,7 +1,6 @@
 """Regenerate one marked block of a Markdown page (the generated tables in docs/)."""
 
-import sys
-from typing import Optional, Tuple
+from typing import Optional
 
 
 def replace_block(path: str, start: str, end: str, text: str, flag: str = "--doc") -> None:
@@ -29,21 +28,13 @@ def marker_problem(path: str, start: str, end: str, flag: str) -> Optional[str]:
     return None
 
 
-def add_doc_options(ap, help: str) -> None:
-    """``--doc PATH`` and its deprecated alias ``--readme``."""
+def add_doc_option(ap, help: str) -> None:
+    """``--doc PATH``: the page whose marked block a command also writes."""
     ap.add_argument("--doc", metavar="PATH", help=help)
-    ap.add_argument("--readme", metavar="PATH", help="deprecated alias of --doc")
 
 
-def doc_target(ap, args, prog: str, start: str, end: str) -> Tuple[Optional[str], str]:
-    """(the page to write, the flag that named it) from ``--doc`` / ``--readme``; an error before any work
-    when the page has no markers."""
-    path, flag = args.doc, "--doc"
-    if args.readme:
-        if args.doc:
-            ap.error("--readme is a deprecated alias of --doc: give one of them")
-        print(f"{prog}: --readme is deprecated, use --doc", file=sys.stderr)
-        path, flag = args.readme, "--readme"
-    if path and (err := marker_problem(path, start, end, flag)):
+def doc_target(ap, args, start: str, end: str) -> Optional[str]:
+    """The page ``--doc`` names, or None; an error before any work when it has no markers."""
+    if args.doc and (err := marker_problem(args.doc, start, end, "--doc")):
         ap.error(err)
-    return path, flag
+    return args.doc

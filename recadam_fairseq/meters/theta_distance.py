@@ -6,7 +6,7 @@ The same sum as RecAdam's: over the trainable parameters whose names and shapes 
 (after the model's own upgrade of its keys; new heads are not in it), on log steps only (``--log-interval``:
 it costs a pass over the weights), of the weights after the step (the number RecAdam logs at that update).
 θ* is not copied: it is read, tensor by tensor, from the memory-mapped checkpoint fairseq loaded the weights
-from (``anchor_source``: its restore rule), rounded to the weights' dtype (a --fp16 model's distance starts
+from (``plumbing/anchor_source.py``: its restore rule), rounded to the weights' dtype (a --fp16 model's distance starts
 at 0); on a GPU each tensor crosses to the device at each log step (about 1.4 GB for RoBERTa-large, every
 --log-interval updates). A run resumed from a checkpoint the plug-in wrote, without --finetune-from-model naming θ*, logs none
 (its warning says why).
@@ -17,12 +17,12 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .. import events
-from ..anchor_source import anchor_source, quiet_upgrade
 from ..core import anchor
 from ..core.anchor import AnchorError
 from ..core.wrappers import unwrap_model
-from ..report import RECADAM_METRICS
+from ..plumbing import events
+from ..plumbing.anchor_source import anchor_source, quiet_upgrade
+from ..plumbing.metrics import RECADAM_METRICS
 
 logger = logging.getLogger(__name__)
 
@@ -37,8 +37,8 @@ def optimizer_reports_it() -> None:
 
 
 def install(criterion) -> Optional["ThetaDistance"]:
-    """When fairseq first puts the criterion in training mode (the optimizer is built by then): a meter for the
-    decoupled objective over an optimizer that logs no distance, else None."""
+    """When fairseq first puts the criterion in training mode (the optimizer is built by then; ``meters.install``):
+    a meter for the decoupled objective over an optimizer that logs no distance, else None."""
     if _reported_by_optimizer or str(getattr(criterion.cfg, "recadam_objective", "decoupled")) == "coupled":
         return None
     meter = ThetaDistance(criterion.cfg)

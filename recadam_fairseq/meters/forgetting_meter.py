@@ -10,29 +10,27 @@ TensorBoard, W&B), with the change since θ*.
 - The measurement runs in eval mode without gradients; the modules' modes and the RNG states are put
   back, so training is the same with and without the meter.
 
-Installed by the components that declare the flags (config.ForgettingMeterConfig), once per process: the
-plug-in's optimizers when they are built, the GLUE criteria when fairseq first puts them in training mode
-(glue_core.ChecksPathsWhenTraining: not in fairseq-validate, which rebuilds criteria from a checkpoint).
+Installed by ``meters.install`` from the components that declare the flags (config.ForgettingMeterConfig), once per
+process: the plug-in's optimizers when they are built, the GLUE criteria when fairseq first puts them in training
+mode (glue_core.ChecksPathsWhenTraining: not in fairseq-validate, which rebuilds criteria from a checkpoint).
 """
 
-import json
 import logging
 import math
 import os
-from contextlib import contextmanager
 from typing import Dict, Optional
 
 import numpy as np
-import torch
-from fairseq.logging import metrics
 
-from . import events, report
-from .anchor_source import restore_path
-from .core import anchor
-from .core import probes
-from .core.errors import ConfigError
-from .core.forgetting import BUDGET_PREFIX, changes, forgetting, within_budget
-from .core.wrappers import unwrap_model
+from ..core import anchor
+from ..core import probes
+from ..core.errors import ConfigError
+from ..core.forgetting import BUDGET_PREFIX, changes, forgetting, within_budget
+from ..core.wrappers import unwrap_model
+from ..plumbing import events
+from ..plumbing.anchor_source import restore_path
+from ..plumbing.metrics import log_forgetting_budget, log_forgetting_metrics
+from .measuring import measuring, updates_done, values_at_theta_star
 
 logger = logging.getLogger(__name__)
 
@@ -129,24 +127,6 @@ def load_probe(probe: str, kind: str) -> dict:
     return out
 
 
-@contextmanager
-def measuring(model: torch.nn.Module):
-    """Eval mode, no gradients; afterwards every module's mode and the RNG states as they were."""
-    modes = [(m, m.training) for m in model.modules()]
-    cpu = torch.get_rng_state()
-    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() and torch.cuda.is_initialized() else None
-    model.eval()
-    try:
-        with torch.no_grad():
-            yield
-    finally:
-        for m, mode in modes:
-            m.training = mode
-        torch.set_rng_state(cpu)
-        if cuda is not None:
-            torch.cuda.set_rng_state_all(cuda)
-
-
 class ForgettingMeter:
     def __init__(self, cfg, data: dict):
         self.cfg, self.data = cfg, data
@@ -237,24 +217,17 @@ class ForgettingMeter:
 
     def log(self, model) -> None:
         """At the start of a validation subset: measured once per update (MNLI's valid and valid1 share it); with
-        --forgetting-budget, the metric checkpoint_best.pt follows (report.log_forgetting_budget)."""
+        --forgetting-budget, the metric checkpoint_best.pt follows (plumbing/metrics.log_forgetting_budget)."""
         upd = updates_done()
         if self.last is None or self.last[0] != upd:
             self.last = (upd, self.measure(model))
-        report.log_forgetting_metrics(self.last[1], self.start_values)
+        log_forgetting_metrics(self.last[1], self.start_values)
         budget = getattr(self.cfg, "forgetting_budget", None)
         best, maximize = best_metric(self.cfg)
         if budget is not None and best is not None:
             forgot = forgetting(changes(self.last[1], self.start_values))
-            report.log_forgetting_budget(float(budget), best[len(BUDGET_PREFIX):],
+            log_forgetting_budget(float(budget), best[len(BUDGET_PREFIX):],
                                          within_budget(None if forgot is None else forgot[1], float(budget)), maximize)
-
-
-def updates_done() -> Optional[int]:
-    """fairseq's update count during a validation, whose fresh root aggregator hides it from
-    events.update_number(): its "default" aggregator, which the Trainer logs num_updates into."""
-    meter = metrics.get_meter("default", "num_updates")
-    return None if meter is None or meter.val is None else int(meter.val)
 
 
 def untrained(head) -> bool:
@@ -266,37 +239,3 @@ def at_init(bias, ln_weight, ln_bias) -> bool:
     """An LM head exactly at fairseq's init (bias 0, layer norm 1 and 0): a checkpoint without one
     (tools/convert_bert.py fills them so); a trained head never has all of these."""
     return not bool(bias.any()) and bool((ln_weight == 1).all()) and not bool(ln_bias.any())
-
-
-def values_at_theta_star(path: str, ident: dict, measure, what: str, without: str):
-    """The values ``what`` names, at θ*: from ``path`` when it was written for this run (``ident``: what they
-    depend on; a resume), else measured now, before update 1, and written there; None (a warning) for a run
-    resumed without the file."""
-    saved = read_state(path)
-    if saved is not None and saved.get("identity") == ident:
-        logger.info(f"{what} from {path}: {saved['start']}")
-        return saved["start"]
-    if events.update_number() == 0:
-        values = measure()
-        write_state(path, {"identity": ident, "start": values})
-        logger.info(f"{what} (before update 1): {values}")
-        return values
-    logger.warning(f"{what.split(':')[0]}: resumed at update {events.update_number()} without {path}: {without}")
-    return None
-
-
-def read_state(path: str) -> Optional[dict]:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except (OSError, ValueError):
-        return None
-
-
-def write_state(path: str, state: dict) -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_rank():
-        return  # rank 0 writes it
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    with open(path + ".tmp", "w", encoding="utf-8") as f:
-        json.dump(state, f, indent=2)
-    os.replace(path + ".tmp", path)

@@ -2,7 +2,7 @@
 
 - ``--ewc-fisher task``: the empirical Fisher (1/N)·Σ_i g_i² of the training set at θ*, from per-example
   gradients of N examples (``--ewc-fisher-examples`` per rank, fairseq's batches in epoch-1 order, as
-  ChildTuning-D's passes take them: ``optim/child_tuning.train_batches``), computed at the criterion's
+  ChildTuning-D's passes take them: ``plumbing/batches.train_batches``), computed at the criterion's
   first training call, before update 1. The model is in eval mode (no dropout: F of θ*'s function, not of
   a dropout draw); the RNG and the gradients are left as they were. Ranks' sums are added.
 - ``--ewc-fisher PATH``: a file of ``scripts/fisher.py`` (the same passes, once, reused across runs; with
@@ -20,12 +20,13 @@ import torch
 import torch.distributed as dist
 from fairseq.distributed import utils as distributed_utils
 
-from .config import FISHER_DTYPES
-from .core import ewc
-from .core.anchor import trainable_named_parameters
-from .core.errors import ConfigError
-from .core.wrappers import unwrap_model
-from .criterions.glue_core import criterion_name, per_example_loss_of
+from ..core import ewc
+from ..core.anchor import trainable_named_parameters
+from ..core.errors import ConfigError
+from ..core.wrappers import unwrap_model
+from ..plumbing.batches import prepare, train_batches
+from ..plumbing.config import FISHER_DTYPES
+from .glue_core import criterion_name, per_example_loss_of
 
 logger = logging.getLogger(__name__)
 
@@ -127,8 +128,6 @@ def seq2seq_per_example(criterion):
 def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[Dict[str, torch.Tensor], int]:
     """{name: (1/N)·Σ_i g_i²} over the model's trainable parameters, N = the examples taken (``examples`` per
     rank, 0: all), summed over ranks; and N."""
-    from .optim.child_tuning import prepare, train_batches  # the batches ChildTuning-D's passes take
-
     inner = unwrap_model(model)
     per_example = (per_example_loss_of(criterion) or masked_lm_per_example(criterion)
                    or seq2seq_per_example(criterion))

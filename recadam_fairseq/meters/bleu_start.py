@@ -6,7 +6,7 @@ with ``bleu_delta`` = ``bleu`` − ``bleu_start`` (on the original domain's subs
   through ``task.valid_step`` (``--eval-bleu``'s generation and sacrebleu n-gram counts) and
   ``task.reduce_metrics`` (fairseq's ``bleu``, rounded to 2 decimals) in a throwaway metrics root, batched as
   fairseq's Trainer batches validation (``get_valid_iterator``'s settings), on the unwrapped model in eval mode;
-  the modules' modes and the RNG states are put back (forgetting_meter.measuring), so training is unchanged.
+  the modules' modes and the RNG states are put back (measuring.measuring), so training is unchanged.
 - Every rank measures the whole subset (no sharding, no collective): the same numbers on every rank.
 - Kept in ``SAVE_DIR/bleu_start.json`` with what it depends on (the pretrained file, the data, the subsets,
   the --eval-bleu settings): a resumed run reads it there and never recomputes it; a run resumed without it
@@ -16,22 +16,22 @@ with ``bleu_delta`` = ``bleu`` − ``bleu_start`` (on the original domain's subs
   update changed is the n-th subset that has a batch. ``bleu_delta`` is derived from fairseq's ``bleu`` when
   the logs are written (``metrics.log_derived``), as fairseq derives ``bleu`` itself.
 
-Installed by the plug-in's seq2seq criteria (``label_smoothed_cross_entropy_rdrop``, ``_r3f``, ``_recadam``) when
-fairseq first puts them in training mode (not in fairseq-validate).
+Installed by ``meters.install`` from the plug-in's seq2seq criteria (``label_smoothed_cross_entropy_rdrop``, ``_r3f``,
+``_recadam``: ``meters.InstallsWhenTraining``) when fairseq first puts them in training mode (not in fairseq-validate).
 """
 
 import logging
 import os
 from typing import Dict, List, Optional
 
-import torch
 from fairseq import utils
 from fairseq.logging import metrics
 
-from . import events, report
-from .core.errors import ConfigError
-from .core.wrappers import unwrap_model
-from .forgetting_meter import measuring, updates_done, values_at_theta_star
+from ..core.errors import ConfigError
+from ..core.wrappers import unwrap_model
+from ..plumbing import events
+from ..plumbing.metrics import BLEU_PASS_MARKER, log_bleu_start
+from .measuring import measuring, updates_done, values_at_theta_star
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +116,7 @@ class BleuStart:
                                            "--eval-bleu-start: BLEU at θ*", "no bleu_start, no bleu_delta")
         if self.values is None:
             return
-        events.on_validation(criterion, report.BLEU_PASS_MARKER, lambda crit, args: self.log())
+        events.on_validation(criterion, BLEU_PASS_MARKER, lambda crit, args: self.log())
 
     def log(self) -> None:
         """At the start of a subset's validation pass: which subset it is, by its place in fairseq's order."""
@@ -126,19 +126,5 @@ class BleuStart:
             seen = 0
         self.pass_at = (now, seen + 1)
         subset = self.order[seen] if seen < len(self.order) else None
-        report.log_bleu_start(self.values.get(subset))
+        log_bleu_start(self.values.get(subset))
 
-
-class InstallsWhenTraining:
-    """Mixed into the seq2seq criteria, which keep their config in ``bleu_start_cfg``: installed when fairseq's
-    Trainer first puts the criterion in training mode, before update 1 (fairseq-validate, which rebuilds criteria
-    from a checkpoint's config, never does)."""
-
-    bleu_start_cfg = None
-
-    def train(self, mode: bool = True):
-        cfg = self.bleu_start_cfg
-        if mode and cfg is not None:
-            self.bleu_start_cfg = None
-            install(cfg, self.task)
-        return super().train(mode)

@@ -40,8 +40,8 @@ MULTITASK_METHODS are allowed.
 
 from typing import Dict, List, Optional, Tuple
 
-from .. import catalogue
-from ..engine.settings import METHODS, SPEC_EXCLUDED, fmt
+from recadam_fairseq import catalogue
+from recadam_fairseq.engine.settings import METHODS, SPEC_EXCLUDED, fmt
 
 # knobs a spec does not vary: their flags at these values (those left out add no flag)
 # (EWC's F: the task's, which ewc_fisher.py swaps for the task's one shared file)

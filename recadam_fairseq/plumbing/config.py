@@ -10,11 +10,11 @@ from typing import Optional
 from fairseq.dataclass import ChoiceEnum, FairseqDataclass
 from omegaconf import II
 
-from .core.anneal import ANNEAL_FUNS
-from .core.child_tuning import MODES as CHILD_TUNING_MODES
-from .core.errors import ConfigError
-from .core.r3f import NOISE_TYPES
-from .core.sam import SAM_TYPES
+from ..core.anneal import ANNEAL_FUNS
+from ..core.child_tuning import MODES as CHILD_TUNING_MODES
+from ..core.errors import ConfigError
+from ..core.r3f import NOISE_TYPES
+from ..core.sam import SAM_TYPES
 
 ANCHOR_DTYPES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
@@ -98,7 +98,7 @@ def check_anneal(cfg) -> None:
 
 @dataclass
 class ForgettingMeterConfig(CheckpointPaths, BestCheckpointMetric):
-    """The forgetting meter (forgetting_meter.py): read by the GLUE criteria and the plug-in's optimizers
+    """The forgetting meter (meters/forgetting_meter.py): read by the GLUE criteria and the plug-in's optimizers
     (recadam, samsgd), so any GLUE run has it whichever of the two is fairseq's own."""
 
     forgetting_probe: Optional[str] = field(
@@ -124,7 +124,7 @@ class ForgettingMeterConfig(CheckpointPaths, BestCheckpointMetric):
 
 @dataclass
 class BleuStartConfig(CheckpointPaths):
-    """Forgetting in BLEU (bleu_start.py): read by the plug-in's seq2seq criteria. The rest are fairseq's dataset
+    """Forgetting in BLEU (meters/bleu_start.py): read by the plug-in's seq2seq criteria. The rest are fairseq's dataset
     flags, read so θ*'s validation is batched as the Trainer's."""
 
     eval_bleu_start: bool = field(

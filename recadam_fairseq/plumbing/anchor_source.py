@@ -14,9 +14,9 @@ from fairseq.criterions import CRITERION_DATACLASS_REGISTRY, CRITERION_REGISTRY
 from fairseq.optim import OPTIMIZER_DATACLASS_REGISTRY, OPTIMIZER_REGISTRY
 
 from .config import RecAdamHyperparams
-from .core import anchor
-from .core.anchor import AnchorError
-from .core.wrappers import unwrap_model
+from ..core import anchor
+from ..core.anchor import AnchorError
+from ..core.wrappers import unwrap_model
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ import os
 import sys
 from typing import Optional
 
-from .core.errors import ConfigError
+from ..core.errors import ConfigError
 
 
 def ours(exc: Optional[BaseException]) -> Optional[ConfigError]:
@@ -77,7 +77,7 @@ def _checkpoint_load_error(exc: BaseException) -> Optional[str]:
     """fairseq's own load of a checkpoint file (checkpoint_utils.load_checkpoint_to_cpu) failed: the file, and
     why in core/checkpoint_file.py's words (refused, cut short, not a fairseq checkpoint), or what fairseq
     could not read in it."""
-    from .core import checkpoint_file
+    from ..core import checkpoint_file
 
     tb = exc.__traceback__
     while tb is not None:

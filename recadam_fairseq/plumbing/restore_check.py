@@ -15,8 +15,8 @@ import os
 import sys
 from typing import Dict, List, Tuple
 
-from . import safe_globals  # noqa: F401  (the types fairseq pickles)
-from .core import checkpoint_file
+from .. import safe_globals  # noqa: F401  (the types fairseq pickles)
+from ..core import checkpoint_file
 
 FLAGS = {"--restore-file": "checkpoint.restore_file", "--finetune-from-model": "checkpoint.finetune_from_model",
          "--save-dir": "checkpoint.save_dir"}

@@ -4,8 +4,8 @@ import math
 
 from fairseq.logging import metrics
 
-from .core import forgetting
-from .core.errors import ConfigError
+from ..core import forgetting
+from ..core.errors import ConfigError
 
 RECADAM_METRICS = ("recadam_lambda", "recadam_dist", "recadam_penalty")
 
@@ -39,7 +39,7 @@ def log_sam_metrics(rho: float, eps_norm: float, mask_frac: float, sharpness: fl
 
 def log_forgetting_metrics(values: dict, start: dict = None) -> None:
     """The forgetting meter's probe values as ``fgt_<name>`` and, with θ*'s values, ``fgt_<name>_delta`` (now −
-    at θ*), logged once per validation pass into its aggregator (forgetting_meter.py)."""
+    at θ*), logged once per validation pass into its aggregator (meters/forgetting_meter.py)."""
     for priority, (name, value) in enumerate(values.items()):
         metrics.log_scalar(f"fgt_{name}", value, priority=340 + 2 * priority, round=forgetting.ROUND)
         if start is not None and name in start:
@@ -68,7 +68,7 @@ BLEU_PASS_MARKER = "_bleu_start_pass"  # hidden ("_"): marks a validation pass a
 
 
 def log_bleu_start(start: float = None) -> None:
-    """``bleu_start``, a subset's BLEU at θ* (bleu_start.py), and ``bleu_delta`` = fairseq's ``bleu`` − it, derived
+    """``bleu_start``, a subset's BLEU at θ* (meters/bleu_start.py), and ``bleu_delta`` = fairseq's ``bleu`` − it, derived
     when the pass's logs are written (fairseq derives ``bleu`` so too), both to fairseq's 2 decimals; logged once
     per validation pass into its aggregator."""
     metrics.log_scalar(BLEU_PASS_MARKER, 1)
