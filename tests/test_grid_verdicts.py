@@ -254,30 +254,37 @@ def test_a_run_of_no_catalogue_method_gets_no_verdicts(tmp_path, capsys):
 
 
 def test_the_executor_runs_every_job_and_reports_every_failure_at_the_end():
-    """engine/execute.py (both comparisons' plans): results in the plan's order whatever the start order,
-    on_done in start order, a failed run does not stop the others, and every failure's text is in the error."""
+    """engine/execute.py (both comparisons' plans): results in the plan's order whatever the start order, each
+    run recorded (on_done) as it ends, a failed run does not stop the others and every failure's text is in the
+    error; a bug (any other exception) stops the plan: the runs not started yet never start."""
     import threading
 
     from recadam_fairseq.engine.execute import RunError, execute
 
-    started, done, gate = [], [], threading.Event()
+    started, done, recorded = [], [], threading.Event()
 
-    def job(i, fail=False):
+    def job(i, fail=None):
         def run(say):
             started.append(i)
-            if i == 2:  # the first started waits for the second: two at a time really run side by side
-                assert gate.wait(10), "the second job never started beside the first"
-            if i == 0:
-                gate.set()
+            if i == 2:  # started first, it ends only once run 0, beside it, has ended and been recorded
+                assert recorded.wait(10), "run 0 did not run beside it, or was not recorded as it ended"
             if fail:
-                raise RunError(f"run {i} failed")
+                raise fail(f"run {i} failed")
             return i * 10
         return run
 
-    assert execute([job(0), job(1), job(2)], jobs=2, order=[2, 0, 1],
-                   on_done=lambda i, r: done.append((i, r))) == [0, 10, 20]
-    assert started[:2] in ([2, 0], [0, 2]) and done == [(2, 20), (0, 0), (1, 10)]
+    def on_done(i, r, say):
+        done.append((i, r))
+        if i == 0:
+            recorded.set()
+
+    assert execute([job(0), job(1), job(2)], jobs=2, order=[2, 0, 1], on_done=on_done) == [0, 10, 20]
+    assert sorted(started[:2]) == [0, 2] and done[0] == (0, 0) and sorted(done) == [(0, 0), (1, 10), (2, 20)]
     started.clear()
     with pytest.raises(RunError) as e:
-        execute([job(0, fail=True), job(1), job(3, fail=True)], jobs=1, on_done=lambda i, r: done.append(i))
+        execute([job(0, RunError), job(1), job(3, RunError)], jobs=1)
     assert started == [0, 1, 3] and str(e.value) == "run 0 failed\n\nrun 3 failed"
+    started.clear()
+    with pytest.raises(KeyError):
+        execute([job(0, KeyError), job(1), job(3)], jobs=1)
+    assert started == [0]

@@ -1,19 +1,19 @@
 """One run of one setting and seed: its fairseq-train command, the run, measure.py on its checkpoints, and
 the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --jobs at a time."""
 
+import functools
 import os
 import shlex
-import functools
 import subprocess
 import sys
 import time
 
 from recadam_fairseq.compare import measure, methods
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, USER_DIR, read_json, rel, write_json
-from recadam_fairseq.compare.methods import fmt
 from recadam_fairseq.compare.plan import early_points, planned_runs
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.engine.fairseq_log import read_log
+from recadam_fairseq.engine.settings import fmt
 
 
 def fairseq_train():
@@ -267,7 +267,7 @@ def run_all(ctx, grid, on_done=None):
                                                     -methods.method_of(todo[i][0]).cost))
     results = [None] * len(todo)
 
-    def done(i, res):
+    def done(i, res, say):
         results[i] = res
         if on_done:
             on_done([r for r in results if r is not None], len(todo))

@@ -35,8 +35,8 @@ from recadam_fairseq import catalogue
 from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
 from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import OTHERS, to_float
-from recadam_fairseq.engine.fairseq_log import parse_log
 from recadam_fairseq.engine.execute import RunError, execute
+from recadam_fairseq.engine.fairseq_log import parse_log
 
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
@@ -98,7 +98,7 @@ def run(cmd, logfile=None, env=None):
         proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise RunError(f"seq2seq-compare: failed ({proc.returncode}): {shlex.join(cmd)}"
-                         + (f" (see {logfile})" if logfile else ""))
+                       + (f" (see {logfile})" if logfile else ""))
 
 
 def arch_flags():
@@ -177,7 +177,7 @@ def last_bleu(run_dir, updates):
     return {"valid": float(at[-1]["bleu"]), "test": float(at[-1][OTHERS]["test"]["bleu"])}
 
 
-def finetune(args, data, label, method, extra, seed, fisher, say=log):
+def finetune(args, data, label, method, extra, seed, fisher, say=print):
     """One run through scripts/seq2seq/finetune.sh; its record."""
     extra = [x.format(fisher=rel(fisher)) for x in extra]
     env = finetune_env(args, data, seed, label)
@@ -209,11 +209,10 @@ def wise_points(args, data, rec, done):
         if a in done:
             out.append(done[a])
             continue
-        mixed = os.path.join(wdir, f"alpha{a}.pt")
-        if not os.path.isfile(mixed):
-            run([env_python(), "scripts/interpolate.py", rel(ckpt), "--pretrained",
-                 rel(os.path.join(data, "pretrained.pt")), "--alpha", str(a), "--out", rel(mixed)],
-                os.path.join(wdir, "interpolate.log"))
+        mixed = os.path.join(wdir, f"alpha{a}.pt")  # made again: a file left here may mix a run since changed
+        run([env_python(), "scripts/interpolate.py", rel(ckpt), "--pretrained",
+             rel(os.path.join(data, "pretrained.pt")), "--alpha", str(a), "--out", rel(mixed)],
+            os.path.join(wdir, "interpolate.log"))
         bleu, cmd = validate(args, data, mixed, os.path.join(wdir, f"alpha{a}.log"))
         out.append({"label": rec["label"], "seed": rec["seed"], "alpha": a, "bleu_b": bleu["valid"],
                     "bleu_a": bleu["test"]})
@@ -267,12 +266,12 @@ def compare(args):
         done = {k[2]: v for k, v in recorded_wise.items() if k[:2] == (label, seed)} if same else {}
         return rec, wise_points(args, data, rec, done) if label in WISE else []
 
-    def record(i, result):
+    def record(i, result, say):
         rec, points = result
         label, seed = rec["label"], rec["seed"]
-        log(f"{label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
+        say(f"seq2seq-compare: {label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
         runs[(label, seed)] = rec
-        for k in [k for k in wise if k[:2] == (label, seed)]:  # a new or changed run's points replace its old ones
+        for k in [k for k in wise if k[:2] == (label, seed)]:  # the run's points at --alphas replace those recorded
             del wise[k]
         wise.update({(label, seed, w["alpha"]): w for w in points})
         res["runs"] = [runs[k] for k in sorted(runs, key=order_key)]
