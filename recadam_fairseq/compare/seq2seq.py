@@ -29,8 +29,6 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 from recadam_fairseq import catalogue
 from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
 from recadam_fairseq.engine import verdicts
@@ -327,21 +325,6 @@ def knobs(label, s):
     return {k: catalogue.KNOBS[k].type(given.get(k, v)) for k, v in m.defaults().items()}
 
 
-def wise_curves(res):
-    """{label: [(α, mean B, mean A)]} with α = 0 (θ*) and α = 1 (the run) at the ends."""
-    out = {}
-    for label in dict.fromkeys(w["label"] for w in res.get("wise", [])):
-        seeds = sorted({w["seed"] for w in res["wise"] if w["label"] == label})
-        pts = [(0.0, res["pretrained"]["bleu_b"], res["pretrained"]["bleu_a"])]
-        for a in sorted({w["alpha"] for w in res["wise"] if w["label"] == label}):
-            ws = [w for w in res["wise"] if w["label"] == label and w["alpha"] == a]
-            pts.append((a, float(np.mean([w["bleu_b"] for w in ws])), float(np.mean([w["bleu_a"] for w in ws]))))
-        rs = [r for r in res["runs"] if r["label"] == label and r["seed"] in seeds]
-        pts.append((1.0, float(np.mean([r["bleu_b"] for r in rs])), float(np.mean([r["bleu_a"] for r in rs]))))
-        out[label] = pts
-    return out
-
-
 def describe(label, res):
     s = res["settings"]
     m = catalogue.get(dict((x[0], x[1]) for x in METHODS).get(label, label))
@@ -354,7 +337,6 @@ def describe(label, res):
 
 def write_report(res, docs):
     a = answer(res)
-    curves = wise_curves(res)
     pre = res["pretrained"]
     s = res["settings"]
     d = res["data"]
@@ -384,16 +366,10 @@ def write_report(res, docs):
         "no other method has a higher BLEU on B and less forgetting.",
         "",
     ]
-    lines += verdicts.task_markdown(a)
+    lines += verdicts.task_markdown(a, "each seed's last weights mixed with θ* (`scripts/interpolate.py`), "
+                                       "scored with `fairseq-validate`")
     lines += ["The methods' settings: " + "; ".join(describe(r["name"], res) for r in a["rows"]) + ".", ""]
-    if curves:
-        lines += ["WiSE-FT: (1 − α)·θ* + α·θ_run of the last weights (`scripts/interpolate.py`), scored with "
-                  "`fairseq-validate`; the mean over seeds (α = 0: θ*, α = 1: the run).", "",
-                  "| run | " + " | ".join(f"α = {a:g}" for a, _, _ in next(iter(curves.values()))) + " |",
-                  "|---|" + "---|" * len(next(iter(curves.values())))]
-        for label, pts in curves.items():
-            lines.append(f"| {label}: BLEU B / A | " + " | ".join(f"{fmt(b)} / {fmt(y)}" for _, b, y in pts) + " |")
-    lines += ["", "![BLEU on B against the fall of BLEU on A](seq2seq-comparison.png)", "",
+    lines += ["![BLEU on B against the fall of BLEU on A](seq2seq-comparison.png)", "",
               "Each run (seed, method, BLEU B, BLEU A):", ""]
     for r in res["runs"]:
         lines.append(f"- {r['label']} seed {r['seed']}: {fmt(r['bleu_b'])}, {fmt(r['bleu_a'])} (`{r['run_dir']}`)")
