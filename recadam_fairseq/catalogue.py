@@ -329,7 +329,8 @@ _RECORDS: List[object] = [
                           default=False))),
     Method("recadam-coupled", "the authors' coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² in the loss, over "
            "fairseq's adam", "adam", knobs=RECADAM_KNOBS, criterion="sentence_prediction_recadam",
-           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md", translation=True, bench=(Variant("gpu", values=(("gamma", "5"),), base="adam"),)),
+           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md", translation=True,
+           bench=(Variant("gpu", values=(("gamma", "5"),), base="adam"),)),
     Method("recadam-random-init", "RecAdam from random weights (no --restore-file): the pull recalls θ* (the "
            "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
            page="recadam.md"),
@@ -394,7 +395,8 @@ _RECORDS: List[object] = [
            bench=(Variant("regularisers", "childtune-f 0.3"),)),
     _plus("childtune-d", bench=(GPU, Variant("regularisers", "recadam+childtune-d 0.3"))),
     Method("rdrop", "R-Drop: two dropout passes and their symmetric KL (Liang et al. 2021)", "adam",
-           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md", cost=2, translation=True, bench=(GPU, Variant("regularisers", "rdrop 1", (("alpha", "1"),)))),
+           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md", cost=2, translation=True,
+           bench=(GPU, Variant("regularisers", "rdrop 1", (("alpha", "1"),)))),
     _plus("rdrop", translation=True,
           bench=(GPU, Variant("regularisers", "recadam+rdrop 1", (("alpha", "1"),)))),
 ]

@@ -268,7 +268,6 @@ c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("thr
 """
 # what the comparisons and the docs' tables make of it, in one interpreter
 PROBE = """\
-import ast
 import json
 from recadam_fairseq.__main__ import RENDER
 from recadam_fairseq.compare import plan, seq2seq

@@ -372,3 +372,41 @@ def test_finetune_sh_passes_the_probe_and_summarize_picks_within_a_budget(tiny, 
         (row,) = csv.DictReader(f)
     assert (float(row["best"]), int(row["best_update"]), float(row["forgetting"])) == (70, 8, 0.1)  # not 80 at 4
     assert "## Forgetting at the chosen validation" in (out / "summary.md").read_text()
+
+
+def test_wise_ft_points_score_as_the_run_scored_itself(runs, tmp_path, monkeypatch):
+    """summarize.py --wise-ft (tools/wise_points.py): at α = 1 a checkpoint's point is what the run logged at its
+    update (fairseq's validation; the meter against the values at θ* the run kept), at α = 0 θ* forgets nothing; a
+    checkpoint's points are measured once; summarize.py scores Adam's chosen checkpoint and judges the points."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+    from recadam_fairseq.tools import wise_points
+
+    recs = valid_records(runs["log_mlm"][1])
+    run = tmp_path / "runs" / "SST-2" / "adam" / "seed1"  # the mlm run (Adam, w = 0) as a grid's run
+    shutil.copytree(runs["root"] / "mlm", run)
+    (run / "train.log").write_text(runs["log_mlm"][1])
+    (run / "done").write_text("")
+    out = wise_points.points(str(run), str(run / "checkpoint_1_8.pt"), [1.0, 0.0])
+    theta_star, at_8 = out["points"]
+    assert at_8["metrics"]["accuracy"] == float(recs[8]["valid_accuracy"])
+    assert at_8["forgetting"] == pytest.approx(float(recs[8]["valid_fgt_mlm_loss_delta"]), abs=2e-5) != 0
+    assert theta_star["forgetting"] == pytest.approx(0.0, abs=2e-5)
+    monkeypatch.setattr(wise_points, "load", lambda *a: pytest.fail("a recorded point was measured again"))
+    assert wise_points.points(str(run), str(run / "checkpoint_1_8.pt"), [0.0, 1.0]) == out
+
+    subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "glue", "summarize.py"), str(tmp_path / "runs"),
+                    "--wise-ft", "0.5"], check=True, capture_output=True)
+    with open(run / "wise-ft.json") as f:
+        saved = json.load(f)
+    (point,) = saved["points"]
+    # the run was trained with a budget: its checkpoint_best.pt holds the validation the summary picks
+    assert saved["identity"]["checkpoint"] == "checkpoint_best.pt" and point["alpha"] == 0.5
+    md = (tmp_path / "runs" / "summary.md").read_text()
+    assert (f"| adam | 0.5 | 1 | {point['metrics']['accuracy']:.2f} ± 0.00 | {point['forgetting']:+.4f} ± 0.0000 |"
+            in md), md
+    assert (tmp_path / "runs" / "forgetting-SST-2.png").is_file()

@@ -5,6 +5,7 @@ a gap counts beyond twice its standard error over the seeds, at least a floor), 
 without a probe unchanged. No training: milliseconds, the figures a second or two."""
 
 import csv
+import json
 import math
 import os
 import subprocess
@@ -74,6 +75,29 @@ def test_verdicts_by_hand(grid):
     # Adam's curve: the mean over its seeds at each validation
     assert [(c["stopped_at"], c["target_accuracy"], round(-c["forgetting"], 6)) for c in a["curve"]] == [
         (4, 71.0, 0.04), (8, 77.0, 0.08), (12, 81.0, 0.11)]
+
+
+def test_wise_ft_points_join_adam_s_row_over_its_seeds(grid):
+    """summarize.py --wise-ft's points (each run's wise-ft.json, for the checkpoint the summary picks): per α the mean
+    ± std over Adam's seeds, judged against Adam by the rule (here by hand), in summary.md's section."""
+    root, _ = grid
+    for seed, (acc, fgt) in {1: (76.0, 0.02), 2: (78.0, 0.04)}.items():
+        run = os.path.join(root, "SST-2", "adam", f"seed{seed}")
+        open(os.path.join(run, "checkpoint_1_12.pt"), "w").close()  # the best validation's weights, kept
+        with open(os.path.join(run, "train.log"), "a") as f:
+            f.write(f"2026-01-01 | INFO | fairseq.checkpoint_utils | Saved checkpoint {run}/checkpoint_1_12.pt "
+                    "(epoch 1 @ 12 updates, score 80.0) (writing took 0.1 seconds)\n")
+        with open(os.path.join(run, "wise-ft.json"), "w") as f:
+            json.dump({"identity": {"checkpoint": "checkpoint_1_12.pt"}, "points": [
+                {"alpha": 0.5, "metrics": {"accuracy": acc, "loss": 0.5}, "forgetting": fgt}]}, f)
+    runs = [r for d in find_runs(root) for r in read_runs(d, root)]
+    (a,) = verdicts.answer(runs, root).values()
+    (p,) = a["adam"]["interpolated"]
+    assert (p["alpha"], p["seeds"], p["target_accuracy"], -p["forgetting"]) == (0.5, [1, 2], 77.0, pytest.approx(0.03))
+    # against Adam (81 ± 1.41, 0.11 ± 0.014): 4 points below, beyond 2·√(1 + 1); 0.08 bits less, beyond 2·√2·0.01
+    assert (p["keeps_accuracy"], p["forgets_less"]) == (False, True)
+    assert "| adam | 0.5 | 2 | 77.00 ± 1.41 | +0.0300 ± 0.0141 | -4.00 | -0.0800 | no | yes |" in "\n".join(
+        verdicts.markdown({"SST-2": a}))
 
 
 def test_summarize_writes_the_plot_and_the_verdicts(grid, capsys):
@@ -254,30 +278,37 @@ def test_a_run_of_no_catalogue_method_gets_no_verdicts(tmp_path, capsys):
 
 
 def test_the_executor_runs_every_job_and_reports_every_failure_at_the_end():
-    """engine/execute.py (both comparisons' plans): results in the plan's order whatever the start order,
-    on_done in start order, a failed run does not stop the others, and every failure's text is in the error."""
+    """engine/execute.py (both comparisons' plans): results in the plan's order whatever the start order, each
+    run recorded (on_done) as it ends, a failed run does not stop the others and every failure's text is in the
+    error; a bug (any other exception) stops the plan: the runs not started yet never start."""
     import threading
 
     from recadam_fairseq.engine.execute import RunError, execute
 
-    started, done, gate = [], [], threading.Event()
+    started, done, recorded = [], [], threading.Event()
 
-    def job(i, fail=False):
+    def job(i, fail=None):
         def run(say):
             started.append(i)
-            if i == 2:  # the first started waits for the second: two at a time really run side by side
-                assert gate.wait(10), "the second job never started beside the first"
-            if i == 0:
-                gate.set()
+            if i == 2:  # started first, it ends only once run 0, beside it, has ended and been recorded
+                assert recorded.wait(10), "run 0 did not run beside it, or was not recorded as it ended"
             if fail:
-                raise RunError(f"run {i} failed")
+                raise fail(f"run {i} failed")
             return i * 10
         return run
 
-    assert execute([job(0), job(1), job(2)], jobs=2, order=[2, 0, 1],
-                   on_done=lambda i, r: done.append((i, r))) == [0, 10, 20]
-    assert started[:2] in ([2, 0], [0, 2]) and done == [(2, 20), (0, 0), (1, 10)]
+    def on_done(i, r, say):
+        done.append((i, r))
+        if i == 0:
+            recorded.set()
+
+    assert execute([job(0), job(1), job(2)], jobs=2, order=[2, 0, 1], on_done=on_done) == [0, 10, 20]
+    assert sorted(started[:2]) == [0, 2] and done[0] == (0, 0) and sorted(done) == [(0, 0), (1, 10), (2, 20)]
     started.clear()
     with pytest.raises(RunError) as e:
-        execute([job(0, fail=True), job(1), job(3, fail=True)], jobs=1, on_done=lambda i, r: done.append(i))
+        execute([job(0, RunError), job(1), job(3, RunError)], jobs=1)
     assert started == [0, 1, 3] and str(e.value) == "run 0 failed\n\nrun 3 failed"
+    started.clear()
+    with pytest.raises(KeyError):
+        execute([job(0, KeyError), job(1), job(3)], jobs=1)
+    assert started == [0]

@@ -133,7 +133,8 @@ def build_parser():
                          "per task shared by their runs (recadam_fairseq/compare/ewc_fisher.py); 0: all")
     ap.add_argument("--keep-checkpoints", action="store_true", help="keep the measured checkpoints")
     ap.add_argument("--report-only", action="store_true",
-                    help="start no run: write the table and plot from the runs finished so far (a partial table says so)")
+                    help="start no run: write the table and plot from the runs finished so far (a partial table says "
+                         "so), with the pretrained model's measurements and EWC's Fisher as RESULTS.json recorded them")
     ap.add_argument("--fresh", action="store_true",
                     help="do not reuse the runs recorded in RESULTS.json (runs in WORK are still reused)")
     return ap
@@ -230,6 +231,9 @@ def main(argv=None):
 
     # 4. the runs (those recorded in RESULTS.json with the same command and data are reused)
     prior = None if args.fresh else read_json(args.results + ".json")
+    recorded = args.report_only and prior  # the recorded report again: θ*'s figures as measured when the runs were
+    if recorded:  # (another CPU rounds them differently), the time the report took when it was written
+        base, conversion = prior["pretrained"], prior["conversion"]
     ctx = RunContext(opts=args, runs_dir=task_dirs(args.work, args.task)[1],
                      data_key=json.dumps(data.data_settings(args), sort_keys=True),
                      prior={(r["name"], r["seed"]): r for r in (prior or {}).get("runs", [])},
@@ -242,14 +246,16 @@ def main(argv=None):
 
     def write(runs, total, final=False):
         with lock:
-            return report(args, runs, total, base, conversion, info, command.strip(), time.time() - t_start, final)
+            wall = prior["wall_seconds"] if recorded and "wall_seconds" in prior else time.time() - t_start
+            return report(args, runs, total, base, conversion, info, command.strip(), wall, final)
 
     try:
         for s in grid:  # every spec builds its command before anything runs
             methods.flags(s, ctx.num_layers, ctx.mt_task, ctx.multitask)
         ctx = ewc_fisher.ensure(ctx, grid, lambda text: print(text, flush=True))
         if ctx.fisher:
-            info = dict(info, ewc_fisher=read_json(ewc_fisher.beside(ctx.fisher, ".json")))
+            kept = prior["data"].get("ewc_fisher") if recorded else None
+            info = dict(info, ewc_fisher=read_json(ewc_fisher.beside(ctx.fisher, ".json")) or kept)
         runs = run_all(ctx, grid, on_done=write)
     except (methods.MethodError, RunError) as e:
         sys.exit(f"run.py: error: {e}")

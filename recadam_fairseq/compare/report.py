@@ -6,9 +6,9 @@ import os
 import numpy as np
 
 from recadam_fairseq.compare import plan
+from recadam_fairseq.compare.files import write_json
 from recadam_fairseq.engine import methods, plot
 from recadam_fairseq.engine.settings import fmt
-from recadam_fairseq.compare.files import write_json
 from recadam_fairseq.engine.stats import beats_adam, compute_seconds, summarize, wise_beats_adam
 from recadam_fairseq.tools import readme_block
 

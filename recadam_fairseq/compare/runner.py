@@ -1,9 +1,9 @@
 """One run of one setting and seed: its fairseq-train command, the run, measure.py on its checkpoints, and
 the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --jobs at a time."""
 
+import functools
 import os
 import shlex
-import functools
 import subprocess
 import sys
 import time
@@ -268,7 +268,7 @@ def run_all(ctx, grid, on_done=None):
                                                     -methods.method_of(todo[i][0]).cost))
     results = [None] * len(todo)
 
-    def done(i, res):
+    def done(i, res, say):
         results[i] = res
         if on_done:
             on_done([r for r in results if r is not None], len(todo))

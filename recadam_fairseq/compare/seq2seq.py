@@ -29,14 +29,12 @@ import subprocess
 import sys
 import time
 
-import numpy as np
-
 from recadam_fairseq import catalogue
 from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
 from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import OTHERS, to_float
-from recadam_fairseq.engine.fairseq_log import parse_log
 from recadam_fairseq.engine.execute import RunError, execute
+from recadam_fairseq.engine.fairseq_log import parse_log
 
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
@@ -98,7 +96,7 @@ def run(cmd, logfile=None, env=None):
         proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise RunError(f"seq2seq-compare: failed ({proc.returncode}): {shlex.join(cmd)}"
-                         + (f" (see {logfile})" if logfile else ""))
+                       + (f" (see {logfile})" if logfile else ""))
 
 
 def arch_flags():
@@ -177,7 +175,7 @@ def last_bleu(run_dir, updates):
     return {"valid": float(at[-1]["bleu"]), "test": float(at[-1][OTHERS]["test"]["bleu"])}
 
 
-def finetune(args, data, label, method, extra, seed, fisher, say=log):
+def finetune(args, data, label, method, extra, seed, fisher, say=print):
     """One run through scripts/seq2seq/finetune.sh; its record."""
     extra = [x.format(fisher=rel(fisher)) for x in extra]
     env = finetune_env(args, data, seed, label)
@@ -209,11 +207,10 @@ def wise_points(args, data, rec, done):
         if a in done:
             out.append(done[a])
             continue
-        mixed = os.path.join(wdir, f"alpha{a}.pt")
-        if not os.path.isfile(mixed):
-            run([env_python(), "scripts/interpolate.py", rel(ckpt), "--pretrained",
-                 rel(os.path.join(data, "pretrained.pt")), "--alpha", str(a), "--out", rel(mixed)],
-                os.path.join(wdir, "interpolate.log"))
+        mixed = os.path.join(wdir, f"alpha{a}.pt")  # made again: a file left here may mix a run since changed
+        run([env_python(), "scripts/interpolate.py", rel(ckpt), "--pretrained",
+             rel(os.path.join(data, "pretrained.pt")), "--alpha", str(a), "--out", rel(mixed)],
+            os.path.join(wdir, "interpolate.log"))
         bleu, cmd = validate(args, data, mixed, os.path.join(wdir, f"alpha{a}.log"))
         out.append({"label": rec["label"], "seed": rec["seed"], "alpha": a, "bleu_b": bleu["valid"],
                     "bleu_a": bleu["test"]})
@@ -267,12 +264,12 @@ def compare(args):
         done = {k[2]: v for k, v in recorded_wise.items() if k[:2] == (label, seed)} if same else {}
         return rec, wise_points(args, data, rec, done) if label in WISE else []
 
-    def record(i, result):
+    def record(i, result, say):
         rec, points = result
         label, seed = rec["label"], rec["seed"]
-        log(f"{label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
+        say(f"seq2seq-compare: {label} seed {seed}: BLEU B {rec['bleu_b']}, A {rec['bleu_a']}")
         runs[(label, seed)] = rec
-        for k in [k for k in wise if k[:2] == (label, seed)]:  # a new or changed run's points replace its old ones
+        for k in [k for k in wise if k[:2] == (label, seed)]:  # the run's points at --alphas replace those recorded
             del wise[k]
         wise.update({(label, seed, w["alpha"]): w for w in points})
         res["runs"] = [runs[k] for k in sorted(runs, key=order_key)]
@@ -328,21 +325,6 @@ def knobs(label, s):
     return {k: catalogue.KNOBS[k].type(given.get(k, v)) for k, v in m.defaults().items()}
 
 
-def wise_curves(res):
-    """{label: [(α, mean B, mean A)]} with α = 0 (θ*) and α = 1 (the run) at the ends."""
-    out = {}
-    for label in dict.fromkeys(w["label"] for w in res.get("wise", [])):
-        seeds = sorted({w["seed"] for w in res["wise"] if w["label"] == label})
-        pts = [(0.0, res["pretrained"]["bleu_b"], res["pretrained"]["bleu_a"])]
-        for a in sorted({w["alpha"] for w in res["wise"] if w["label"] == label}):
-            ws = [w for w in res["wise"] if w["label"] == label and w["alpha"] == a]
-            pts.append((a, float(np.mean([w["bleu_b"] for w in ws])), float(np.mean([w["bleu_a"] for w in ws]))))
-        rs = [r for r in res["runs"] if r["label"] == label and r["seed"] in seeds]
-        pts.append((1.0, float(np.mean([r["bleu_b"] for r in rs])), float(np.mean([r["bleu_a"] for r in rs]))))
-        out[label] = pts
-    return out
-
-
 def describe(label, res):
     s = res["settings"]
     m = catalogue.get(dict((x[0], x[1]) for x in METHODS).get(label, label))
@@ -355,7 +337,6 @@ def describe(label, res):
 
 def write_report(res, docs):
     a = answer(res)
-    curves = wise_curves(res)
     pre = res["pretrained"]
     s = res["settings"]
     d = res["data"]
@@ -385,16 +366,10 @@ def write_report(res, docs):
         "no other method has a higher BLEU on B and less forgetting.",
         "",
     ]
-    lines += verdicts.task_markdown(a)
+    lines += verdicts.task_markdown(a, "each seed's last weights mixed with θ* (`scripts/interpolate.py`), "
+                                       "scored with `fairseq-validate`")
     lines += ["The methods' settings: " + "; ".join(describe(r["name"], res) for r in a["rows"]) + ".", ""]
-    if curves:
-        lines += ["WiSE-FT: (1 − α)·θ* + α·θ_run of the last weights (`scripts/interpolate.py`), scored with "
-                  "`fairseq-validate`; the mean over seeds (α = 0: θ*, α = 1: the run).", "",
-                  "| run | " + " | ".join(f"α = {a:g}" for a, _, _ in next(iter(curves.values()))) + " |",
-                  "|---|" + "---|" * len(next(iter(curves.values())))]
-        for label, pts in curves.items():
-            lines.append(f"| {label}: BLEU B / A | " + " | ".join(f"{fmt(b)} / {fmt(y)}" for _, b, y in pts) + " |")
-    lines += ["", "![BLEU on B against the fall of BLEU on A](seq2seq-comparison.png)", "",
+    lines += ["![BLEU on B against the fall of BLEU on A](seq2seq-comparison.png)", "",
               "Each run (seed, method, BLEU B, BLEU A):", ""]
     for r in res["runs"]:
         lines.append(f"- {r['label']} seed {r['seed']}: {fmt(r['bleu_b'])}, {fmt(r['bleu_a'])} (`{r['run_dir']}`)")

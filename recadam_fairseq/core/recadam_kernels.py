@@ -44,6 +44,7 @@ from . import fused as _fused
 from .anneal import anneal_lambda
 from .recadam_plan import CHUNK, Segment, _batched, _chunked, _CompiledBucket, _grads, _materialize, _Plan
 
+
 def _scalars(group: dict, t: int, anchored: bool, scale: float = 1.0) -> dict:
     """adam_scale, pull, decay and the betas of tensors at step t with lr scale ``scale`` (see the module
     docstring)."""

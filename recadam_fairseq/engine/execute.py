@@ -4,7 +4,7 @@ at the end. The forgetting comparison (compare/runner.py) and the translation co
 run their plans through it; each run's own function makes it resumable (a finished run is read, not redone)."""
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
 
 class RunError(Exception):
@@ -13,9 +13,11 @@ class RunError(Exception):
 
 def execute(plan, jobs=1, order=None, on_done=None):
     """The results of ``plan`` (functions ``run(say)``), in its order. ``order``: the indices in the order to
-    start them (default: as given); ``on_done(i, result)`` is called in this thread for each run, in start order,
-    as soon as it and those before it have ended (the callers write their records there). ``say`` prints whole
-    lines from any thread. Raises RunError with every failure's text once all have ended."""
+    start them (default: as given). ``on_done(i, result, say)`` is called in this thread for each run that
+    succeeded, as it ends (the callers write their records there, so a run that ended is recorded even when the
+    plan is stopped). ``say`` prints whole lines from any thread. A RunError is collected and raised with every
+    failure's text once all have ended; any other exception (a bug, Ctrl-C) starts no more runs and is raised
+    once the runs under way have ended."""
     lock = threading.Lock()
 
     def say(text):
@@ -23,17 +25,22 @@ def execute(plan, jobs=1, order=None, on_done=None):
             print(text, flush=True)
 
     order = list(range(len(plan))) if order is None else list(order)
-    results, errors = [None] * len(plan), []
+    results, errors, waiting, running = [None] * len(plan), [], list(order), {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        futures = {i: pool.submit(plan[i], say) for i in order}
-        for i in order:
-            try:
-                results[i] = futures[i].result()
-            except RunError as e:
-                errors.append(str(e))
-            else:
-                if on_done:
-                    on_done(i, results[i])
+        while waiting or running:
+            while waiting and len(running) < max(1, jobs):  # started here, so a stopped plan starts no more
+                i = waiting.pop(0)
+                running[pool.submit(plan[i], say)] = i
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for f in sorted(done, key=lambda f: order.index(running[f])):
+                i = running.pop(f)
+                try:
+                    results[i] = f.result()
+                except RunError as e:
+                    errors.append((order.index(i), str(e)))
+                else:
+                    if on_done:
+                        on_done(i, results[i], say)
     if errors:
-        raise RunError("\n\n".join(errors))
+        raise RunError("\n\n".join(text for _, text in sorted(errors)))
     return results

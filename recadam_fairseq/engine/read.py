@@ -121,6 +121,7 @@ def read_run(run_dir, root, budget=None):
         run["best"] = best
         run["best_update"] = at.get("num_updates", "")
         run["checkpoint"] = checkpoint_at(run_dir, entries, at, saved_checkpoints(log))
+        run["wise"] = wise_points(run_dir, run["checkpoint"], metric)
         fgt = run_forgetting(at)
         if fgt is not None:
             run["forgetting_metric"], run["forgetting"] = label(fgt[0]), fgt[1]
@@ -174,6 +175,22 @@ def read_multitask_run(run_dir, root):
             r["mm"] = to_float(mm[-1].get("mnli_accuracy")) if mm else None
         out.append(r)
     return out or [base]
+
+
+WISE = "wise-ft.json"  # tools/wise_points.py's file in a run directory (summarize.py --wise-ft)
+
+
+def wise_points(run_dir, checkpoint, metric):
+    """The WiSE-FT points recorded for the run's chosen checkpoint: [{alpha, best, forgetting}] ([] for none)."""
+    try:
+        with open(os.path.join(run_dir, WISE)) as f:
+            saved = json.load(f)
+    except (OSError, ValueError):
+        return []
+    if not checkpoint or saved.get("identity", {}).get("checkpoint") != checkpoint:
+        return []
+    return [{"alpha": p["alpha"], "best": p["metrics"].get(metric), "forgetting": p["forgetting"]}
+            for p in saved.get("points", []) if p["metrics"].get(metric) is not None and p["forgetting"] is not None]
 
 
 def read_runs(run_dir, root, budget=None):

@@ -4,10 +4,10 @@ with higher accuracy and less forgetting), and the comparisons of a setting with
 Two comparisons with Adam, each where the committed pages use it:
 
 - on the means (``better_than_adam_on_means``): a task's own table ("Forget less than Adam at Adam's accuracy
-  or above (means)", report.py), for the settings and for the WiSE-FT points, which have no per-seed spread
+  or above (means)", compare/report.py), for the settings and for the WiSE-FT points, which have no per-seed spread
   in the table;
 - within the seed noise (``keeps_accuracy_within_noise`` and ``forgets_less_beyond_noise``): the summary
-  across the tasks (its **✓**, the README's lists, summary.py), where a gap counts only beyond twice its
+  across the tasks (its **✓**, the README's lists, compare/summary.py), where a gap counts only beyond twice its
   standard error over the seeds.
 
 The second is the reading the docs draw conclusions from; the first states what the means show and says

@@ -35,7 +35,10 @@ Runs with a probe also answer which method keeps the metric and forgets least (d
 per task, forgetting-<TASK>.png (each setting's metric against its forgetting, mean ± std over seeds, each
 method's frontier, Adam's curve along its validations) and verdicts.csv and summary.md's "Which method forgets
 least": against Adam by the comparison's rule (docs/forgetting.md), keeps Adam's metric within the seed noise,
-forgets less beyond it, on the frontier. Runs without a probe: none of these.
+forgets less beyond it, on the frontier. Runs without a probe: none of these. With --wise-ft ALPHA..., Adam's runs
+with a probe also get WiSE-FT points: their weights at the chosen validation mixed with θ* at each α, scored by
+fairseq's validation and the run's meter (tools/wise_points.py; kept in the run's wise-ft.json), drawn as Adam's
+dotted curve and judged against Adam in the same section.
 
 Multi-task runs (scripts/glue/multitask.sh, laid out as RUNS_DIR/MTL/<NAME>/seed<N>/) give one
 row per task they trained, all read at the validation with the best ``glue_avg`` (one model
@@ -44,12 +47,33 @@ for every task); <NAME> is their method column.
 
 import argparse
 import os
+import subprocess
 import sys
 
 from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import order, summarize
 from recadam_fairseq.engine.read import find_runs, read_runs
 from recadam_fairseq.engine.write import run_line, write_summary
+
+
+def with_wise_ft(runs, root, alphas, budget):
+    """``runs`` with WiSE-FT points at ``alphas`` for Adam's finished runs with a probe (tools/wise_points.py, in its
+    own process: torch and fairseq stay out of the summary), read again."""
+    out = []
+    for r in runs:
+        if (r["method"] == "adam" and r["status"] == "done" and r["forgetting"] is not None
+                and r["checkpoint"].endswith(".pt")):  # else "none (no checkpoint of update N kept)"
+            run_dir = os.path.join(root, r["path"])
+            if not set(alphas) <= {p["alpha"] for p in r["wise"]}:
+                print(f"summarize.py: WiSE-FT of {r['path']} ({r['checkpoint']}) at α {' '.join(map(str, alphas))}",
+                      flush=True)
+                proc = subprocess.run([sys.executable, "-m", "recadam_fairseq.tools.wise_points", run_dir,
+                                       os.path.join(run_dir, r["checkpoint"]), "--alphas", *map(str, alphas)])
+                if proc.returncode:
+                    sys.exit(f"summarize.py: error: --wise-ft: {r['path']} could not be scored (above)")
+                r = read_runs(run_dir, root, budget)[0]
+        out.append(r)
+    return out
 
 
 def main(argv=None):
@@ -68,11 +92,17 @@ def main(argv=None):
                     help="runs with the forgetting meter: the best validation among those that forgot at most X "
                          "(the masked-LM loss's rise in bits, or the pair AUC's fall, since θ*); translation runs "
                          "with bleu_delta (--eval-bleu-start): BLEU's largest fall since θ* on the other subsets")
+    ap.add_argument("--wise-ft", type=float, nargs="+", metavar="ALPHA",
+                    help="also WiSE-FT of Adam's runs with a probe at each α: their weights at the chosen validation "
+                         "mixed with θ*, scored by fairseq's validation and the run's meter (each point once, kept "
+                         "in the run's wise-ft.json); drawn on Adam's point and judged by the same rule")
     args = ap.parse_args(argv)
     root = args.runs_dir
     if not os.path.isdir(root):
         sys.exit(f"summarize.py: error: {root}: no such directory")
     runs = [r for d in find_runs(root) for r in read_runs(d, root, args.forgetting_budget)]
+    if args.wise_ft:
+        runs = with_wise_ft(runs, root, args.wise_ft, args.forgetting_budget)
     if not runs:
         sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
     runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))

@@ -89,6 +89,13 @@ def task_answer(task, runs, root):
         rows.append(setting_row(name, method, [(r["seed"], r["best"], r["forgetting"]) for r in rs], config=config,
                                 at_update=sum(ups) / len(ups) if ups else None, **knobs(method, config)))
     adam = adam_row(rows)
+    if adam is not None:  # WiSE-FT of Adam's runs (summarize.py --wise-ft): per α, the mean over its seeds
+        ws = [(r["seed"], p) for r in by_setting[(adam["method"], adam["config"])] for p in r.get("wise", [])]
+        points = [setting_row(f"{adam['name']} α={a:g}", "adam", [(s, p["best"], p["forgetting"]) for s, p in ws
+                                                                   if p["alpha"] == a], alpha=a)
+                  for a in sorted({p["alpha"] for _, p in ws})]
+        if points:
+            adam["interpolated"] = points
     curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
         if adam is not None else []
     return judge(task, scored[0]["metric"], scored[0]["forgetting_metric"], rows, curve,
@@ -111,11 +118,12 @@ def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its be
     acc_floor, fgt_floor = floors(forgetting_metric)
     for r in rows:
         r["rank"] = ranks[r["name"]]
-        if adam is not None and r is not adam:
-            r["d_accuracy"] = r["target_accuracy"] - adam["target_accuracy"]
-            r["d_forgetting"] = adam["forgetting"] - r["forgetting"]  # positive: forgets more than Adam
-            r["keeps_accuracy"] = stats.keeps_accuracy_within_noise(r, adam, acc_floor)
-            r["forgets_less"] = stats.forgets_less_beyond_noise(r, adam, fgt_floor)
+        for p in ([r] if r is not adam else []) + r.get("interpolated", []):  # WiSE-FT points too
+            if adam is not None:
+                p["d_accuracy"] = p["target_accuracy"] - adam["target_accuracy"]
+                p["d_forgetting"] = adam["forgetting"] - p["forgetting"]  # positive: forgets more than Adam
+                p["keeps_accuracy"] = stats.keeps_accuracy_within_noise(p, adam, acc_floor)
+                p["forgets_less"] = stats.forgets_less_beyond_noise(p, adam, fgt_floor)
     return {"task": task, "metric": metric, "forgetting_metric": forgetting_metric, "rows": rows,
             "curve": list(curve), "adam": adam, "floors": (acc_floor, fgt_floor), "updates": updates, "at": at}
 
@@ -177,7 +185,11 @@ def markdown(answers):
     return md
 
 
-def task_markdown(a):
+WISE_TEXT = ("each run's weights at that validation mixed with θ* (summarize.py --wise-ft), scored as the runs "
+             "score themselves")
+
+
+def task_markdown(a, wise_text=WISE_TEXT):
     """One task's verdicts table and its answer in one line (the grid's summary; the translation comparison's
     page)."""
     fl = a["floors"]
@@ -193,6 +205,19 @@ def task_markdown(a):
                   + ("" if r is a["adam"] else yes(r.get("forgets_less"))) + " | "
                   + ("yes" if r["frontier"] else "no") + f" ({r['rank']}) |")
     md.append("")
+    wise = [(r, p) for r in a["rows"] for p in r.get("interpolated", [])]
+    if wise:
+        md += [f"WiSE-FT, (1 − α)·θ* + α·θ: {wise_text}; judged against Adam by the same rule:", "",
+               f"| WiSE-FT of | α | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
+               "keeps Adam's accuracy | forgets less |", "|---|---|---|---|---|---|---|---|---|"]
+        for r, p in wise:
+            md.append(f"| {r['name']} | {p['alpha']:g} | {len(p['seeds'])} | "
+                      f"{p['target_accuracy']:.2f} ± {p['target_accuracy_std']:.2f} | "
+                      f"{0.0 - p['forgetting']:+.4f} ± {p['forgetting_std']:.4f} | "
+                      + ("" if "d_accuracy" not in p else f"{p['d_accuracy']:+.2f}") + " | "
+                      + ("" if "d_forgetting" not in p else f"{p['d_forgetting']:+.4f}") + " | "
+                      + yes(p.get("keeps_accuracy")) + " | " + yes(p.get("forgets_less")) + " |")
+        md.append("")
     if a["adam"] is None:
         return md + ["No adam runs with the probe: no verdicts against Adam (METHODS=\"adam ...\" adds them).", ""]
     best = winners(a)
