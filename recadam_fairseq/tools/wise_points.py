@@ -121,9 +121,7 @@ def main(argv=None):
     try:
         points(args.run_dir, args.checkpoint, args.alphas)
     except ConfigError as e:
-        print(f"wise_points: error: {e}", file=sys.stderr)
-        return 1
-    return 0
+        sys.exit(f"wise_points: error: {e}")  # one line on stderr, exit 1
 
 
 if __name__ == "__main__":
