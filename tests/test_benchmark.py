@@ -7,7 +7,7 @@ import pytest
 
 from helpers import ROOT
 
-from recadam_fairseq.bench import cli as bench
+from recadam_fairseq.bench import main as bench
 
 
 PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")
