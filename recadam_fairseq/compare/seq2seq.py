@@ -308,11 +308,10 @@ def answer(res):
         rs = [r for r in res["runs"] if r["label"] == label]
         row = verdicts.setting_row(label, label, [(r["seed"], r["bleu_b"], pre_a - r["bleu_a"]) for r in rs],
                                    config="", **knobs(label, res["settings"]))
-        wise = [w for w in res.get("wise", []) if w["label"] == label]
-        if wise:  # per α strictly between θ* and the run (engine/plot.py joins them to the run's point)
-            row["interpolated"] = [verdicts.setting_row(f"{label} α={a:g}", label, [
-                (w["seed"], w["bleu_b"], pre_a - w["bleu_a"]) for w in wise if w["alpha"] == a], alpha=a)
-                for a in sorted({w["alpha"] for w in wise})]
+        wise = verdicts.wise_rows(label, label, [(w["seed"], w["alpha"], w["bleu_b"], pre_a - w["bleu_a"])
+                                                 for w in res.get("wise", []) if w["label"] == label])
+        if wise:  # α strictly between θ* and the run
+            row["interpolated"] = wise
         rows.append(row)
     return verdicts.judge(TASK, "bleu", FORGETTING, rows, updates=res["settings"]["max_update"],
                           at="its last update")

@@ -99,7 +99,7 @@ def read_run(run_dir, root, budget=None):
         "seed": seed, "status": "done" if os.path.exists(os.path.join(run_dir, "done")) else "unfinished",
         "metric": metric, "best": None, "best_update": "", "other": "", "mm": None,
         "last_update": "", "total_updates": meta.get("total_updates", ""), "validations": 0, "note": "",
-        "path": rel, "forgetting": None, "forgetting_metric": "", "budget": budget, "checkpoint": "",
+        "path": rel, "forgetting": None, "forgetting_metric": "", "budget": budget, "checkpoint": "", "wise": [],
     }
     log = os.path.join(run_dir, "train.log")
     if not os.path.exists(log):

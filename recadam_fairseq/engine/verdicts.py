@@ -54,6 +54,13 @@ def setting_row(name, method, rs, **extra):
     return row
 
 
+def wise_rows(name, method, points):
+    """WiSE-FT points of a setting ([(seed, α, metric, forgetting)], forgetting positive = forgot): per α, one
+    ``setting_row`` over the seeds measured at it (its ``interpolated``, which engine/plot.py joins to its point)."""
+    return [setting_row(f"{name} α={a:g}", method, [(s, m, f) for s, b, m, f in points if b == a], alpha=a)
+            for a in sorted({b for _, b, _, _ in points})]
+
+
 def metric_key(run):
     """The run's metric as its validations log it: a multi-task run's under its task's head."""
     return f"{head_name(run['task'])}_{run['metric']}" if run["path"].split(os.sep)[0] == MTL else run["metric"]
@@ -90,10 +97,9 @@ def task_answer(task, runs, root):
                                 at_update=sum(ups) / len(ups) if ups else None, **knobs(method, config)))
     adam = adam_row(rows)
     if adam is not None:  # WiSE-FT of Adam's runs (summarize.py --wise-ft): per α, the mean over its seeds
-        ws = [(r["seed"], p) for r in by_setting[(adam["method"], adam["config"])] for p in r.get("wise", [])]
-        points = [setting_row(f"{adam['name']} α={a:g}", "adam", [(s, p["best"], p["forgetting"]) for s, p in ws
-                                                                   if p["alpha"] == a], alpha=a)
-                  for a in sorted({p["alpha"] for _, p in ws})]
+        points = wise_rows(adam["name"], "adam", [(r["seed"], p["alpha"], p["best"], p["forgetting"])
+                                                  for r in by_setting[(adam["method"], adam["config"])]
+                                                  for p in r["wise"]])
         if points:
             adam["interpolated"] = points
     curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
