@@ -195,6 +195,14 @@ WISE_TEXT = ("each run's weights at that validation mixed with θ* (summarize.py
              "score themselves")
 
 
+def _against_adam(p):
+    """A point's cells from its metric to its gaps to Adam (the settings' table and the WiSE-FT one)."""
+    return (f"{p['target_accuracy']:.2f} ± {p['target_accuracy_std']:.2f} | "
+            f"{0.0 - p['forgetting']:+.4f} ± {p['forgetting_std']:.4f} | "
+            + ("" if "d_accuracy" not in p else f"{p['d_accuracy']:+.2f}") + " | "
+            + ("" if "d_forgetting" not in p else f"{p['d_forgetting']:+.4f}"))
+
+
 def task_markdown(a, wise_text=WISE_TEXT):
     """One task's verdicts table and its answer in one line (the grid's summary; the translation comparison's
     page)."""
@@ -202,11 +210,7 @@ def task_markdown(a, wise_text=WISE_TEXT):
     md = [f"| setting | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
           "keeps Adam's accuracy | forgets less | frontier (rank) |", "|---|---|---|---|---|---|---|---|---|"]
     for r in a["rows"]:
-        md.append(f"| {r['name']} | {len(r['seeds'])} | "
-                  f"{r['target_accuracy']:.2f} ± {r['target_accuracy_std']:.2f} | "
-                  f"{0.0 - r['forgetting']:+.4f} ± {r['forgetting_std']:.4f} | "
-                  + ("" if "d_accuracy" not in r else f"{r['d_accuracy']:+.2f}") + " | "
-                  + ("" if "d_forgetting" not in r else f"{r['d_forgetting']:+.4f}") + " | "
+        md.append(f"| {r['name']} | {len(r['seeds'])} | {_against_adam(r)} | "
                   + ("(Adam)" if r is a["adam"] else yes(r.get("keeps_accuracy"))) + " | "
                   + ("" if r is a["adam"] else yes(r.get("forgets_less"))) + " | "
                   + ("yes" if r["frontier"] else "no") + f" ({r['rank']}) |")
@@ -217,11 +221,7 @@ def task_markdown(a, wise_text=WISE_TEXT):
                f"| WiSE-FT of | α | seeds | {a['metric']} | forgetting | Δ{a['metric']} vs adam | Δforgetting vs adam | "
                "keeps Adam's accuracy | forgets less |", "|---|---|---|---|---|---|---|---|---|"]
         for r, p in wise:
-            md.append(f"| {r['name']} | {p['alpha']:g} | {len(p['seeds'])} | "
-                      f"{p['target_accuracy']:.2f} ± {p['target_accuracy_std']:.2f} | "
-                      f"{0.0 - p['forgetting']:+.4f} ± {p['forgetting_std']:.4f} | "
-                      + ("" if "d_accuracy" not in p else f"{p['d_accuracy']:+.2f}") + " | "
-                      + ("" if "d_forgetting" not in p else f"{p['d_forgetting']:+.4f}") + " | "
+            md.append(f"| {r['name']} | {p['alpha']:g} | {len(p['seeds'])} | {_against_adam(p)} | "
                       + yes(p.get("keeps_accuracy")) + " | " + yes(p.get("forgets_less")) + " |")
         md.append("")
     if a["adam"] is None:
