@@ -25,6 +25,7 @@ def execute(plan, jobs=1, order=None, on_done=None):
             print(text, flush=True)
 
     order = list(range(len(plan))) if order is None else list(order)
+    place = {i: k for k, i in enumerate(order)}  # a run's place in the start order
     results, errors, waiting, running = [None] * len(plan), [], list(order), {}
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         while waiting or running:
@@ -32,12 +33,12 @@ def execute(plan, jobs=1, order=None, on_done=None):
                 i = waiting.pop(0)
                 running[pool.submit(plan[i], say)] = i
             done, _ = wait(running, return_when=FIRST_COMPLETED)
-            for f in sorted(done, key=lambda f: order.index(running[f])):
+            for f in sorted(done, key=lambda f: place[running[f]]):
                 i = running.pop(f)
                 try:
                     results[i] = f.result()
                 except RunError as e:
-                    errors.append((order.index(i), str(e)))
+                    errors.append((place[i], str(e)))
                 else:
                     if on_done:
                         on_done(i, results[i], say)
