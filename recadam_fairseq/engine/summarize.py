@@ -52,13 +52,13 @@ import sys
 
 from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import order, summarize
-from recadam_fairseq.engine.read import find_runs, read_runs
+from recadam_fairseq.engine.read import find_runs, read_runs, wise_points
 from recadam_fairseq.engine.write import run_line, write_summary
 
 
-def with_wise_ft(runs, root, alphas, budget):
+def with_wise_ft(runs, root, alphas):
     """``runs`` with WiSE-FT points at ``alphas`` for Adam's finished runs with a probe (tools/wise_points.py, in its
-    own process: torch and fairseq stay out of the summary), read again."""
+    own process: torch and fairseq stay out of the summary)."""
     out = []
     for r in runs:
         if (r["method"] == "adam" and r["status"] == "done" and r["forgetting"] is not None
@@ -71,7 +71,7 @@ def with_wise_ft(runs, root, alphas, budget):
                                        os.path.join(run_dir, r["checkpoint"]), "--alphas", *map(str, alphas)])
                 if proc.returncode:
                     sys.exit(f"summarize.py: error: --wise-ft: {r['path']} could not be scored (above)")
-                r = read_runs(run_dir, root, budget)[0]
+                r = dict(r, wise=wise_points(run_dir, r["checkpoint"], r["metric"]))
         out.append(r)
     return out
 
@@ -102,7 +102,7 @@ def main(argv=None):
         sys.exit(f"summarize.py: error: {root}: no such directory")
     runs = [r for d in find_runs(root) for r in read_runs(d, root, args.forgetting_budget)]
     if args.wise_ft:
-        runs = with_wise_ft(runs, root, args.wise_ft, args.forgetting_budget)
+        runs = with_wise_ft(runs, root, args.wise_ft)
     if not runs:
         sys.exit(f"summarize.py: error: no runs under {root} (expected <TASK>/<METHOD>/seed<N>/train.log)")
     runs.sort(key=lambda r: (order(r["task"]), r["method"], r["config"], str(r["seed"])))

@@ -63,7 +63,8 @@ def dev_metrics(model, task, criterion, cfg):
     from fairseq.logging import metrics
 
     subset = cfg.dataset.valid_subset.split(",")[0]
-    task.load_dataset(subset, combine=False, epoch=1, task_cfg=cfg.task)
+    if subset not in task.datasets:  # once for every α
+        task.load_dataset(subset, combine=False, epoch=1, task_cfg=cfg.task)
     itr = task.get_batch_iterator(
         dataset=task.dataset(subset), max_tokens=cfg.dataset.max_tokens_valid,
         max_sentences=cfg.dataset.batch_size_valid,
