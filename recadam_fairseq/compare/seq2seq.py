@@ -317,18 +317,19 @@ def answer(res):
                           at="its last update")
 
 
+def knob_values(m, s):
+    """A method's knobs as the runs had them, as text: the catalogue's defaults, RecAdam's from the settings ``s``."""
+    return {k: s.get(k, v) if k in ("k", "t0", "gamma") else v for k, v in m.defaults().items()}
+
+
 def knobs(label, s):
-    """A method's knobs as the runs had them: the catalogue's defaults, RecAdam's from the settings."""
-    m = catalogue.get(label)
-    given = {"k": s["k"], "t0": s["t0"], "gamma": s["gamma"]}
-    return {k: catalogue.KNOBS[k].type(given.get(k, v)) for k, v in m.defaults().items()}
+    """The same, typed (a row's knobs, as engine/verdicts.py's rows hold them)."""
+    return {k: catalogue.KNOBS[k].type(v) for k, v in knob_values(catalogue.get(label), s).items()}
 
 
 def describe(label, res):
-    s = res["settings"]
     m = catalogue.get(dict((x[0], x[1]) for x in METHODS).get(label, label))
-    knobs = {**m.defaults(), "k": s["k"], "t0": s["t0"], "gamma": s["gamma"]}
-    shown = ", ".join(f"{k}={knobs[k]}" for k in m.knobs if k in knobs)
+    shown = ", ".join(f"{k}={v}" for k, v in knob_values(m, res["settings"]).items())
     if label == "ewc":
         return f"EWC: `recadam-coupled` + `--ewc-fisher` F of domain A ({shown})"
     return f"`{m.name}`" + (f" ({shown})" if shown else "")
