@@ -4,10 +4,12 @@ import json
 import os
 
 import pytest
+import torch
 
 from helpers import ROOT
 
 from recadam_fairseq.bench import main as bench
+from recadam_fairseq.bench.workloads import build_workload
 
 
 PERFORMANCE = os.path.join(ROOT, "docs", "performance.md")
@@ -86,3 +88,17 @@ def test_doc_flag(tmp_path, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--doc", str(tmp_path / "bare.md")])
     assert f"--doc {tmp_path / 'bare.md'}: no <!-- benchmark:start -->" in capsys.readouterr().err
+
+
+def test_a_size_in_elements_is_one_flat_tensor(capsys):
+    """--sizes 0.01M times one flat tensor of 10,000 elements (the issue's 25M tensor is --sizes 25M); a number
+    with the per-tensor layout or --llrd, or a size that is neither, stops before any timing."""
+    w = build_workload("flat", "0.01M", torch.device("cpu"))
+    assert [p.shape for p in w.params] == [(10000,)] and w.numel == 10000 and w.anchored == 9990
+    assert bench.parse_args(["--sizes", "tiny", "25M", "--layouts", "flat"]).sizes == ["tiny", "25M"]
+    for argv, says in ((["--sizes", "25M"], "--sizes 25M: a number of elements has no model's tensors"),
+                       (["--sizes", "25M", "--layouts", "flat", "--llrd"], "without --llrd"),
+                       (["--sizes", "25", "--layouts", "flat"], "--sizes: size '25': one of tiny, base, large")):
+        with pytest.raises(SystemExit):
+            bench.parse_args(argv)
+        assert says in capsys.readouterr().err

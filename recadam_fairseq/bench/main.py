@@ -13,6 +13,8 @@ measured in the same rounds, the peak extra memory of one step and the optimizer
     python scripts/benchmark.py --device cuda --sizes base large
     python scripts/benchmark.py --e2e 200               # also fairseq-train ms/update, adam vs recadam
     python scripts/benchmark.py --llrd --sizes tiny     # recadam with --layer-lr-decay's scales vs without
+    python scripts/benchmark.py --sizes 25M --layouts flat --threads 2 --impls recadam recadam-ewc
+                                                        # one flat tensor of 25M elements: EWC's step vs RecAdam's
     python scripts/benchmark.py --doc docs/performance.md   # also the summary table into that page
 
 The summary table goes between the ``<!-- benchmark:start -->`` / ``<!-- benchmark:end -->`` lines
@@ -44,7 +46,7 @@ from recadam_fairseq.bench.tables import (MEMORY_METHODS, README_END, README_STA
                                           ewc_notes, llrd_notes, machine_info, render_report, summarize,
                                           summary_table, update_doc)
 from recadam_fairseq.bench.timing import available_bytes, benchmark_workload, bytes_needed
-from recadam_fairseq.bench.workloads import SIZES, build_workload
+from recadam_fairseq.bench.workloads import SIZES, build_workload, flat_elements
 from recadam_fairseq.tools import readme_block
 
 
@@ -62,8 +64,9 @@ def parse_args(argv=None):
     summary, details = __doc__.split("\n\n", 1)
     ap = argparse.ArgumentParser(description=summary, epilog=details,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--sizes", nargs="+", choices=list(SIZES),
-                    help="model sizes (default: tiny base on CPU, tiny base large on CUDA)")
+    ap.add_argument("--sizes", nargs="+", metavar="SIZE",
+                    help=f"model sizes: {', '.join(SIZES)}, or a flat tensor of N million elements as NM (25M: "
+                         f"with --layouts flat) (default: tiny base on CPU, tiny base large on CUDA)")
     ap.add_argument("--layouts", nargs="+", choices=["flat", "per-tensor"], default=["flat", "per-tensor"],
                     help="flat: one 1-D tensor (fairseq --fp16); per-tensor: RoBERTa's shapes (default: both)")
     ap.add_argument("--impls", nargs="+", choices=list(IMPLS), default=list(DEFAULT_IMPLS),
@@ -93,6 +96,14 @@ def parse_args(argv=None):
     ap.add_argument("--out-md", default="bench.md", help="markdown report (default: bench.md)")
     ap.add_argument("--out-json", default="bench.json", help="JSON results (default: bench.json)")
     args = ap.parse_args(argv)
+    for size in args.sizes or []:
+        try:
+            flat = flat_elements(size) is not None
+        except ValueError as e:
+            ap.error(f"--sizes: {e}")
+        if flat and (args.llrd or args.layouts != ["flat"]):
+            ap.error(f"--sizes {size}: a number of elements has no model's tensors (shapes, layers): it needs "
+                     f"--layouts flat, without --llrd")
     args.doc = readme_block.doc_target(ap, args, README_START, README_END)  # before timing
     args.warmup = max(1, args.warmup)  # the first step allocates the state; its time sizes a round
     if args.llrd:

@@ -2,6 +2,7 @@
 flat fp32 tensor under --fp16; the model's own shapes), with gradients and θ*."""
 
 import math
+import re
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -72,8 +73,20 @@ def llrd_scales(w: "Workload", gamma: float = LLRD_GAMMA) -> list:
     return layer_lr.tensor_scales([[(n, 0, math.prod(shape))] for n, shape in zip(names, shapes)], scale_of)
 
 
+def flat_elements(size: str) -> Optional[int]:
+    """``25M`` (a flat tensor of 25 million elements, no model's shapes) -> 25_000_000; a named size -> None."""
+    if size in SIZES:
+        return None
+    m = re.fullmatch(r"(\d+(?:\.\d+)?)M", size)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"size {size!r}: one of {', '.join(SIZES)}, or millions of elements of a flat tensor "
+                         f"such as 25M")
+    return round(float(m.group(1)) * 1e6)
+
+
 def size_numel(size: str) -> int:
-    return sum(math.prod(s) for s, _ in roberta_shapes(*SIZES[size]))
+    n = flat_elements(size)
+    return n if n is not None else sum(math.prod(s) for s, _ in roberta_shapes(*SIZES[size]))
 
 
 def random_like_weights(shape, device, gen) -> torch.Tensor:
@@ -83,7 +96,10 @@ def random_like_weights(shape, device, gen) -> torch.Tensor:
 def build_workload(layout: str, size: str, device: torch.device, seed: int = 0) -> Workload:
     """Parameters (θ* plus a small drift, so the pull has work), gradients and fp32 anchors."""
     gen = torch.Generator(device=device).manual_seed(seed)
-    shapes = roberta_shapes(*SIZES[size])
+    n = flat_elements(size)
+    if n is not None and layout != "flat":
+        raise ValueError(f"size {size}: a number of elements has no tensors' shapes; it needs the flat layout")
+    shapes = roberta_shapes(*SIZES[size]) if n is None else [((n,), True)]
     if layout == "flat":
         n = sum(math.prod(s) for s, _ in shapes)
         n_anchored = n - max(1, round(n * FLAT_HEAD_FRACTION))
