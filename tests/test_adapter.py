@@ -130,6 +130,31 @@ def test_bad_pretrained_file_fails_at_build(tmp_path, make, match):
     assert not (tmp_path / "payload-ran").exists()
 
 
+def test_every_file_torch_cannot_read_is_one_quiet_line(tmp_path):
+    """core/checkpoint_file.py, every reader's load: a pickle of protocol 4 that carries code (torch's
+    weights-only unpickler reads protocol 2 only) is refused without torch's two-line warning and never runs; a
+    text file is no torch checkpoint in plain words (torch's own: KeyError: 101)."""
+    import pickle
+    import warnings
+
+    from helpers import _Payload
+    from recadam_fairseq.core.checkpoint_file import CheckpointFileError, load
+
+    cases = {"raw4.pt": ("refused: a pickle torch.load's weights-only mode does not read (Unsupported operand 149; "
+                         "torch.save writes protocol 2); load only files you trust"),
+             "notes.pt": "not a torch checkpoint (neither torch.save's zip nor a pickle); load only files you trust"}
+    with open(tmp_path / "raw4.pt", "wb") as f:
+        pickle.dump({"model": _Payload(f"touch {tmp_path / 'payload-ran'}")}, f, protocol=4)
+    (tmp_path / "notes.pt").write_text("hello\n")
+    for name, says in cases.items():
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            with pytest.raises(CheckpointFileError) as e:
+                load(str(tmp_path / name), name)
+        assert str(e.value) == f"{name}: {says}"
+    assert not (tmp_path / "payload-ran").exists()
+
+
 def test_truncated_checkpoint_fails_at_build(tmp_path):
     path = pretrained_file(tmp_path)
     data = path.read_bytes()

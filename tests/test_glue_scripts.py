@@ -883,13 +883,21 @@ def test_a_checkpoint_carrying_code_is_refused_in_one_line(fake):
 
 def test_ewc_from_the_scripts(fake):
     """--help lists the catalogue's METHODs (ewc and recadam-ewc among them) and EWC_FISHER; EWC_FISHER=FILE runs in
-    a run directory of its own (the file's name), not the task Fisher's."""
+    a run directory of its own (the file's name), not the task Fisher's; a file that carries code stops in one line
+    before anything is written (the plug-in's words), and its code never runs."""
+    import torch
+
     p = run([FINETUNE, "--help"], fake.env, check=0)
     listed = p.stdout.split("METHOD (the catalogue", 1)[1].split("\n", 1)[1].split("The methods' knobs", 1)[0].split()
     assert listed == catalogue.names(scripts=True) and {"ewc", "recadam-ewc"} <= set(listed)
     assert "  EWC_FISHER [task]  --ewc-fisher: " in p.stdout
+    code = fake.tmp / "code-fisher.pt"
+    refusal = code_carrying(code, fake.tmp / "payload-ran")
+    p = run([FINETUNE, "RTE", "ewc"], dict(fake.env, EWC_FISHER=str(code)), check=2)
+    assert p.stdout.splitlines()[-1] == f"finetune.sh: error: EWC_FISHER={code}: {refusal}", p.stdout
+    assert not os.path.exists(fake.env["SAVE_DIR"]) and not (fake.tmp / "payload-ran").exists()
     fisher = fake.tmp / "rte-fisher.pt"
-    fisher.write_bytes(b"")  # its content is the plug-in's to check
+    torch.save({"fisher": {"w": torch.ones(2)}}, fisher)  # read for its form; its tensors are the plug-in's to check
     for method in ("ewc", "recadam-ewc"):
         _, task_dir, task_argv = fake("RTE", method)
         _, file_dir, file_argv = fake("RTE", method, EWC_FISHER=str(fisher))

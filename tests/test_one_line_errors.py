@@ -66,6 +66,8 @@ def runs(tiny, tmp_path_factory):
         "code": (("--restore-file", str(root / "code.pt"), "--save-dir", str(root / "code" / "made")), plain),
         "code_ft": (("--finetune-from-model", str(root / "code.pt"), "--save-dir", str(root / "code_ft" / "made")),
                     plain),
+        "code_fisher": ((*CRIT, "--ewc-fisher", str(root / "code.pt"), "--save-dir", str(root / "code_fisher" / "made")),
+                        plain),
         "bare": (("--restore-file", str(root / "bare.pt")), plain),
     }
 
@@ -117,13 +119,13 @@ def test_missing_restore_file_with_a_plugin_component(runs):
     assert (runs["root"] / "restore" / "checkpoint_last.pt").read_bytes() == b"an earlier run's checkpoint"
 
 
-@pytest.mark.parametrize("flag", ["--restore-file", "--finetune-from-model"])
+@pytest.mark.parametrize("flag", ["--restore-file", "--finetune-from-model", "--ewc-fisher"])
 def test_plain_fairseq_train_refuses_a_checkpoint_carrying_code_in_one_line(runs, flag):
     """fairseq-train with neither the plug-in's criterion nor its optimizer (only --user-dir): a checkpoint that
     carries code stops the run in one line saying why, before fairseq makes --save-dir or logs a line; the code
     never runs. (fairseq makes the directory before it builds any component: the plug-in reads the file at its
-    import, plumbing/restore_check.py.)"""
-    name = "code" if flag == "--restore-file" else "code_ft"
+    import, plumbing/restore_check.py.) So does a Fisher file of --ewc-fisher (with the plug-in's criterion)."""
+    name = {"--restore-file": "code", "--finetune-from-model": "code_ft", "--ewc-fisher": "code_fisher"}[flag]
     rc, log = runs["out"][name]
     assert rc == 1 and log.splitlines() == [f"train_entry.py: error: {flag} {runs['root'] / 'code.pt'}: "
                                             f"{runs['refusal']}"], log[-3000:]

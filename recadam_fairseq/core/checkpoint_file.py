@@ -8,6 +8,7 @@ so a file is refused with the same words everywhere: what was refused, why, and 
 
 import os
 import re
+import warnings
 import zipfile
 from typing import Optional
 
@@ -41,8 +42,9 @@ def refused(exc: BaseException) -> Optional[str]:
         return f"refused: loading it would call {m.group(1)}, which torch.load's weights-only mode does not do ({plain}); {TRUST}"
     detail = text.split("WeightsUnpickler error:")[-1] if "WeightsUnpickler error:" in text else ""
     detail = next((ln.strip() for ln in detail.splitlines() if ln.strip()), "a pickled object")
-    if detail.startswith("Unsupported operand"):  # not a pickle torch writes (text, another program's bytes)
-        return None
+    if detail.startswith("Unsupported operand"):  # a pickle of another protocol (torch.save writes 2), or no pickle
+        return (f"refused: a pickle torch.load's weights-only mode does not read ({detail}; torch.save writes "
+                f"protocol 2); {TRUST}")
     return f"refused: it holds what torch.load's weights-only mode does not read ({detail}; {plain}); {TRUST}"
 
 
@@ -54,9 +56,6 @@ def why(exc: BaseException) -> str:
     first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
     if isinstance(exc, (EOFError, zipfile.BadZipFile)) or "PytorchStreamReader failed" in first:
         return f"cut short or corrupt ({first.split('. ')[0] if first else type(exc).__name__}); {TRUST}"
-    m = re.search(r"Unsupported operand \S+", str(exc))
-    if m:
-        return f"not a torch checkpoint (no pickle torch.load reads: {m.group(0)}); {TRUST}"
     return f"not a torch checkpoint ({type(exc).__name__}: {first[:160]}); {TRUST}"
 
 
@@ -71,16 +70,21 @@ def load(path: str, what: Optional[str] = None, mmap: bool = True):
         raise CheckpointFileError(f"{what}: no such file" if not os.path.exists(path) else f"{what}: not a file")
     if os.path.getsize(path) == 0:
         raise CheckpointFileError(f"{what}: an empty file", cut_short=True)
-    if _zip_start(path) and not zipfile.is_zipfile(path):  # torch.save's zip: its directory is written last
+    start = _start(path)
+    if start == ZIP and not zipfile.is_zipfile(path):  # torch.save's zip: its directory is written last
         raise CheckpointFileError(f"{what}: cut short (no zip directory at its end)", cut_short=True)
+    if start != ZIP and start[:1] != PICKLE:  # text, an archive of another kind: torch's error would be a KeyError
+        raise CheckpointFileError(f"{what}: not a torch checkpoint (neither torch.save's zip nor a pickle); {TRUST}")
     safe = not trusted()
     try:
-        try:
-            return torch.load(path, map_location="cpu", mmap=mmap, weights_only=safe)
-        except RuntimeError as e:  # a legacy (non-zip) file cannot be memory-mapped: read it whole
-            if not mmap or "mmap can only be used" not in str(e):
-                raise
-            return torch.load(path, map_location="cpu", weights_only=safe)
+        with warnings.catch_warnings():  # torch's two lines on a pickle of protocol > 2: refused below in one
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            try:
+                return torch.load(path, map_location="cpu", mmap=mmap, weights_only=safe)
+            except RuntimeError as e:  # a legacy (non-zip) file cannot be memory-mapped: read it whole
+                if not mmap or "mmap can only be used" not in str(e):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=safe)
     except Exception as e:  # noqa: BLE001 - every failure here is the file's
         cut = isinstance(e, (EOFError, zipfile.BadZipFile)) or "PytorchStreamReader failed" in str(e)
         raise CheckpointFileError(f"{what}: {why(e)}", cut_short=cut) from None
@@ -92,9 +96,12 @@ def trusted() -> bool:
     return os.environ.get("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "0").lower() in ("1", "y", "yes", "true")
 
 
-def _zip_start(path: str) -> bool:
+ZIP, PICKLE = b"PK\x03\x04", b"\x80"  # torch.save's zip; a pickle of protocol 2 or above (legacy torch.save)
+
+
+def _start(path: str) -> bytes:
     with open(path, "rb") as f:
-        return f.read(4) == b"PK\x03\x04"
+        return f.read(4)
 
 
 def fairseq_state(path: str, what: Optional[str] = None) -> dict:

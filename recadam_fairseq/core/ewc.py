@@ -101,12 +101,13 @@ def save(path: str, fisher: Dict[str, Tensor], examples: int, source: str) -> No
                 "source": source}, path)
 
 
-def load(path: str) -> Tuple[Dict[str, Tensor], str]:
-    """A Fisher file's {name: F} and a line saying what it holds; ConfigError naming the flag and file."""
-    where = f"{FLAG} {path}"
+def load(path: str, mmap: bool = False, what: str = "") -> Tuple[Dict[str, Tensor], str]:
+    """A Fisher file's {name: F} and a line saying what it holds; ConfigError naming ``what`` (the flag and file).
+    ``mmap``: the tensors memory-mapped (a check of the file), not read."""
+    where = what or f"{FLAG} {path}"
     if not os.path.isfile(path):
         raise ConfigError(f"{where}: no such file (write one with scripts/fisher.py, or use {FLAG} {TASK})")
-    st = checkpoint_file.load(path, where, mmap=False)  # refused, cut short, not torch's: one line
+    st = checkpoint_file.load(path, where, mmap=mmap)  # refused, cut short, not torch's: one line
     if not isinstance(st, dict) or not isinstance(st.get("fisher"), dict) or not st["fisher"]:
         raise ConfigError(f"{where}: not a Fisher file (scripts/fisher.py writes a dict with a non-empty 'fisher')")
     return dict(st["fisher"]), f"{where} ({st.get('examples', '?')} examples, {st.get('source', '?')})"

@@ -1,8 +1,9 @@
 """The checkpoints fairseq-train is told to load, read with the plug-in's loader before fairseq touches them.
 
-``--restore-file``, ``--finetune-from-model`` and a resumed run's ``SAVE_DIR/checkpoint_last.pt``: a file that
-carries code (refused), is cut short or is no fairseq checkpoint stops the run in one line, before fairseq
-creates ``--save-dir`` or logs anything (core/checkpoint_file.py's words, as every other reader of a file).
+``--restore-file``, ``--finetune-from-model``, a resumed run's ``SAVE_DIR/checkpoint_last.pt`` and the file of
+``--ewc-fisher FILE``: a file that carries code (refused), is cut short or is no fairseq checkpoint (no Fisher
+file) stops the run in one line, before fairseq creates ``--save-dir`` or logs anything (core/checkpoint_file.py's
+words, as every other reader of a file).
 
 fairseq's ``main`` creates the save directory and logs its config before it builds any component, and loads the
 file after that; the plug-in's one point before both is its own import (``--user-dir``, during fairseq's
@@ -16,17 +17,17 @@ import sys
 from typing import Dict, List, Tuple
 
 from .. import safe_globals  # noqa: F401  (the types fairseq pickles)
-from ..core import checkpoint_file
+from ..core import checkpoint_file, ewc
 
-FLAGS = {"--restore-file": "checkpoint.restore_file", "--finetune-from-model": "checkpoint.finetune_from_model",
-         "--save-dir": "checkpoint.save_dir"}
+FLAGS = {"--restore-file": ("checkpoint.restore_file",), "--finetune-from-model": ("checkpoint.finetune_from_model",),
+         "--save-dir": ("checkpoint.save_dir",), ewc.FLAG: ("criterion.ewc_fisher", "optimizer.ewc_fisher")}
 TRAINERS = ("fairseq_cli.train", "fairseq_cli.hydra_train")  # the processes that load these files
 
 
 def named(argv: List[str]) -> Dict[str, str]:
     """{flag: value} of FLAGS on a command line (the last one of each, as argparse keeps it)."""
     out = {}
-    hydra = {v: k for k, v in FLAGS.items()}
+    hydra = {key: flag for flag, keys in FLAGS.items() for key in keys}
     for i, a in enumerate(argv):
         key, eq, value = a.partition("=")
         if key in FLAGS and eq:
@@ -47,6 +48,8 @@ def files(argv: List[str]) -> List[Tuple[str, str]]:
         out.append(("resuming from", os.path.join(v.get("--save-dir", "checkpoints"), restore)))
     elif restore:
         out.append(("--restore-file", restore))
+    if v.get(ewc.FLAG, ewc.TASK) != ewc.TASK:
+        out.append((ewc.FLAG, v[ewc.FLAG]))
     return [(what, path) for what, path in out if os.path.isfile(path)]
 
 
@@ -58,4 +61,7 @@ def check(argv=None) -> None:
     if not named(argv):
         return
     for what, path in files(argv):
-        checkpoint_file.fairseq_state(path, f"{what} {path}")
+        if what == ewc.FLAG:
+            ewc.load(path, mmap=True)  # the tensors are read where F is built
+        else:
+            checkpoint_file.fairseq_state(path, f"{what} {path}")

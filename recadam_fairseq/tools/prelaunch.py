@@ -229,6 +229,13 @@ def plan(args) -> dict:
     out = {}
     if args.method is not None:
         out.update(method_plan(args.method, os.environ, args.multitask, args.seq2seq))
+        fisher = out.get(catalogue.KNOBS["fisher"].var, "task")
+        if fisher != "task":  # read before the run directory is made: refused, cut short, not a Fisher file
+            need("torch")
+            try:
+                need("recadam_fairseq.core.ewc").load(fisher, mmap=True, what=f"EWC_FISHER={fisher}")
+            except ConfigError as e:
+                raise Stop(str(e)) from None
     if args.task:
         t = glue_tasks.TASKS[canonical(args.task)]
         if not t.recipe.total_updates:
