@@ -234,7 +234,7 @@ def test_the_page_s_walk_through_as_printed(tmp_path):
     from helpers import ROOT, base_env, marked_bash_lines
 
     lines = marked_bash_lines(PAGE, "<!-- your-task:start -->", "<!-- your-task:end -->")
-    assert lines[0].startswith("make demo") and "grid.sh SST-2" in lines[2] and "summarize.py runs" in lines[3]
+    assert lines[0].startswith("make demo") and "grid.sh SST-2" in lines[2] and "summarize.py probe-runs" in lines[3]
     for name in ("scripts", "recadam_fairseq"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), tmp_path / ".venv")
@@ -251,18 +251,18 @@ def test_the_page_s_walk_through_as_printed(tmp_path):
         return p.stdout
 
     assert "SST-2: ran 6, skipped 0, failed 0" in shell(*lines[1:3])
-    runs = tmp_path / "runs" / "SST-2"
+    runs = tmp_path / "probe-runs" / "SST-2"
     planned = sorted(str(d.relative_to(runs)) for d in runs.glob("*/seed*"))
     assert planned == [f"{s}/seed{n}" for s in ("adam", "llrd-d0.9", "recadam-k0.1-t10") for n in (1, 2)]
     for d in planned:
         assert "--forgetting-probe demo-out/probe" in (runs / d / "command.sh").read_text()
-    write_grid(str(tmp_path / "runs"))  # what the six runs (and one more setting) log, done
+    write_grid(str(tmp_path / "probe-runs"))  # what the six runs (and one more setting) log, done
     out = shell(lines[1], lines[3])
     written = lines[3].split("#", 1)[1].strip().split(", ")
     assert all(os.path.isfile(tmp_path / f) for f in written) and all(f in out for f in written)
     page = open(os.path.join(ROOT, PAGE), encoding="utf-8").read()
     shown = [ln[2:] for ln in page.splitlines() if ln.startswith("> ")]
-    md = (tmp_path / "runs" / "summary.md").read_text().splitlines()
+    md = (tmp_path / "probe-runs" / "summary.md").read_text().splitlines()
     assert all(ln in md for ln in shown[:3])  # the heading, the table's header and rule
     assert [ln.split(" | ")[0] for ln in shown if ln.startswith("| ") and not ln.startswith("| setting")] == [
         "| adam", "| recadam-k0.1-t10", "| llrd-d0.9"]
