@@ -168,8 +168,17 @@ def test_a_grid_without_adam_has_no_verdicts(tmp_path):
     answers = verdicts.answer(runs, root)
     (a,) = answers.values()
     assert a["adam"] is None and a["curve"] == [] and not any("keeps_accuracy" in r for r in a["rows"])
-    md = "\n".join(verdicts.markdown(answers))
-    assert "No adam runs with the probe: no verdicts against Adam" in md and "**Answer**" not in md
+    md = verdicts.markdown(answers)
+    assert "**Answer**" not in "\n".join(md) and ("No adam runs with the probe: no verdicts against Adam. To add them: "
+                                                 "METHODS=\"adam ...\" scripts/glue/grid.sh SST-2 with the grid's other "
+                                                 "variables.") in md
+
+
+def no_adam_line(runs, root):
+    """summary.md's line on a task whose runs lack Adam's (``runs`` without them)."""
+    (line,) = [ln for ln in verdicts.markdown(verdicts.answer([r for r in runs if r["method"] != "adam"], root))
+               if ln.startswith("No adam runs")]
+    return line
 
 
 def test_translation_forgets_in_bleu(tmp_path):
@@ -197,6 +206,10 @@ def test_translation_forgets_in_bleu(tmp_path):
     assert r["name"] == "recadam-k0.1-t10" and -r["forgetting"] == pytest.approx(2.25)
     assert r["keeps_accuracy"] and r["forgets_less"]  # 30.25 against 30.5 (noise 1.58); 4.25 less against 1.27
     assert [(c["stopped_at"], round(-c["forgetting"], 6)) for c in a["curve"]] == [(20, 6.5)]
+    # without Adam's runs: the seq2seq script adds them, one run per seed (grid.sh and its METHODS are GLUE's)
+    assert no_adam_line(runs, root) == ("No adam runs with the probe: no verdicts against Adam. To add them: "
+                                        "scripts/seq2seq/finetune.sh adam with these runs' DATA, PRETRAINED and other "
+                                        "variables, once for each of SEED=1 SEED=2.")
 
 
 def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
@@ -221,6 +234,9 @@ def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
     (a,) = verdicts.answer(runs, root).values()
     assert [round(-c["forgetting"], 6) for c in a["curve"]] == [0.05, 0.10, 0.20]
     assert a["rows"][1]["forgets_less"] and a["rows"][1]["keeps_accuracy"]  # one seed each: the floors alone
+    assert no_adam_line(runs, root) == ("No adam runs with the probe: no verdicts against Adam. To add them: "
+                                        "METHOD=adam scripts/glue/multitask.sh with these runs' TASKS, FORGETTING_PROBE "
+                                        "and other variables, once for each of SEED=1.")
 
 
 PAGE = "docs/forgetting-your-task.md"
