@@ -53,8 +53,8 @@ for seed in $SEEDS; do
   done
 done
 
-job_env() {  # job_env SEED METHOD [K T0]: ENV and METHOD for finetune.sh
-  ENV=(SEED="$1") METHOD=$2
+job_env() {  # job_env SEED METHOD [K T0]: ENV and JOB_METHOD for finetune.sh
+  ENV=(SEED="$1") JOB_METHOD=$2
   [ $# -lt 4 ] || ENV+=(K="$3" T0="$4")
 }
 
@@ -64,10 +64,10 @@ job_env() {  # job_env SEED METHOD [K T0]: ENV and METHOD for finetune.sh
 runs=() conflicts=0
 for job in "${jobs[@]}"; do
   job_env $job
-  run=$(env "${ENV[@]}" PRINT_RUN_DIR=1 bash "$FINETUNE" "$TASK" "$METHOD")  # exits 2 on a bad TASK
+  run=$(env "${ENV[@]}" PRINT_RUN_DIR=1 bash "$FINETUNE" "$TASK" "$JOB_METHOD")  # exits 2 on a bad TASK
   runs+=("$run")
   [ -f "$run/command.sh" ] && [ "${RESTART:-0}" != 1 ] || continue
-  if ! err=$(env "${ENV[@]}" CHECK_RUN=1 bash "$FINETUNE" "$TASK" "$METHOD" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 >/dev/null); then
+  if ! err=$(env "${ENV[@]}" CHECK_RUN=1 bash "$FINETUNE" "$TASK" "$JOB_METHOD" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 >/dev/null); then
     msg=$(grep '^finetune.sh: error: ' <<< "$err" | tail -1 || true)
     msg=${msg#finetune.sh: error: }
     echo "grid.sh: error: ${msg:-$(tail -1 <<< "$err")}" >&2
@@ -88,7 +88,7 @@ for i in "${!jobs[@]}"; do
   fi
   [ ! -e "$run/train.log" ] || [ "${RESTART:-0}" = 1 ] || echo "resume $run (unfinished)"
   n_run=$((n_run + 1))
-  if ! env "${ENV[@]}" bash "$FINETUNE" "$TASK" "$METHOD" ${EXTRA[@]+"${EXTRA[@]}"}; then
+  if ! env "${ENV[@]}" bash "$FINETUNE" "$TASK" "$JOB_METHOD" ${EXTRA[@]+"${EXTRA[@]}"}; then
     echo "grid.sh: run failed: $run" >&2
     failed+=("$run")
   fi
