@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
 # EWC's demonstration on the tiny model (docs/ewc.md): Adam, RecAdam, EWC and RecAdam-EWC with the
 # masked-LM Fisher of the pretraining text, each fine-tuned as `make demo` does, with the forgetting
-# meter on held-out text; plot_run.py draws the four runs. Uses `make demo`'s tiny model and probe
+# meter on held-out text; plot_run.py draws the four runs and prints docs/ewc.md's table (each run's best
+# dev accuracy by summarize.py's rule, the later of equal ones). Uses `make demo`'s tiny model and probe
 # (made here when missing). Run from the repository's root with the venv's python and fairseq-train
 # on PATH: PATH=.venv/bin:$PATH bash scripts/ewc_demo.sh   (~4 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-demo-out}
+mkdir -p "$OUT/ewc"
 read -r -a ARCH <<< "$(python scripts/make_tiny_roberta.py --arch-flags)"
 [ -f "$OUT/tiny/pretrained.pt" ] || python scripts/make_tiny_roberta.py "$OUT/tiny" > "$OUT/make_tiny.log" 2>&1
 [ -f "$OUT/probe/dict.txt" ] || python scripts/binarize_probe.py --text "$OUT/tiny/raw/lm.valid" \
     --dict "$OUT/tiny/lm-bin/dict.txt" --out "$OUT/probe" > "$OUT/probe.log" 2>&1
-mkdir -p "$OUT/ewc"
 # F of the pretraining objective (masked LM) on the pretraining text, once for both EWC runs
 python scripts/fisher.py --out "$OUT/ewc/mlm-fisher.pt" --examples 0 -- "$OUT/tiny/lm-bin" --task masked_lm \
     --criterion masked_lm "${ARCH[@]}" --tokens-per-sample 64 --batch-size 16 \
@@ -36,4 +37,5 @@ finetune ewc --optimizer adam --recadam-objective coupled "${RECADAM[@]}" --ewc-
 finetune recadam-ewc --optimizer recadam "${RECADAM[@]}" --ewc-fisher "$OUT/ewc/mlm-fisher.pt" &
 wait
 python scripts/plot_run.py "$OUT"/ewc/{adam,recadam,ewc,recadam-ewc}/train.log \
-    --labels adam recadam "ewc (MLM Fisher)" "recadam-ewc (MLM Fisher)" --out "$OUT/ewc/runs.png"
+    --labels adam recadam "ewc (coupled, MLM Fisher)" "recadam-ewc (MLM Fisher)" --metric accuracy \
+    --out "$OUT/ewc/runs.png" --table

@@ -1,6 +1,7 @@
 """What a run reports (λ, distance, penalty, target loss, GLUE metrics) and the coupled objective."""
 
 import glob
+import json
 import math
 import os
 
@@ -178,6 +179,21 @@ def test_plot_run_renders_real_logs(json_runs, tmp_path):
     assert [ln.get_label() for ln in fgt.get_lines()] == ["recadam"] and list(fgt.get_lines()[0].get_xdata()) == [4, 8, 12]
     lam = [ax for ax in fig.axes if ax.get_title() == "λ(t)"][0].get_lines()[0]
     assert list(lam.get_xdata()) == [2, 4, 6, 8, 10, 12]
+    # --table: the recadam run's best mcc (its --best-checkpoint-metric) at the update checkpoint_best.pt holds, the
+    # meter's delta there and at the last validation as its log says
+    head, rule, recadam, adam = plot_run.table(logs, ["recadam", "adam"], "mcc")
+    saved = load_ckpt(json_runs["recadam"][0] / "checkpoint_best.pt")["optimizer_history"][-1]["num_updates"]
+    valid = {int(v["valid_num_updates"]): v for v in json_records(json_runs["recadam"][1], "valid")}
+    fgt = [f"{float(valid[n]['valid_fgt_mlm_loss_delta']):+.2g}".replace("-", "−") for n in (saved, 12)]
+    assert recadam == f"| recadam | {float(valid[saved]['valid_mcc']):.1f} ({saved}) | {fgt[0]} / {fgt[1]} |", recadam
+    assert head.startswith("| run | dev mcc: best (update) | forgetting, mlm loss (bits) since θ*: ") and adam.endswith(
+        " |  /  |")
+    # of equal best scores the later, as summarize.py and checkpoint_best.pt take it
+    tie = tmp_path / "tie.log"
+    tie.write_text("".join(f"x | INFO | valid | " + json.dumps({"epoch": 1, "valid_accuracy": a, "valid_num_updates": n,
+                                                                  "valid_fgt_mlm_loss_delta": f}) + "\n"
+                           for n, a, f in (("176", "84.4", "-0.0016"), ("240", "84.4", "-0.0021"), ("300", "80", "0.0008"))))
+    assert plot_run.table([str(tie)], ["adam"], "accuracy")[2] == "| adam | 84.4 (240) | −0.0021 / +0.0008 |"
 
 
 class _FakeModel(torch.nn.Module):

@@ -420,6 +420,21 @@ def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
     assert None not in shown and any(s.startswith("  ewc: the Fisher pass took ") for s in shown)
 
 
+def test_fisher_py_progress_counts_out_of_the_examples_it_will_see(tiny, tmp_path, capsys):
+    """--examples 1024 on a split of 64 (cls-bin's valid): the pass sees 64, and its progress lines count out of
+    64 (not 1024), a line each tenth of them."""
+    from recadam_fairseq.tools import fisher as tool
+
+    out = str(tmp_path / "f.pt")
+    assert tool.main(["--out", out, "--examples", "1024", "--", tiny.cls_bin, *NO_ARCH, "--train-subset", "valid",
+                      "--restore-file", tiny.pretrained]) == 0
+    got = capsys.readouterr()
+    lines = [ln for ln in got.err.splitlines() if ln.startswith("fisher.py: ewc: the Fisher pass: ")]
+    counts = [ln.split(": ")[-1].split(" examples")[0] for ln in lines]
+    assert counts == [f"{k}/64" for k in (7, 13, 20, 26, 32, 39, 45, 52, 58)], got.err
+    assert lines[-1].startswith("fisher.py: ewc: the Fisher pass: 58/64 examples (90%), ") and "from 64 examples" in got.out
+
+
 def test_fisher_py_bad_input_is_one_line(tiny, tmp_path, capsys):
     """An --arch that does not build the checkpoint's tensors, and a --restore-file that carries code: one line
     each, before any model is built; the code never runs."""

@@ -922,9 +922,15 @@ def test_grid_resumes_and_reports_failures(fake):
     os.remove(os.path.join(unfinished, "done"))
     open(os.path.join(unfinished, "checkpoint_last.pt"), "w").close()
     open(os.path.join(unfinished, "train.log"), "w").write("before the kill\n")
-    p = run([GRID, "RTE"], env)  # without the extra args: another command
-    assert p.returncode == 1 and f"{unfinished} was started with another command (was: --extra x; now: nothing)" \
-        in p.stdout
+    # without the extra args: another command for all six, the five finished ones too (not "skip"): one line each,
+    # finetune.sh's, in the grid's order, and nothing trained or touched (the empty file is not set aside yet)
+    before = tree_state(env["SAVE_DIR"])
+    p = run([GRID, "RTE"], env)
+    order = [os.path.join(runs, n, f"seed{s}") for s in (1, 2) for n in ("adam", "recadam-k0.1-t100", "recadam-k0.5-t100")]
+    assert p.returncode == 2 and p.stdout.splitlines() == [
+        f"grid.sh: error: {d} was started with another command (was: --extra x; now: nothing): RESTART=1 starts it "
+        f"over with this one, or choose another SAVE_DIR" for d in order] + ["grid.sh: RTE: nothing trained"], p.stdout
+    assert tree_state(env["SAVE_DIR"]) == before
     p = run([GRID, "RTE", "--extra", "x"], env, check=0)  # the same command
     assert p.stdout.count("skip ") == 5 and f"resume {unfinished} (unfinished)" in p.stdout
     assert f"checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout
@@ -948,6 +954,12 @@ def test_grid_resumes_and_reports_failures(fake):
     p = run([GRID, "RTE"], env_fail, check=1)
     assert "ran 3, skipped 0, failed 3" in p.stdout
     assert p.stdout.count("run failed:") == 3 and not glob_done(env_fail["SAVE_DIR"])
+
+
+def tree_state(root):
+    """{path: (size, mtime)} of every file under root."""
+    return {os.path.join(d, f): (os.stat(os.path.join(d, f)).st_size, os.stat(os.path.join(d, f)).st_mtime_ns)
+            for d, _, files in os.walk(root) for f in files}
 
 
 def glob_done(root):

@@ -168,8 +168,17 @@ def test_a_grid_without_adam_has_no_verdicts(tmp_path):
     answers = verdicts.answer(runs, root)
     (a,) = answers.values()
     assert a["adam"] is None and a["curve"] == [] and not any("keeps_accuracy" in r for r in a["rows"])
-    md = "\n".join(verdicts.markdown(answers))
-    assert "No adam runs with the probe: no verdicts against Adam" in md and "**Answer**" not in md
+    md = verdicts.markdown(answers)
+    assert "**Answer**" not in "\n".join(md) and ("No adam runs with the probe: no verdicts against Adam. To add them: "
+                                                 "METHODS=\"adam ...\" scripts/glue/grid.sh SST-2 with the grid's other "
+                                                 "variables.") in md
+
+
+def no_adam_line(runs, root):
+    """summary.md's line on a task whose runs lack Adam's (``runs`` without them)."""
+    (line,) = [ln for ln in verdicts.markdown(verdicts.answer([r for r in runs if r["method"] != "adam"], root))
+               if ln.startswith("No adam runs")]
+    return line
 
 
 def test_translation_forgets_in_bleu(tmp_path):
@@ -197,6 +206,10 @@ def test_translation_forgets_in_bleu(tmp_path):
     assert r["name"] == "recadam-k0.1-t10" and -r["forgetting"] == pytest.approx(2.25)
     assert r["keeps_accuracy"] and r["forgets_less"]  # 30.25 against 30.5 (noise 1.58); 4.25 less against 1.27
     assert [(c["stopped_at"], round(-c["forgetting"], 6)) for c in a["curve"]] == [(20, 6.5)]
+    # without Adam's runs: the seq2seq script adds them, one run per seed (grid.sh and its METHODS are GLUE's)
+    assert no_adam_line(runs, root) == ("No adam runs with the probe: no verdicts against Adam. To add them: "
+                                        "scripts/seq2seq/finetune.sh adam with these runs' DATA, PRETRAINED and other "
+                                        "variables, once for each of SEED=1 SEED=2.")
 
 
 def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
@@ -221,6 +234,9 @@ def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
     (a,) = verdicts.answer(runs, root).values()
     assert [round(-c["forgetting"], 6) for c in a["curve"]] == [0.05, 0.10, 0.20]
     assert a["rows"][1]["forgets_less"] and a["rows"][1]["keeps_accuracy"]  # one seed each: the floors alone
+    assert no_adam_line(runs, root) == ("No adam runs with the probe: no verdicts against Adam. To add them: "
+                                        "METHOD=adam scripts/glue/multitask.sh with these runs' TASKS, FORGETTING_PROBE "
+                                        "and other variables, once for each of SEED=1.")
 
 
 PAGE = "docs/forgetting-your-task.md"
@@ -234,7 +250,7 @@ def test_the_page_s_walk_through_as_printed(tmp_path):
     from helpers import ROOT, base_env, marked_bash_lines
 
     lines = marked_bash_lines(PAGE, "<!-- your-task:start -->", "<!-- your-task:end -->")
-    assert lines[0].startswith("make demo") and "grid.sh SST-2" in lines[2] and "summarize.py runs" in lines[3]
+    assert lines[0].startswith("make demo") and "grid.sh SST-2" in lines[2] and "summarize.py probe-runs" in lines[3]
     for name in ("scripts", "recadam_fairseq"):
         os.symlink(os.path.join(ROOT, name), tmp_path / name)
     os.symlink(os.path.dirname(os.path.dirname(os.path.abspath(sys.executable))), tmp_path / ".venv")
@@ -251,18 +267,18 @@ def test_the_page_s_walk_through_as_printed(tmp_path):
         return p.stdout
 
     assert "SST-2: ran 6, skipped 0, failed 0" in shell(*lines[1:3])
-    runs = tmp_path / "runs" / "SST-2"
+    runs = tmp_path / "probe-runs" / "SST-2"
     planned = sorted(str(d.relative_to(runs)) for d in runs.glob("*/seed*"))
     assert planned == [f"{s}/seed{n}" for s in ("adam", "llrd-d0.9", "recadam-k0.1-t10") for n in (1, 2)]
     for d in planned:
         assert "--forgetting-probe demo-out/probe" in (runs / d / "command.sh").read_text()
-    write_grid(str(tmp_path / "runs"))  # what the six runs (and one more setting) log, done
+    write_grid(str(tmp_path / "probe-runs"))  # what the six runs (and one more setting) log, done
     out = shell(lines[1], lines[3])
     written = lines[3].split("#", 1)[1].strip().split(", ")
     assert all(os.path.isfile(tmp_path / f) for f in written) and all(f in out for f in written)
     page = open(os.path.join(ROOT, PAGE), encoding="utf-8").read()
     shown = [ln[2:] for ln in page.splitlines() if ln.startswith("> ")]
-    md = (tmp_path / "runs" / "summary.md").read_text().splitlines()
+    md = (tmp_path / "probe-runs" / "summary.md").read_text().splitlines()
     assert all(ln in md for ln in shown[:3])  # the heading, the table's header and rule
     assert [ln.split(" | ")[0] for ln in shown if ln.startswith("| ") and not ln.startswith("| setting")] == [
         "| adam", "| recadam-k0.1-t10", "| llrd-d0.9"]

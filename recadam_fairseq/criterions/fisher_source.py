@@ -145,7 +145,8 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[
     half = dtype == torch.float16
     scale = FP16_SCALE if half else 1.0
     sums = ewc.FisherSum(params)
-    progress = Progress(examples or -(-len(criterion.task.dataset(cfg.train_subset)) // world))
+    shard = -(-len(criterion.task.dataset(cfg.train_subset)) // world)  # this rank's share of the split
+    progress = Progress(min(examples, shard) if examples else shard)  # what the pass will see, not the flag's N
     was_training = inner.training
     inner.eval()
     try:

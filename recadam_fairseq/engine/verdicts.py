@@ -13,7 +13,7 @@ import re
 from collections import defaultdict
 
 from recadam_fairseq import catalogue
-from recadam_fairseq.core.glue_tasks import head_name
+from recadam_fairseq.core.glue_tasks import TASKS as GLUE_TASKS, head_name
 from recadam_fairseq.engine import stats
 from recadam_fairseq.engine.aggregate import order, run_forgetting, to_float
 from recadam_fairseq.engine.fairseq_log import parse_log
@@ -105,7 +105,20 @@ def task_answer(task, runs, root):
     curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
         if adam is not None else []
     return judge(task, scored[0]["metric"], scored[0]["forgetting_metric"], rows, curve,
-                 max((to_float(r["last_update"]) or 0 for r in scored), default=0))
+                 max((to_float(r["last_update"]) or 0 for r in scored), default=0), add_adam=adam_command(task, scored))
+
+
+def adam_command(task, runs):
+    """How a user adds Adam's runs beside one task's ``runs``, in the script that made them: grid.sh's METHODS for a
+    GLUE task; multitask.sh and scripts/seq2seq/finetune.sh take one METHOD and one SEED a run."""
+    seeds = " ".join(f"SEED={s}" for s in sorted({str(r["seed"]) for r in runs}, key=lambda s: (len(s), s)))
+    if runs[0]["path"].split(os.sep)[0] == MTL:
+        return (f"To add them: METHOD=adam scripts/glue/multitask.sh with these runs' TASKS, FORGETTING_PROBE and "
+                f"other variables, once for each of {seeds}.")
+    if task in GLUE_TASKS:
+        return f"To add them: METHODS=\"adam ...\" scripts/glue/grid.sh {task} with the grid's other variables."
+    return (f"To add them: scripts/seq2seq/finetune.sh adam with these runs' DATA, PRETRAINED and other variables, "
+            f"once for each of {seeds}.")
 
 
 def adam_row(rows):
@@ -113,11 +126,12 @@ def adam_row(rows):
     return next((r for r in rows if r["name"] == "adam"), next((r for r in rows if r["method"] == "adam"), None))
 
 
-def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its best validation"):
+def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its best validation", add_adam=""):
     """The answer of one task's settings (``setting_row``s, WiSE-FT points under ``interpolated``): the frontier,
     each setting's Pareto rank and, against Adam, the noise-aware verdicts (engine/stats.py's rule, the floors in
-    the metric's units; ``at``: where each setting was read, for the figure). The grid's summary and the translation
-    comparison both read their rows through it."""
+    the metric's units; ``at``: where each setting was read, for the figure; ``add_adam``: the command that adds
+    Adam's runs, said when there are none). The grid's summary and the translation comparison both read their rows
+    through it."""
     stats.frontier(rows)
     ranks = stats.pareto_ranks(rows)
     adam = adam_row(rows)
@@ -131,7 +145,8 @@ def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its be
                 p["keeps_accuracy"] = stats.keeps_accuracy_within_noise(p, adam, acc_floor)
                 p["forgets_less"] = stats.forgets_less_beyond_noise(p, adam, fgt_floor)
     return {"task": task, "metric": metric, "forgetting_metric": forgetting_metric, "rows": rows,
-            "curve": list(curve), "adam": adam, "floors": (acc_floor, fgt_floor), "updates": updates, "at": at}
+            "curve": list(curve), "adam": adam, "floors": (acc_floor, fgt_floor), "updates": updates, "at": at,
+            "add_adam": add_adam}
 
 
 def answer(runs, root):
@@ -225,7 +240,8 @@ def task_markdown(a, wise_text=WISE_TEXT):
                       + yes(p.get("keeps_accuracy")) + " | " + yes(p.get("forgets_less")) + " |")
         md.append("")
     if a["adam"] is None:
-        return md + ["No adam runs with the probe: no verdicts against Adam (METHODS=\"adam ...\" adds them).", ""]
+        return md + [" ".join(filter(None, ["No adam runs with the probe: no verdicts against Adam.", a.get("add_adam")])),
+                     ""]
     best = winners(a)
     return md + [("**Answer**: " + ", ".join(f"{r['name']} ({'on' if r['frontier'] else 'off'} the frontier)"
                                              for r in best)

@@ -1,7 +1,10 @@
 """Plot fairseq json logs of recadam (and plain adam) runs: λ(t), Σ(θ−θ*)², target loss, dev metric,
 and the forgetting meter's change since θ* where a run has it (--forgetting-probe).
 
-    python scripts/plot_run.py RUN1/train.log RUN2/train.log --labels recadam adam --out runs.png
+    python scripts/plot_run.py RUN1/train.log RUN2/train.log --labels recadam adam --out runs.png [--table]
+
+--table also prints, as a Markdown table, each run's best dev metric and its update by summarize.py's rule (the
+later of equal validations, as fairseq's checkpoint_best.pt), with the forgetting there and at its last validation.
 
 A log is what `fairseq-train --log-format json` prints (or writes with --log-file). One line per
 run in each panel, against updates; runs without recadam metrics (e.g. --optimizer adam) simply
@@ -11,7 +14,9 @@ have no λ / distance line.
 import argparse
 import os
 
-from recadam_fairseq.engine.fairseq_log import read_log
+from recadam_fairseq.core.forgetting import label as forgetting_label
+from recadam_fairseq.engine.aggregate import best_of, run_forgetting
+from recadam_fairseq.engine.fairseq_log import parse_log, read_log
 
 DEV_METRICS = ("accuracy", "mcc", "f1", "pearson", "spearman", "acc_and_f1")
 
@@ -41,6 +46,11 @@ FORGETTING = [  # (the meter's valid key, the panel's title), the first a run ha
 ]
 
 
+def run_labels(paths, labels=None):
+    """The given labels, or each log's directory name."""
+    return labels or [os.path.basename(os.path.dirname(os.path.abspath(p))) or p for p in paths]
+
+
 def plot(paths, labels=None, out="run.png", metric=None):
     """Write the PNG and return the matplotlib figure (four panels, one line per run)."""
     import matplotlib
@@ -49,7 +59,7 @@ def plot(paths, labels=None, out="run.png", metric=None):
     import matplotlib.pyplot as plt
 
     logs = [read_log(p) for p in paths]
-    labels = labels or [os.path.basename(os.path.dirname(os.path.abspath(p))) or p for p in paths]
+    labels = run_labels(paths, labels)
     if len(labels) != len(paths):
         raise SystemExit(f"--labels: {len(labels)} labels for {len(paths)} logs")
     metric = metric or pick_metric(logs)
@@ -90,15 +100,40 @@ def plot(paths, labels=None, out="run.png", metric=None):
     return fig
 
 
+def _signed(x) -> str:
+    return "" if x is None else f"{x:+.2g}".replace("-", "−")
+
+
+def table(paths, labels, metric):
+    """The Markdown lines of each run's best dev ``metric`` (update) by summarize.py's rule (engine/aggregate.best_of),
+    and its forgetting (positive = forgot) at that validation and at its last one."""
+    rows, meter = [], None
+    for path, name in zip(paths, labels):
+        entries = parse_log(path)[0].get("valid", [])
+        best, at = best_of(entries, metric)
+        there, end = (run_forgetting(e) if e else None for e in (at, entries[-1] if entries else None))
+        meter = meter or next((f[0] for f in (there, end) if f), None)
+        rows.append(f"| {name} | " + ("none" if best is None else f"{best:.1f} ({at.get('num_updates', '?')})")
+                    + f" | {_signed(there and there[1])} / {_signed(end and end[1])} |")
+    fgt = f"forgetting, {forgetting_label(meter)} since θ*" if meter else "forgetting (no meter)"
+    return [f"| run | dev {metric}: best (update) | {fgt}: at the best / at the last validation |",
+            "|---|---|---|", *rows]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("logs", nargs="+", help="fairseq json logs (--log-format json)")
     ap.add_argument("--labels", nargs="+", help="one label per log (default: the log's directory name)")
     ap.add_argument("--metric", help=f"dev metric to plot (default: the first found of {', '.join(DEV_METRICS)})")
     ap.add_argument("--out", default="run.png", help="PNG to write")
+    ap.add_argument("--table", action="store_true", help="also print each run's best dev metric (update), by "
+                    "summarize.py's rule, and its forgetting there and at the end, as a Markdown table")
     args = ap.parse_args(argv)
     plot(args.logs, args.labels, args.out, args.metric)
     print(args.out)
+    if args.table:
+        metric = args.metric or pick_metric([read_log(p) for p in args.logs])
+        print("\n".join(table(args.logs, run_labels(args.logs, args.labels), metric)))
 
 
 if __name__ == "__main__":

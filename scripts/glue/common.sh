@@ -123,23 +123,25 @@ has_checkpoints() { compgen -G "$1/checkpoint*.pt" > /dev/null; }
 # write_command RUN TITLE SETTINGS N_TRAIN_WORDS CMD...: RUN/command.sh, after deciding what RUN holds:
 # RESTART=1 clears it; a finished run stops here (exit 0); another command for a started run is an error
 # (the comparison includes command.sh's `cd` line: relative paths mean another thing from elsewhere).
+# CHECK_RUN=1: that error or exit 0, nothing written or cleared (grid.sh asks it of every run before training).
 write_command() {
   local run=$1 title=$2 settings=$3 n=$4
   shift 4
-  local cmd=("$@") body
+  local cmd=("$@") body check=${CHECK_RUN:-0}
   body=$(render_command "$n" "${cmd[@]}")
   if [ "${RESTART:-0}" = 1 ] && [ -d "$run" ]; then
-    if [ "$DRY_RUN" != 1 ]; then
+    if [ "$DRY_RUN" != 1 ] && [ "$check" != 1 ]; then
       note "RESTART=1: starting $run over"
       rm -f "$run"/checkpoint*.pt "$run"/checkpoint*.pt.tmp "$run"/checkpoint_last.pt.bad-* "$run/done" "$run/train.log"
     fi
   elif [ -f "$run/command.sh" ] && { has_checkpoints "$run" || [ -f "$run/done" ]; } &&
        [ "$(grep -v '^#' "$run/command.sh" | flag_lines)" != "$(echo "$body" | flag_lines)" ]; then
     die "$run was started with another command ($(command_change "$(grep -v '^#' "$run/command.sh")" "$body")): RESTART=1 starts it over with this one, or choose another SAVE_DIR"
-  elif [ -f "$run/done" ] && [ "$DRY_RUN" != 1 ]; then
+  elif [ -f "$run/done" ] && [ "$DRY_RUN" != 1 ] && [ "$check" != 1 ]; then
     echo "== already done: $run ($(run_score "$run"); RESTART=1 trains it again)"
     exit 0
   fi
+  [ "$check" != 1 ] || exit 0
   mkdir -p "$run"
   { echo "#!/usr/bin/env bash"
     echo "# $title, written by scripts/$(basename "$(dirname "$0")")/$(basename "$0") on $(date '+%Y-%m-%d %H:%M:%S')"

@@ -6,8 +6,9 @@
 # Runs scripts/glue/finetune.sh TASK METHOD for every seed in SEEDS and method in METHODS; the
 # methods with RecAdam's knobs (recadam-*, ewc) once per (k, t0) in KS x T0S, the others once per seed.
 # A run whose `done` marker exists is skipped ("skip"); an unfinished one continues from its newest
-# checkpoint ("resume"; RESTART=1 starts every run of the grid over). A failed run does not stop the grid:
-# the failures are listed at the end (exit 1).
+# checkpoint ("resume"; RESTART=1 starts every run of the grid over). A run directory started or finished
+# with another command (other variables or args) stops the grid before it trains anything, one line each
+# (finetune.sh's). A failed run does not stop the grid: the failures are listed at the end (exit 1).
 #
 # Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]
 #              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
@@ -36,39 +37,61 @@ for m in $METHODS; do  # the catalogue's (recadam_fairseq/catalogue.py), as fine
 done
 [ -n "${KS// }" ] && [ -n "${T0S// }" ] && [ -n "${SEEDS// }" ] || die "KS, T0S and SEEDS must not be empty"
 
-failed=()
-n_run=0 n_skip=0
-one() {  # one() SEED METHOD [K T0]; the extra fairseq-train args are in EXTRA
-  local seed=$1 method=$2 run
-  local env=(SEED="$seed")
-  [ $# -lt 4 ] || env+=(K="$3" T0="$4")
-  run=$(env "${env[@]}" PRINT_RUN_DIR=1 bash "$FINETUNE" "$TASK" "$method")  # exits 2 on a bad TASK
-  if [ -f "$run/done" ] && [ "${RESTART:-0}" != 1 ]; then
-    echo "skip $run (done)"
-    n_skip=$((n_skip + 1))
-    return
-  fi
-  [ ! -e "$run/train.log" ] || [ "${RESTART:-0}" = 1 ] || echo "resume $run (unfinished)"
-  n_run=$((n_run + 1))
-  if ! env "${env[@]}" bash "$FINETUNE" "$TASK" "$method" ${EXTRA[@]+"${EXTRA[@]}"}; then
-    echo "grid.sh: run failed: $run" >&2
-    failed+=("$run")
-  fi
-}
-
 EXTRA=("$@")
+jobs=()  # "SEED METHOD [K T0]", in the order they run
 for seed in $SEEDS; do
   for method in $METHODS; do
     if [ -z "${KT[$method]:-}" ]; then  # no RecAdam knobs: no (k, t0) grid
-      one "$seed" "$method"
+      jobs+=("$seed $method")
     else
       for k in $KS; do
         for t0 in $T0S; do
-          one "$seed" "$method" "$k" "$t0"
+          jobs+=("$seed $method $k $t0")
         done
       done
     fi
   done
+done
+
+job_env() {  # job_env SEED METHOD [K T0]: ENV and JOB_METHOD for finetune.sh
+  ENV=(SEED="$1") JOB_METHOD=$2
+  [ $# -lt 4 ] || ENV+=(K="$3" T0="$4")
+}
+
+# Before training anything: every run directory, and none started (or finished) with another command than
+# the one the grid gives it (finetune.sh's own check and one-line error: a `done` run of another command is
+# not this grid's).
+runs=() conflicts=0
+for job in "${jobs[@]}"; do
+  job_env $job
+  run=$(env "${ENV[@]}" PRINT_RUN_DIR=1 bash "$FINETUNE" "$TASK" "$JOB_METHOD")  # exits 2 on a bad TASK
+  runs+=("$run")
+  [ -f "$run/command.sh" ] && [ "${RESTART:-0}" != 1 ] || continue
+  if ! err=$(env "${ENV[@]}" CHECK_RUN=1 bash "$FINETUNE" "$TASK" "$JOB_METHOD" ${EXTRA[@]+"${EXTRA[@]}"} 2>&1 >/dev/null); then
+    msg=$(grep '^finetune.sh: error: ' <<< "$err" | tail -1 || true)
+    msg=${msg#finetune.sh: error: }
+    echo "grid.sh: error: ${msg:-$(tail -1 <<< "$err")}" >&2
+    conflicts=$((conflicts + 1))
+  fi
+done
+[ "$conflicts" = 0 ] || { echo "grid.sh: $TASK: nothing trained" >&2; exit 2; }
+
+failed=()
+n_run=0 n_skip=0
+for i in "${!jobs[@]}"; do
+  job_env ${jobs[i]}
+  run=${runs[i]}
+  if [ -f "$run/done" ] && [ "${RESTART:-0}" != 1 ]; then
+    echo "skip $run (done)"
+    n_skip=$((n_skip + 1))
+    continue
+  fi
+  [ ! -e "$run/train.log" ] || [ "${RESTART:-0}" = 1 ] || echo "resume $run (unfinished)"
+  n_run=$((n_run + 1))
+  if ! env "${ENV[@]}" bash "$FINETUNE" "$TASK" "$JOB_METHOD" ${EXTRA[@]+"${EXTRA[@]}"}; then
+    echo "grid.sh: run failed: $run" >&2
+    failed+=("$run")
+  fi
 done
 
 echo "grid.sh: $TASK: ran $n_run, skipped $n_skip, failed ${#failed[@]}"
