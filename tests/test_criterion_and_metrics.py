@@ -190,7 +190,7 @@ def test_plot_run_renders_real_logs(json_runs, tmp_path):
         " |  /  |")
     # of equal best scores the later, as summarize.py and checkpoint_best.pt take it
     tie = tmp_path / "tie.log"
-    tie.write_text("".join(f"x | INFO | valid | " + json.dumps({"epoch": 1, "valid_accuracy": a, "valid_num_updates": n,
+    tie.write_text("".join("x | INFO | valid | " + json.dumps({"epoch": 1, "valid_accuracy": a, "valid_num_updates": n,
                                                                   "valid_fgt_mlm_loss_delta": f}) + "\n"
                            for n, a, f in (("176", "84.4", "-0.0016"), ("240", "84.4", "-0.0021"), ("300", "80", "0.0008"))))
     assert plot_run.table([str(tie)], ["adam"], "accuracy")[2] == "| adam | 84.4 (240) | −0.0021 / +0.0008 |"

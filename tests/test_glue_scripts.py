@@ -933,7 +933,7 @@ def test_grid_resumes_and_reports_failures(fake):
     assert tree_state(env["SAVE_DIR"]) == before
     p = run([GRID, "RTE", "--extra", "x"], env, check=0)  # the same command
     assert p.stdout.count("skip ") == 5 and f"resume {unfinished} (unfinished)" in p.stdout
-    assert f"checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout
+    assert "checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout
     assert f"no complete checkpoint in {unfinished}: starting from the pretrained model" in p.stdout
     assert "ran 1, skipped 5" in p.stdout
     assert os.path.exists(os.path.join(unfinished, "done"))
