@@ -20,6 +20,7 @@ import time
 from collections import defaultdict
 
 import pytest
+import torch
 
 from helpers import (ROOT, USER_DIR, anchors, assert_same_run, base_env, code_carrying, fast_python,
                      fast_train, run_plan)
@@ -171,8 +172,6 @@ def hydra_cmd(tiny, out):
 def load_cfg(path):
     """A checkpoint's cfg. Not conftest.load_ckpt: fairseq stores STS-B's best pearson as a numpy
     scalar, which torch.load(weights_only=True) refuses; these files are the tests' own."""
-    import torch
-
     return torch.load(path, map_location="cpu", weights_only=False)["cfg"]
 
 
@@ -199,8 +198,6 @@ def test_the_terminal_says_how_the_run_did_and_nothing_else(glue):
     at = [u for v, u in update if float(v) == best][-1]  # of equal scores the later: fairseq's checkpoint_best.pt
     assert out[-1] == (f"== done: {run_dir} (best dev accuracy {best:g} at update {at} of 8 (checkpoint_best.pt), "
                        f"{len(scores)} validations)")
-    import torch
-
     kept = torch.load(run_dir / "checkpoint_best.pt", map_location="cpu", weights_only=False)
     assert kept["optimizer_history"][-1]["num_updates"] == int(at)  # the file the line names holds that update
     assert f"== RTE adam seed 1 -> {run_dir}" in out
@@ -306,8 +303,6 @@ def test_grid_runs_then_skips(glue):
 
 def _final_state(run_dir):
     """checkpoint_last.pt (not helpers.load_ckpt: fairseq stores STS-B's best pearson as a numpy scalar)."""
-    import torch
-
     return torch.load(run_dir / "checkpoint_last.pt", map_location="cpu", weights_only=False)
 
 
@@ -353,8 +348,6 @@ def test_killed_run_resumes_bit_for_bit(glue):
 def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
     """A cut-short checkpoint_last.pt is set aside for the newest complete one; a checkpoint that cannot be
     read for another reason (one that carries code; this Python has no torch) stops, and nothing is moved."""
-    import torch
-
     from recadam_fairseq.tools import prelaunch  # scripts/glue/prelaunch.py's code
 
     for n, name in ((4, "checkpoint_1_4.pt"), (4, "checkpoint_best.pt"), (2, "checkpoint_1_2.pt")):
@@ -701,8 +694,8 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
     base = flags(adam)[0]
     off = {k: knob.off_default for k, knob in catalogue.KNOBS.items()}
     assert all(v and v != catalogue.KNOBS[k].default for k, v in off.items()), off
-    off["fisher"] = str(fake.tmp / off["fisher"])  # (a file: made here, absolute)
-    open(off["fisher"], "w").close()
+    off["fisher"] = str(fake.tmp / off["fisher"])  # (a file: made here, absolute; read for its form only)
+    torch.save({"fisher": {"w": torch.ones(2)}}, off["fisher"])
     for name in catalogue.names(scripts=True):
         m = catalogue.get(name)
         values = {k: off[k] for k in m.knobs}
@@ -885,8 +878,6 @@ def test_ewc_from_the_scripts(fake):
     """--help lists the catalogue's METHODs (ewc and recadam-ewc among them) and EWC_FISHER; EWC_FISHER=FILE runs in
     a run directory of its own (the file's name), not the task Fisher's; a file that carries code stops in one line
     before anything is written (the plug-in's words), and its code never runs."""
-    import torch
-
     p = run([FINETUNE, "--help"], fake.env, check=0)
     listed = p.stdout.split("METHOD (the catalogue", 1)[1].split("\n", 1)[1].split("The methods' knobs", 1)[0].split()
     assert listed == catalogue.names(scripts=True) and {"ewc", "recadam-ewc"} <= set(listed)
