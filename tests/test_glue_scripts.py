@@ -922,7 +922,9 @@ def test_grid_resumes_and_reports_failures(fake):
         f"grid.sh: error: {d} was started with another command (was: --extra x; now: nothing): RESTART=1 starts it "
         f"over with this one, or choose another SAVE_DIR" for d in order] + ["grid.sh: RTE: nothing trained"], p.stdout
     assert tree_state(env["SAVE_DIR"]) == before
-    p = run([GRID, "RTE", "--extra", "x"], env, check=0)  # the same command
+    # the same command; finetune.sh's modes in the caller's environment are not the grid's runs' (they would exit 0
+    # untrained: no done marker below)
+    p = run([GRID, "RTE", "--extra", "x"], dict(env, CHECK_RUN="1", PRINT_RUN_DIR="1"), check=0)
     assert p.stdout.count("skip ") == 5 and f"resume {unfinished} (unfinished)" in p.stdout
     assert "checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout
     assert f"no complete checkpoint in {unfinished}: starting from the pretrained model" in p.stdout

@@ -14,6 +14,8 @@
 #              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
 #              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
 set -euo pipefail
+# finetune.sh's modes, set per call below: from the caller's environment, every run would exit 0 untrained
+unset CHECK_RUN PRINT_RUN_DIR
 
 die() { echo "grid.sh: error: $*" >&2; exit 2; }
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
