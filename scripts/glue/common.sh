@@ -141,7 +141,8 @@ write_command() {
     echo "== already done: $run ($(run_score "$run"); RESTART=1 trains it again)"
     exit 0
   fi
-  [ "$check" != 1 ] || exit 0
+  # said, so that a CHECK_RUN=1 left in a user's environment is not a silent exit 0 (multitask.sh, seq2seq too)
+  [ "$check" != 1 ] || { echo "== CHECK_RUN=1: $run: no run of another command in the way; nothing trained"; exit 0; }
   mkdir -p "$run"
   { echo "#!/usr/bin/env bash"
     echo "# $title, written by scripts/$(basename "$(dirname "$0")")/$(basename "$0") on $(date '+%Y-%m-%d %H:%M:%S')"

@@ -37,8 +37,8 @@
 #   RESTART=1     start the run over (its checkpoints and log are deleted)
 #   DRY_RUN=1     write $RUN/command.sh and print it; train nothing
 #   PRINT_RUN_DIR=1  print the run directory and exit (used by grid.sh)
-#   CHECK_RUN=1   stop as a run would on a run directory started with another command, else exit 0; write
-#                 nothing (used by grid.sh before it trains anything)
+#   CHECK_RUN=1   stop as a run would on a run directory started with another command, else say so and exit 0;
+#                 write nothing (used by grid.sh before it trains anything)
 #
 # The run directory gets command.sh (the exact command), run.json (the settings), train.log
 # (fairseq's --log-format json output, with stderr, written by fairseq-train; appended to on resume) and, on
