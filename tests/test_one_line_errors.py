@@ -132,6 +132,32 @@ def test_plain_fairseq_train_refuses_a_checkpoint_carrying_code_in_one_line(runs
     assert not (runs["root"] / name / "made").exists() and not (runs["root"] / "payload-ran").exists()
 
 
+def test_the_fisher_file_under_each_spelling_is_read_at_the_import(tmp_path, monkeypatch):
+    """plumbing/restore_check.py in-process: --ewc-fisher's file is read whether the flag is given as FILE, =FILE or
+    Hydra's criterion./optimizer. key, a missing one too (nothing else checks it before fairseq makes --save-dir);
+    task and '' (off) name no file."""
+    import types
+
+    from recadam_fairseq.core.errors import ConfigError
+    from recadam_fairseq.plumbing import restore_check
+
+    monkeypatch.setitem(sys.modules, "fairseq_cli.train", types.ModuleType("fairseq_cli.train"))  # a trainer's process
+    missing, other, good = (str(tmp_path / n) for n in ("missing.pt", "other.pt", "good.pt"))
+    torch.save({"model": {"w": torch.ones(2)}}, other)
+    torch.save({"fisher": {"w": torch.ones(2)}}, good)
+    save = ["--save-dir", str(tmp_path / "save")]
+    cases = {missing: "no such file (write one with scripts/fisher.py, or use --ewc-fisher task)",
+             other: "not a Fisher file (scripts/fisher.py writes a dict with a non-empty 'fisher')"}
+    for path, says in cases.items():
+        for spelled in (["--ewc-fisher", path], [f"--ewc-fisher={path}"], [f"criterion.ewc_fisher={path}"],
+                        [f"+optimizer.ewc_fisher={path}"]):
+            with pytest.raises(ConfigError) as e:
+                restore_check.check(spelled + save)
+            assert str(e.value) == f"--ewc-fisher {path}: {says}", spelled
+    for value in (good, "task", ""):
+        restore_check.check(["--ewc-fisher", value, *save])
+
+
 def test_a_checkpoint_only_fairseq_cannot_read_is_one_line(runs):
     """A file the plug-in reads but fairseq's loader cannot (no optimizer history): fairseq's own failure, as one
     line naming the file (plumbing/errors_hook.py)."""

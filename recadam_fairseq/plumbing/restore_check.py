@@ -2,8 +2,8 @@
 
 ``--restore-file``, ``--finetune-from-model``, a resumed run's ``SAVE_DIR/checkpoint_last.pt`` and the file of
 ``--ewc-fisher FILE``: a file that carries code (refused), is cut short or is no fairseq checkpoint (no Fisher
-file) stops the run in one line, before fairseq creates ``--save-dir`` or logs anything (core/checkpoint_file.py's
-words, as every other reader of a file).
+file, or none at all) stops the run in one line, before fairseq creates ``--save-dir`` or logs anything
+(core/checkpoint_file.py's words, as every other reader of a file).
 
 fairseq's ``main`` creates the save directory and logs its config before it builds any component, and loads the
 file after that; the plug-in's one point before both is its own import (``--user-dir``, during fairseq's
@@ -40,7 +40,8 @@ def named(argv: List[str]) -> Dict[str, str]:
 
 
 def files(argv: List[str]) -> List[Tuple[str, str]]:
-    """(what, path) of each existing file fairseq's restore rule may load (a missing one is config.py's error)."""
+    """(what, path) of each existing file fairseq's restore rule may load (a missing one is config.py's error), and
+    --ewc-fisher's file, missing or not (nothing checks it before fairseq makes --save-dir)."""
     v = named(argv)
     out = [("--finetune-from-model", v["--finetune-from-model"])] if v.get("--finetune-from-model") else []
     restore = v.get("--restore-file", "checkpoint_last.pt")
@@ -48,9 +49,10 @@ def files(argv: List[str]) -> List[Tuple[str, str]]:
         out.append(("resuming from", os.path.join(v.get("--save-dir", "checkpoints"), restore)))
     elif restore:
         out.append(("--restore-file", restore))
-    if v.get(ewc.FLAG, ewc.TASK) != ewc.TASK:
+    out = [(what, path) for what, path in out if os.path.isfile(path)]
+    if v.get(ewc.FLAG, ewc.TASK) not in (ewc.TASK, ""):  # "": EWC off
         out.append((ewc.FLAG, v[ewc.FLAG]))
-    return [(what, path) for what, path in out if os.path.isfile(path)]
+    return out
 
 
 def check(argv=None) -> None:
