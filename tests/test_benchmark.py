@@ -98,7 +98,8 @@ def test_a_size_in_elements_is_one_flat_tensor(capsys):
     assert bench.parse_args(["--sizes", "tiny", "25M", "--layouts", "flat"]).sizes == ["tiny", "25M"]
     for argv, says in ((["--sizes", "25M"], "--sizes 25M: a number of elements has no model's tensors"),
                        (["--sizes", "25M", "--layouts", "flat", "--llrd"], "without --llrd"),
-                       (["--sizes", "25", "--layouts", "flat"], "--sizes: size '25': one of tiny, base, large")):
+                       (["--sizes", "25", "--layouts", "flat"], "--sizes: size '25': one of tiny, base, large"),
+                       (["--sizes", "0.0000001M", "--layouts", "flat"], "--sizes: size '0.0000001M': one of")):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
         assert says in capsys.readouterr().err

@@ -78,10 +78,11 @@ def flat_elements(size: str) -> Optional[int]:
     if size in SIZES:
         return None
     m = re.fullmatch(r"(\d+(?:\.\d+)?)M", size)
-    if not m or float(m.group(1)) <= 0:
+    n = round(float(m.group(1)) * 1e6) if m else 0
+    if n < 1:  # 0.0000001M rounds to no element
         raise ValueError(f"size {size!r}: one of {', '.join(SIZES)}, or millions of elements of a flat tensor "
                          f"such as 25M")
-    return round(float(m.group(1)) * 1e6)
+    return n
 
 
 def size_numel(size: str) -> int:
