@@ -4,10 +4,11 @@
 # meter on held-out text; plot_run.py draws the four runs and prints docs/ewc.md's table (each run's best
 # dev accuracy by summarize.py's rule, the later of equal ones). Uses `make demo`'s tiny model and probe
 # (made here when missing). Run from the repository's root with the venv's python and fairseq-train
-# on PATH: PATH=.venv/bin:$PATH bash scripts/ewc_demo.sh   (~4 min on 2 cores)
+# on PATH: PATH=.venv/bin:$PATH bash scripts/ewc_demo.sh   (about a minute on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-demo-out}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}  # two runs at a time on a model this small: one thread each
 mkdir -p "$OUT/ewc"
 read -r -a ARCH <<< "$(python scripts/make_tiny_roberta.py --arch-flags)"
 [ -f "$OUT/tiny/pretrained.pt" ] || python scripts/make_tiny_roberta.py "$OUT/tiny" > "$OUT/make_tiny.log" 2>&1

@@ -14,6 +14,8 @@ have no λ / distance line.
 import argparse
 import os
 
+import numpy as np
+
 from recadam_fairseq.core.forgetting import label as forgetting_label
 from recadam_fairseq.engine.aggregate import best_of, run_forgetting
 from recadam_fairseq.engine.fairseq_log import parse_log, read_log
@@ -101,7 +103,10 @@ def plot(paths, labels=None, out="run.png", metric=None):
 
 
 def _signed(x) -> str:
-    return "" if x is None else f"{x:+.2g}".replace("-", "−")
+    """Two significant digits, signed, without an exponent (the table's −0.00001, not −1e−05)."""
+    if x is None:
+        return ""
+    return np.format_float_positional(x, precision=2, unique=False, fractional=False, trim="-", sign=True).replace("-", "−")
 
 
 def table(paths, labels, metric):
