@@ -661,7 +661,7 @@ def test_sam_method_flags(fake):
     # grid.sh: sam and fsam once per seed, recadam-fsam once per (k, t0)
     env = dict(fake.env, KS="0.1 0.5", T0S="100", SEEDS="1", METHODS="sam fsam recadam-fsam",
                SAVE_DIR=os.path.join(fake.tmp, "grid-sam"))
-    p = run([GRID, "RTE"], env, check=0)
+    run([GRID, "RTE"], env, check=0)
     runs = os.path.join(env["SAVE_DIR"], "RTE")
     assert sorted(os.path.relpath(os.path.dirname(d), runs) for d in glob_done(runs)) == sorted(
         os.path.join(n, "seed1") for n in ("sam-rho0.05", "fsam-rho0.05", "recadam-fsam-k0.1-t100-rho0.05",
