@@ -61,9 +61,14 @@ def wise_rows(name, method, points):
             for a in sorted({b for _, b, _, _ in points})]
 
 
+def multitask(run) -> bool:
+    """A row of a multi-task run (scripts/glue/multitask.sh's RUNS_DIR/MTL/<NAME>/seed<N>)."""
+    return run["path"].split(os.sep)[0] == MTL
+
+
 def metric_key(run):
     """The run's metric as its validations log it: a multi-task run's under its task's head."""
-    return f"{head_name(run['task'])}_{run['metric']}" if run["path"].split(os.sep)[0] == MTL else run["metric"]
+    return f"{head_name(run['task'])}_{run['metric']}" if multitask(run) else run["metric"]
 
 
 def adam_curve(adam_runs, root):
@@ -112,7 +117,7 @@ def adam_command(task, runs):
     """How a user adds Adam's runs beside one task's ``runs``, in the script that made them: grid.sh's METHODS for a
     GLUE task; multitask.sh and scripts/seq2seq/finetune.sh take one METHOD and one SEED a run."""
     seeds = " ".join(f"SEED={s}" for s in sorted({str(r["seed"]) for r in runs}, key=lambda s: (len(s), s)))
-    if runs[0]["path"].split(os.sep)[0] == MTL:
+    if multitask(runs[0]):
         return (f"To add them: METHOD=adam scripts/glue/multitask.sh with these runs' TASKS, FORGETTING_PROBE and "
                 f"other variables, once for each of {seeds}.")
     if task in GLUE_TASKS:
