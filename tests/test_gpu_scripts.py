@@ -78,6 +78,28 @@ def test_table_goes_into_the_performance_page_block(e2e_run):
     assert "| recadam | adam |" in md and "| ca-mtl | mt-roberta |" in md
 
 
+def test_fisher_pass_against_adams_training_per_example():
+    """In-process, two rounds' recorded runs: EWC's row says its Fisher pass's seconds (the median), per example, and
+    against adam's training per example (adam's median ms / update over the batch size); a row without one says
+    nothing of it."""
+    from types import SimpleNamespace
+
+    from recadam_fairseq.tools import e2e_overhead as e2e
+
+    def run(s, fisher=None):
+        return {"s_per_update": s, "peak_bytes": None, "trained": 10, "command": [], "fisher_s": fisher,
+                "fisher_examples": 1024 if fisher else None}
+
+    runs = {"adam": [run(0.040), run(0.048)], "recadam-coupled": [run(0.050), run(0.052)],
+            "ewc": [run(0.06, 4.1), run(0.06, 3.9)]}
+    rows = {r["method"]: r for r in e2e.summarize(SimpleNamespace(batch_size=32, updates=60), runs)}
+    ewc = rows["ewc"]
+    assert ewc["fisher_s"] == 4.0 and ewc["fisher_ms_per_example"] == pytest.approx(4000 / 1024)
+    assert ewc["fisher_vs_adam_per_example"] == pytest.approx((4000 / 1024) / (44.0 / 32))
+    assert e2e.fisher_cell(ewc) == "4.0 s Fisher (3.91 ms an example, 2.8x adam's training per example)"
+    assert e2e.fisher_cell(rows["adam"]) == "–" and "fisher_ms_per_example" not in rows["adam"]
+
+
 @pytest.mark.parametrize("args, message", [
     (["--precision", "fp16", "--device", "cpu"], "--precision fp16 needs a GPU"),
     (["--updates", "3", "--log-interval", "2"], "needs at least 2 log intervals"),

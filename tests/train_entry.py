@@ -16,6 +16,10 @@ to RECADAM_DUMP_DIR/rank<R>.pt: fairseq itself saves checkpoints from rank 0 onl
 With RECADAM_EXIT_AFTER_SAVES=N, the process dies (exit 137, as a kill) right after fairseq's N-th
 checkpoint save: an interrupted run, for the resume tests.
 
+With RECADAM_COUPLED_REFERENCE set, the coupled objective's distance is computed as it was, through autograd
+(core/ewc.penalty: a graph node per tensor and operation, .item() for the log): the reference its one-node form
+(core/ewc.distance) is compared with.
+
 With RECADAM_SAM_CHECK_RESTORE set, the SAM controller's θ is compared with the values it had before
 every perturbation, bit for bit, at the next micro-batch and before the gradient reduction; the count
 is printed at exit. RECADAM_SAM_POISON=3,7 makes pass 1 of those micro-batches (1-based) non-finite.
@@ -110,7 +114,20 @@ def _sam_test_hooks(check_restore, poison):
         atexit.register(lambda: print(f"sam-restore-checks {checks[0]} pass1-calls {calls[0]}", flush=True))
 
 
+def _coupled_reference():
+    from recadam_fairseq.core import ewc  # the module --user-dir registers: fairseq finds it in sys.modules
+
+    def reference(pull):
+        d = ewc.penalty(list(zip(pull.params, pull.anchors, pull.fisher or [None] * len(pull.params))))
+        d.item()  # the host read the log made
+        return d
+
+    ewc.distance = reference
+
+
 if __name__ == "__main__":
+    if os.environ.get("RECADAM_COUPLED_REFERENCE"):
+        _coupled_reference()
     if os.environ.get("RECADAM_SAM_CHECK_RESTORE") or os.environ.get("RECADAM_SAM_POISON"):
         import recadam_fairseq.core.sam_controller  # noqa: F401  (the module --user-dir registers)
 

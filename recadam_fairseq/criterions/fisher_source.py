@@ -2,9 +2,10 @@
 
 - ``--ewc-fisher task``: the empirical Fisher (1/N)·Σ_i g_i² of the training set at θ*, from per-example
   gradients of N examples (``--ewc-fisher-examples`` per rank, fairseq's batches in epoch-1 order, as
-  ChildTuning-D's passes take them: ``plumbing/batches.train_batches``), computed at the criterion's
-  first training call, before update 1. The model is in eval mode (no dropout: F of θ*'s function, not of
-  a dropout draw); the RNG and the gradients are left as they were. Ranks' sums are added.
+  ChildTuning-D's passes take them: ``plumbing/batches.train_batches``; ``--ewc-fisher-batch-size`` of them a
+  vmap, ``core/per_example.py``), computed at the criterion's first training call, before update 1. The
+  model is in eval mode (no dropout: F of θ*'s function, not of a dropout draw); the RNG and the gradients
+  are left as they were. Ranks' sums are added.
 - ``--ewc-fisher PATH``: a file of ``scripts/fisher.py`` (the same passes, once, reused across runs; with
   fairseq's ``masked_lm`` on held-out text, F of the pretraining objective).
 
@@ -12,6 +13,7 @@ F is laid out as θ* by its users: ``--optimizer recadam`` (``optim/fairseq_reca
 the coupled objective (``criterions/coupled_term.py``). The math (sums, checks, normalisation) is ``core/ewc.py``.
 """
 
+import contextlib
 import logging
 import time
 from typing import Dict, Optional, Tuple
@@ -23,6 +25,7 @@ from fairseq.distributed import utils as distributed_utils
 from ..core import ewc
 from ..core.anchor import trainable_named_parameters
 from ..core.errors import ConfigError
+from ..core.per_example import rows
 from ..core.wrappers import unwrap_model
 from ..plumbing.batches import prepare, train_batches
 from ..plumbing.config import FISHER_DTYPES
@@ -31,6 +34,7 @@ from .glue_core import criterion_name, per_example_loss_of
 logger = logging.getLogger(__name__)
 
 FP16_SCALE = 2.0 ** 16  # first loss scale of fp16 per-example gradients; halved on overflow
+BATCH_COUNTS = ("ntokens", "nsentences")  # a batch's counts: not read by the losses, not the batched pass's key
 PROGRESS_SECONDS = 30.0  # the pass says how far it is every tenth of its examples, or this often
 
 
@@ -81,26 +85,28 @@ def fisher_dtype(cfg) -> torch.dtype:
 def check_flags(cfg) -> None:
     if int(cfg.ewc_fisher_examples) < 0:
         raise ConfigError(f"--ewc-fisher-examples {cfg.ewc_fisher_examples}: must be >= 0 (0: the whole training set)")
+    if int(cfg.ewc_fisher_batch_size) < 0:
+        raise ConfigError(f"--ewc-fisher-batch-size {cfg.ewc_fisher_batch_size}: must be >= 0 (0: one example at a "
+                          f"time)")
 
 
 def masked_lm_per_example(criterion):
     """``f(model, sample)``: fairseq's ``masked_lm`` loss, one value per example (the sum over its masked
     tokens; their sum is the criterion's), or None for another criterion. F of the pretraining objective on
-    held-out text (``scripts/fisher.py --task masked_lm --criterion masked_lm``)."""
+    held-out text (``scripts/fisher.py --task masked_lm --criterion masked_lm``). The logits of every position
+    (not only the masked ones, as the criterion takes them): the same losses, with shapes that do not depend on
+    the data (the batched pass's trace)."""
     from fairseq.criterions.masked_lm import MaskedLmLoss
 
     if not isinstance(criterion, MaskedLmLoss):
         return None
 
     def per_example(model, sample):
-        masked = sample["target"].ne(criterion.padding_idx)
-        if not bool(masked.any()):
-            return None
-        logits = model(**sample["net_input"], masked_tokens=masked)[0]
-        nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), sample["target"][masked],
-                                                reduction="none")
-        rows = masked.nonzero()[:, 0]  # the example of each masked token
-        return torch.zeros(masked.size(0), dtype=nll.dtype, device=nll.device).index_add(0, rows, nll)
+        logits = model(**sample["net_input"])[0]
+        target = sample["target"]
+        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1),
+                                                reduction="none", ignore_index=criterion.padding_idx)
+        return nll.view(target.shape).sum(-1)
 
     return per_example
 
@@ -125,61 +131,105 @@ def seq2seq_per_example(criterion):
     return per_example
 
 
-def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int) -> Tuple[Dict[str, torch.Tensor], int]:
+def bucket(length: int) -> int:
+    """The padded length of a batch of ``length`` tokens: the next power of two above it (one pad or more in every
+    example; a few lengths, so a few traces of the batched pass)."""
+    return 1 << int(length).bit_length()
+
+
+def _padded(x: torch.Tensor, length: int, pad: int, left: bool = False) -> torch.Tensor:
+    extra = length - x.size(1)
+    return torch.nn.functional.pad(x, (extra, 0) if left else (0, extra), value=pad) if extra > 0 else x
+
+
+def padder(criterion, seq2seq: bool):
+    """``pad(sample)`` for the batched pass: the token tensors padded with the dictionaries' pad to the bucket of
+    their length, on the side the task pads them (a translation source: --left-pad-source)."""
+    task = criterion.task
+    src_pad = task.source_dictionary.pad()
+
+    def pad(sample):
+        inp = dict(sample["net_input"])
+        tokens = inp["src_tokens"]
+        inp["src_tokens"] = _padded(tokens, bucket(tokens.size(1)), src_pad,
+                                    left=seq2seq and bool(getattr(task.cfg, "left_pad_source", False)))
+        out = {**sample, "net_input": inp}
+        target = sample.get("target")
+        if seq2seq:  # the decoder's input and the target: right-padded, one length
+            tgt_pad, n = task.target_dictionary.pad(), bucket(inp["prev_output_tokens"].size(1))
+            inp["prev_output_tokens"] = _padded(inp["prev_output_tokens"], n, tgt_pad)
+            out["target"] = _padded(target, n, tgt_pad)
+        elif target is not None and target.dim() == 2 and target.shape == tokens.shape:  # masked LM: per token
+            out["target"] = _padded(target, inp["src_tokens"].size(1), criterion.padding_idx)
+        return out
+
+    return pad
+
+
+@contextlib.contextmanager
+def named_errors(batch: int, flag: str):
+    """The pass's failures, named by their flag: out of memory with per-example gradients ``batch`` at a time
+    (``flag``: the option that sets it; one line), an fp16 gradient that overflows at every loss scale."""
+    try:
+        yield
+    except torch.OutOfMemoryError:
+        if not batch:
+            raise
+        raise ConfigError(f"{flag} {batch}: out of memory taking {batch} per-example gradients at once (each the "
+                          f"model's size); lower it (0: one at a time)") from None
+    except FloatingPointError as e:
+        raise FloatingPointError(f"{ewc.FLAG} {ewc.TASK}: {e}") from None
+
+
+def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int, batch: int = 16,
+                batch_flag: str = "--ewc-fisher-batch-size") -> Tuple[Dict[str, torch.Tensor], int]:
     """{name: (1/N)·Σ_i g_i²} over the model's trainable parameters, N = the examples taken (``examples`` per
-    rank, 0: all), summed over ranks; and N."""
+    rank, 0: all), summed over ranks; and N. ``batch``: per-example gradients taken that many at a time (0: one
+    at a time; ``batch_flag`` names it in an error)."""
     inner = unwrap_model(model)
-    per_example = (per_example_loss_of(criterion) or masked_lm_per_example(criterion)
-                   or seq2seq_per_example(criterion))
-    if per_example is None:
+    seq2seq = seq2seq_per_example(criterion)
+    loss_fn = per_example_loss_of(criterion) or masked_lm_per_example(criterion) or seq2seq
+    if loss_fn is None:
         raise ConfigError(f"--ewc-fisher task: --criterion {criterion_name(criterion)} gives no per-example loss; use "
                           f"a GLUE criterion (sentence_prediction, sentence_prediction_recadam, glue_multitask), "
                           f"masked_lm, label_smoothed_cross_entropy (translation), or a Fisher file of scripts/fisher.py")
+    mlm = per_example_loss_of(criterion) is None and seq2seq is None
     named = trainable_named_parameters(inner)
-    params = [p for _, p in named]
     world, rank, group = 1, 0, None
     if dist.is_available() and dist.is_initialized():
         group = distributed_utils.get_data_parallel_group()
         world, rank = distributed_utils.get_world_size(group), distributed_utils.get_rank(group)
-    device, dtype = params[0].device, params[0].dtype
-    half = dtype == torch.float16
-    scale = FP16_SCALE if half else 1.0
-    sums = ewc.FisherSum(params)
+    device, dtype = named[0][1].device, named[0][1].dtype
+    fisher = ewc.FisherPass(inner, loss_fn, named, batch, pad=padder(criterion, seq2seq is not None),
+                            scale=FP16_SCALE if dtype == torch.float16 else 1.0)
     shard = -(-len(criterion.task.dataset(cfg.train_subset)) // world)  # this rank's share of the split
     progress = Progress(min(examples, shard) if examples else shard)  # what the pass will see, not the flag's N
     was_training = inner.training
     inner.eval()
     try:
-        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []):
+        with torch.random.fork_rng(devices=[device.index or 0] if device.type == "cuda" else []), \
+                named_errors(batch, batch_flag):
             for sample in train_batches(cfg, criterion.task, inner, world, rank):
-                if examples and sums.examples >= examples:
+                if examples and fisher.examples >= examples:
                     break
-                if not sample:
-                    continue
+                if not sample or mlm and not bool(sample["target"].ne(criterion.padding_idx).any()):
+                    continue  # an empty batch (the shards evened out); masked_lm: a batch without a masked token
                 sample = prepare(sample, device, dtype)
-                losses = per_example(inner, sample)
-                if losses is None:  # masked_lm: a batch without a masked token
-                    continue
-                for i in range(min(losses.numel(), examples - sums.examples if examples else losses.numel())):
-                    while True:  # each example's gradient alone: g_i, not the batch's mean
-                        grads = torch.autograd.grad(losses[i] * scale, params, retain_graph=True, allow_unused=True)
-                        if sums.add(grads, scale):
-                            break
-                        if scale <= 1.0:
-                            raise FloatingPointError("--ewc-fisher task: an fp16 per-example gradient overflows "
-                                                     "even without a loss scale")
-                        scale /= 2
-                    progress.tick(sums.examples)
-                del losses
+                n = len(sample["id"])
+                take = min(n, examples - fisher.examples) if examples else n
+                view = {k: v for k, v in sample.items() if k not in BATCH_COUNTS}
+                fisher.add(rows(view, n, 0, take), take, progress.tick)
     finally:
         inner.train(was_training)
-    count = torch.tensor([float(sums.examples)], dtype=torch.float64, device=device)
+    if fisher.why:
+        logger.info(f"ewc: the Fisher pass took the per-example gradients {fisher.why}")
+    count = torch.tensor([float(fisher.examples)], dtype=torch.float64, device=device)
     if world > 1:
-        for s in sums.sums:
+        for s in fisher.sums.sums:
             distributed_utils.all_reduce(s, group=group)
         distributed_utils.all_reduce(count, group=group)
     n = int(count.item())
-    return {name: s / max(n, 1) for (name, _), s in zip(named, sums.sums)}, n
+    return {name: s / max(n, 1) for (name, _), s in zip(named, fisher.sums.sums)}, n
 
 
 def pieces(anchors):
@@ -227,7 +277,8 @@ class FisherSource:
         """The task's Fisher, once (``--ewc-fisher task``); nothing for a file."""
         if self.raw is None:
             start = time.perf_counter()
-            self.raw, n = task_fisher(criterion, model, self.cfg, int(self.cfg.ewc_fisher_examples))
+            self.raw, n = task_fisher(criterion, model, self.cfg, int(self.cfg.ewc_fisher_examples),
+                                      int(self.cfg.ewc_fisher_batch_size))
             if n == 0:
                 raise ConfigError(f"{self.where}: the training set gave no example")
             # (task_fisher ends on a host read of the count: the device's work is done)

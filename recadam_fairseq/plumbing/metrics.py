@@ -24,7 +24,7 @@ def log_target_loss(logging_outputs) -> None:
     per sample-size unit as fairseq logs ``loss``."""
     sample_size = sum(log.get("sample_size", 0) for log in logging_outputs)
     target = sum(log.get("target_loss", 0) for log in logging_outputs)
-    metrics.log_scalar("target_loss", float(target) / max(sample_size, 1) / math.log(2), sample_size, round=3)
+    metrics.log_scalar("target_loss", target / max(sample_size, 1) / math.log(2), sample_size, round=3)  # read at log time
 
 
 SAM_METRICS = ("sam_rho", "sam_eps_norm", "sam_mask_frac", "sam_sharpness")

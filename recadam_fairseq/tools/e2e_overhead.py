@@ -73,7 +73,7 @@ def gpu_rows():
 CATALOGUE = gpu_rows()
 DEFAULT_METHODS = [n for n, row in CATALOGUE.items() if row[3]]
 FISHER_EXAMPLES = "1,024"  # --ewc-fisher-examples' default
-FISHER_LINE = re.compile(r"ewc: the Fisher pass took ([\d.]+) s")
+FISHER_LINE = re.compile(r"ewc: the Fisher pass took ([\d.]+) s \((\d+) per-example gradients")
 
 
 def preprocess(args: List[str]) -> None:
@@ -158,6 +158,7 @@ def run_one(args, setup: Dict, name: str, rnd) -> Dict:
     fisher = FISHER_LINE.search(log)
     return {"s_per_update": statistics.mean(1.0 / u for u in ups), "intervals": len(ups),
             "fisher_s": float(fisher.group(1)) if fisher else None,
+            "fisher_examples": int(fisher.group(2)) if fisher else None,
             "params": int(m.group(1).replace(",", "")) if m else None,
             "trained": int(m.group(2).replace(",", "")) if m else None,
             "peak_bytes": peak["max_allocated"], "wall_s": round(time.time() - t, 1),
@@ -190,10 +191,24 @@ def summarize(args, runs: Dict[str, List[Dict]]) -> List[Dict]:
                "trained_params": rs[0]["trained"], "rounds": len(rs), "updates": args.updates,
                "fisher_s": statistics.median(r["fisher_s"] for r in rs) if rs[0].get("fisher_s") is not None else None,
                "command": rs[0]["command"]}
+        if row["fisher_s"] is not None:  # the pass per example against adam's training time per example
+            row["fisher_ms_per_example"] = 1e3 * row["fisher_s"] / rs[0]["fisher_examples"]
+            row["fisher_vs_adam_per_example"] = (row["fisher_ms_per_example"] / (1e3 * med["adam"] / args.batch_size)
+                                                 if "adam" in med else None)
         a = anchor_bytes(n, rs[0]["trained"])
         row["anchor_mib"] = a / 2**20 if a is not None else None
         rows.append(row)
     return rows
+
+
+def fisher_cell(r: Dict) -> str:
+    """EWC's Fisher pass: its seconds, per example, and against adam's training time per example (its ms / update
+    over the batch size)."""
+    if r.get("fisher_s") is None:
+        return "–"
+    vs = r.get("fisher_vs_adam_per_example")
+    return (f"{r['fisher_s']:.1f} s Fisher ({r['fisher_ms_per_example']:.2f} ms an example"
+            + (f", {vs:.1f}x adam's training per example)" if vs is not None else ")"))
 
 
 def table(rows: List[Dict]) -> str:
@@ -206,7 +221,7 @@ def table(rows: List[Dict]) -> str:
         lines.append(f"| {r['method']} | {r['base']} | {r['ms_per_update']:.1f} | "
                      f"{f(r['ratio_vs_base'], '.3f')}x | {f(r['peak_mib'], '.0f')} | {f(r['extra_mib'], '.0f')} | "
                      f"{f(r['anchor_mib'], '.0f')} | "
-                     f"{'–' if r.get('fisher_s') is None else format(r['fisher_s'], '.1f') + ' s Fisher'} | "
+                     f"{fisher_cell(r)} | "
                      f"{r['rounds']} × {r['updates']} |")
     return "\n".join(lines)
 
@@ -309,7 +324,8 @@ def main(argv=None) -> int:
               f"{args.rounds} rounds; {where}. ms / update: mean of 1/ups over fairseq's log intervals after the "
               f"first. Peak: torch.cuda.max_memory_allocated of the run. Anchor: the trained parameters once in the "
               f"anchor's dtype (what RecAdam should add over adam). Before update 1: EWC's Fisher pass "
-              f"(--ewc-fisher task: {FISHER_EXAMPLES} per-example gradients), not in ms / update. Command: `{command}`.")
+              f"(--ewc-fisher task: {FISHER_EXAMPLES} per-example gradients, --ewc-fisher-batch-size at a time), not in ms / "
+              f"update; adam's training per example: its ms / update over the batch size. Command: `{command}`.")
         if done < total:
             md = f"**Partial: {done} of {total} runs finished.**\n\n" + md
         with open(args.out_md, "w", encoding="utf-8") as f:

@@ -26,6 +26,9 @@ import torch
 
 from recadam_fairseq.core import ewc
 from recadam_fairseq.core.errors import ConfigError
+from recadam_fairseq.plumbing.config import EWCHyperparams
+
+FISHER_BATCH = EWCHyperparams.ewc_fisher_batch_size  # fairseq-train's default
 
 
 def with_checkpoint_arch(fairseq_args):
@@ -132,6 +135,9 @@ def main(argv=None) -> int:
                                      "[--examples N] -- FAIRSEQ-TRAIN-ARGS")
     parser.add_argument("--out", required=True, help="the Fisher file to write")
     parser.add_argument("--examples", type=int, default=1024, help="N examples (0: the whole training set)")
+    parser.add_argument("--fisher-batch-size", type=int, default=FISHER_BATCH,
+                        help="per-example gradients taken this many at a time (memory: one gradient of the model's "
+                             "size per example; 0: one at a time), as fairseq-train's --ewc-fisher-batch-size")
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
@@ -139,10 +145,13 @@ def main(argv=None) -> int:
         try:
             if args.examples < 0:
                 raise ConfigError(f"--examples {args.examples}: must be >= 0 (0: the whole training set)")
+            if args.fisher_batch_size < 0:
+                raise ConfigError(f"--fisher-batch-size {args.fisher_batch_size}: must be >= 0 (0: one at a time)")
             if split == len(argv):
                 raise ConfigError("fairseq-train's flags (data, --task, --restore-file, ...) go after --")
             cfg, task, model, criterion = setup(argv[split + 1:])
-            fisher, n = task_fisher(criterion, model, batches_cfg(cfg), args.examples)
+            fisher, n = task_fisher(criterion, model, batches_cfg(cfg), args.examples, args.fisher_batch_size,
+                                    "--fisher-batch-size")
         except ConfigError as e:
             print(f"fisher.py: error: {e}", file=sys.stderr)
             return 1
