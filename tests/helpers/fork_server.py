@@ -69,6 +69,8 @@ def _run_child(conn_fds, argv, env, cwd, exe):
         os.chdir(cwd)
         if env.get("OMP_NUM_THREADS"):
             torch.set_num_threads(int(env["OMP_NUM_THREADS"]))
+        if "torch._dynamo" in sys.modules:  # preloaded: its config read the server's environment at the import
+            sys.modules["torch._dynamo"].config.disable = env.get("TORCH_COMPILE_DISABLE", "0") == "1"
         sys.argv = list(argv)
         for name in [m for m in sys.modules if m.split(".")[0] == "fairseq_cli"]:
             del sys.modules[name]  # imported again by the script: their logging.basicConfig on its stdout
