@@ -199,6 +199,29 @@ def test_forgetting_budget_makes_checkpoint_best_the_best_validation_within_it(r
         assert (int(row["best_update"]), row["checkpoint"]) == (pick, name)
 
 
+def test_the_terminal_says_which_way_the_forgetting_went(runs):
+    """The task scripts' validation line (tools/progress.py) and end line (summarize.py --run) say which way the
+    probe's measure moved since θ*, from the logged change: the pair AUC "fell" when its delta is negative (forgot),
+    the masked-LM loss "rose" when its delta is positive (forgot), each by the change's size."""
+    from recadam_fairseq.engine.write import run_line
+    from recadam_fairseq.tools.progress import progress_line
+
+    for key, meter, verb in (("log_pairs", "pair AUC", {-1: "fell", 1: "rose"}),
+                             ("log_mlm", "mlm loss", {-1: "fell", 1: "rose"})):
+        log = runs[key][1]
+        delta = "valid_fgt_pairs_auc_delta" if "pairs" in key else "valid_fgt_mlm_loss_delta"
+        recs = valid_records(log)
+        lines = [progress_line(ln) for ln in log.splitlines() if '"valid_num_updates"' in ln]
+        assert len(lines) == len(recs) >= 1
+        for (_, r), line in zip(sorted(recs.items()), lines):
+            d = float(r[delta])
+            unit = " bits" if "mlm" in key else ""
+            said = f"{meter} unchanged" if d == 0 else f"{meter} {verb[1 if d > 0 else -1]} by {abs(d):.4g}{unit}"
+            assert line.endswith(f", {said} since θ*") or f", {said} since θ*, over the budget" in line, line
+    end = run_line(str(runs["root"] / "mlm"), "accuracy")
+    assert "; there: mlm loss " in end and end.endswith(" since θ*"), end
+
+
 def test_budget_flags_go_together_in_one_line():
     """--forgetting-budget without the meter or without --best-checkpoint-metric fgt_budget_METRIC, or the metric
     without the budget: one line each, before training."""

@@ -135,8 +135,13 @@ def glue(tiny, tmp_path_factory):
     for kind in ("killed", "truncated"):  # the straight run's command, another SAVE_DIR, killed after a save
         jobs[kind] = ([FINETUNE, "RTE", "recadam", *TINY_EXTRA],
                       dict(env, SAVE_DIR=str(root / kind), RECADAM_EXIT_AFTER_SAVES="1"))
-    # piped to head: the run's log and done marker must not depend on the terminal's pipe
-    piped = dict(env, SAVE_DIR=str(root / "piped"))
+    # piped to head: the run's log and done marker must not depend on the terminal's pipe; with a probe of held-out
+    # text (the meter leaves training as it was), for summarize.py --wise-ft on a run the scripts made
+    from recadam_fairseq.tools import binarize_probe
+
+    binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
+                         os.path.join(tiny.lm_bin, "dict.txt"), "--out", str(root / "probe")])
+    piped = dict(env, SAVE_DIR=str(root / "piped"), FORGETTING_PROBE=str(root / "probe"))
     jobs["piped"] = (["bash", "-c", f"{shlex.quote(FINETUNE)} RTE adam {' '.join(TINY_EXTRA)} | head -3"], piped)
     grid_env = dict(env, KS="0.1 0.5", T0S="100", MAX_UPDATE="4")
     jobs["grid"] = ([GRID, "RTE", *TINY_EXTRA], grid_env)
@@ -173,6 +178,10 @@ def load_cfg(path):
     """A checkpoint's cfg. Not conftest.load_ckpt: fairseq stores STS-B's best pearson as a numpy
     scalar, which torch.load(weights_only=True) refuses; these files are the tests' own."""
     return torch.load(path, map_location="cpu", weights_only=False)["cfg"]
+
+
+def run_summarize(runs_dir, *args):
+    return subprocess.run([sys.executable, SUMMARIZE, str(runs_dir), *args], capture_output=True, text=True)
 
 
 def result(glue, key):
@@ -212,6 +221,30 @@ def test_the_terminal_says_how_the_run_did_and_nothing_else(glue):
     assert (piped / "done").exists()
     plog = (piped / "train.log").read_text()
     assert "done training" in plog and valid_values(plog, "accuracy") == scores  # the same seed and data
+    assert valid_values(plog, "fgt_mlm_loss_delta") and not valid_values(log, "fgt_mlm_loss_delta")
+
+
+def test_summarize_wise_ft_on_a_run_the_scripts_made(glue, tmp_path):
+    """summarize.py --wise-ft on the piped run (finetune.sh RTE adam with FORGETTING_PROBE; the scripts' criterion,
+    sentence_prediction_recadam, which the scoring process registers): its point at α 0.5 in wise-ft.json and the
+    summary's WiSE-FT table; a run that cannot be scored (its meter's values at θ* gone) is one line naming it and
+    why, and the summary is still written."""
+    piped = glue["root"] / "piped"
+    run = piped / "RTE" / "adam" / "seed1"
+    p = run_summarize(piped, "--wise-ft", "0.5")
+    assert p.returncode == 0, p.stdout + p.stderr
+    saved = json.loads((run / "wise-ft.json").read_text())
+    assert [q["alpha"] for q in saved["points"]] == [0.5] and 0 <= saved["points"][0]["metrics"]["accuracy"] <= 100
+    assert "| adam | 0.5 | 1 |" in (piped / "summary.md").read_text()
+    other = tmp_path / "runs" / "RTE" / "adam" / "seed1"
+    shutil.copytree(run, other)
+    (other / "wise-ft.json").unlink()
+    (other / "forgetting_meter.json").unlink()
+    p = run_summarize(tmp_path / "runs", "--wise-ft", "0.5")
+    assert p.returncode == 0 and (tmp_path / "runs" / "summary.md").is_file(), p.stdout + p.stderr
+    assert p.stderr.strip().splitlines()[-1] == (
+        f"summarize.py: --wise-ft: RTE/adam/seed1 not scored: {other}: no forgetting_meter.json with values at θ* "
+        f"(a run with --forgetting-probe writes it)")
 
 
 def test_runs_that_cannot_learn_are_said_before_training(glue):

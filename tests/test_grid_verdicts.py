@@ -125,6 +125,21 @@ def test_summarize_writes_the_plot_and_the_verdicts(grid, capsys):
     assert matplotlib.image.imread(os.path.join(root, "forgetting-SST-2.png")).shape[0] > 300
 
 
+def assert_key_lists_what_is_drawn(fig, panels):
+    """The key (the axes without a frame) names the frontier over all methods only when a panel draws its red line
+    (two points or more), a method's frontier joined only when one is, the edge marks only when one is drawn."""
+    (key,) = [ax for ax in fig.axes if not ax.axison]
+    said = [t.get_text() for t in key.get_legend().get_texts()]
+    lines = [ln for ax in panels.values() for ln in ax.lines]
+    red = any(ln.get_color() == "red" and len(ln.get_xdata()) > 1 for ln in lines)
+    joined = any(ln.get_marker() in ("None", "") and ln.get_linestyle() == "-" and len(ln.get_xdata()) > 1
+                 for ln in lines)
+    edge = any(ln.get_marker() in (">", "<", "^", "v") for ln in lines)
+    assert ("frontier over all methods" in said) == red, said
+    assert ("a method's settings, its frontier joined" in said) == joined, said
+    assert any(t.startswith("off the scale") for t in said) == edge, said
+
+
 def test_the_figure_holds_the_grid_s_points(grid):
     """The figure (engine/plot.py's) of the answer: a panel per family with Adam's point and its curve along its
     validations in each, each setting at (its forgetting, its accuracy), the grid's axis texts."""
@@ -134,8 +149,21 @@ def test_the_figure_holds_the_grid_s_points(grid):
     (a,) = verdicts.answer(runs, root).values()
     fig, panels, _ = plot.figure(a["rows"] + a["curve"], None, a["updates"], verdicts.figure_text(a))
     assert list(panels) == ["recadam", "llrd"]
-    assert fig._supxlabel.get_text().startswith("forgetting: mlm loss (bits) since θ*, positive = forgot")
+    for ax in panels.values():  # the forgetting axis under the panels it is of (not under Adam's updates panel)
+        assert ax.get_xlabel().replace("\n", " ").startswith("forgetting: mlm loss (bits) since θ*, positive = forgot")
+    assert fig._supxlabel is None
     assert fig._supylabel.get_text() == "dev accuracy" and fig._suptitle.get_text().startswith("SST-2: ")
+    assert_key_lists_what_is_drawn(fig, panels)
+    said = [t.get_text() for ax in fig.axes if not ax.axison for t in ax.get_legend().get_texts()]
+    assert "frontier over all methods" in said and "a method's settings, its frontier joined" in said
+    # Adam and one setting worse on both axes: the frontier is Adam's point alone, nothing joined, nothing listed
+    worse = {1: [(12, 70.0, 0.20)], 2: [(12, 71.0, 0.21)]}
+    small = write_grid(str(root) + "-small", grid={"adam": GRID["adam"], "llrd-d0.9": worse})
+    (b,) = verdicts.answer([r for d in find_runs(small) for r in read_runs(d, small)], small).values()
+    small_fig, small_panels, _ = plot.figure(b["rows"] + b["curve"], None, b["updates"], verdicts.figure_text(b))
+    assert_key_lists_what_is_drawn(small_fig, small_panels)
+    said = [t.get_text() for ax in small_fig.axes if not ax.axison for t in ax.get_legend().get_texts()]
+    assert "frontier over all methods" not in said and "a method's settings" in said
 
     def points(ax):
         return {tuple(round(float(v), 4) for v in xy) for line in ax.lines if line.get_marker() == "o"

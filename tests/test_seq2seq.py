@@ -735,8 +735,8 @@ def test_the_task_script_resumes_and_ends_with_bleu_on_both_subsets(pair, tmp_pa
     assert (run_dir / "bleu_start.json").exists() and "--eval-bleu-start: BLEU at θ* from " in log
     fell = 0.0 - delta["test"][at]
     assert out[-1] == (f"== done: {run_dir} (best dev bleu {bleu['valid'][at]:g} at update {at} of 8 "
-                       f"(checkpoint_best.pt), 2 validations, "
-                       f"forgetting there {fell:+.4g} (BLEU on test since θ*); there: test bleu {bleu['test'][at]:g} "
+                       f"(checkpoint_best.pt), 2 validations; there: BLEU on test "
+                       f"{'fell' if fell > 0 else 'rose'} by {abs(fell):.4g} since θ*, test bleu {bleu['test'][at]:g} "
                        f"({delta['test'][at]:+g} since θ*))")
     assert any(ln.startswith("  test at update 8: loss ") and f", bleu {delta['test'][8]:+.4g} since θ*" in ln
                for ln in out)  # the follower's line

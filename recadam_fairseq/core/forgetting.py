@@ -48,6 +48,20 @@ def forgetting(record: dict, prefix: str = "", others: Optional[Dict[str, dict]]
     return max(falls, key=lambda f: f[1]) if falls else None
 
 
+def moved(key: str, forgot: float) -> str:
+    """Which way the measure of ``key`` went, for a line a person reads: "pair AUC fell by 0.0266", "mlm loss rose by
+    0.0012 bits", "BLEU on test fell by 1.3" (``forgot``: :func:`forgetting`'s value, positive = forgot)."""
+    if key in DELTAS:
+        name, sign = DELTAS[key]
+        name, unit = (name[:-len(" (bits)")], " bits") if name.endswith(" (bits)") else (name, "")
+    else:
+        name, sign, unit = label(key), -1.0, ""
+    change = sign * forgot  # the measure's own change: now − at θ*
+    if change == 0:
+        return f"{name} unchanged"
+    return f"{name} {'rose' if change > 0 else 'fell'} by {abs(change):.4g}{unit}"
+
+
 def label(key: str) -> str:
     """What a key :func:`forgetting` returns measures, for the scripts' lines and tables."""
     if key in DELTAS:

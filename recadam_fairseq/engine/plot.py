@@ -5,6 +5,7 @@ table has Adam: a control table may not).
 matplotlib is imported only here, when drawing."""
 
 import math
+import textwrap
 
 import numpy as np
 
@@ -263,8 +264,10 @@ def adam_panel(ax, rows, updates, text):
     ax.grid(alpha=0.3)
 
 
-def key_panel(ax, plt, rows, final):
-    """The legend of what every panel shares."""
+def key_panel(ax, plt, rows, final, off):
+    """The legend of what the panels show, each entry only when something of it is drawn: the frontier over all
+    methods (two settings or more on it), a method's frontier joined (one with two or more), the marks at the
+    edge (``off``: settings off the scale)."""
     ax.axis("off")
     adam = by_update(rows)
     handles = [plt.Line2D([], [], color=ADAM if adam else "grey", marker="o",
@@ -280,10 +283,14 @@ def key_panel(ax, plt, rows, final):
         handles += [plt.Line2D([], [], color="black", ls=":", marker="x", ms=3, label="WiSE-FT (1 − α)·θ* + α·θ, "
                                "α = " + ", ".join(map(fmt, wise)) + ", 1"),
                     plt.Line2D([], [], color="grey", lw=0.8, ls="-.", label="θ* (α = 0): no forgetting")]
-    handles += [plt.Line2D([], [], color="red", ls="--", lw=0.8, label="frontier over all methods"),
-                plt.Line2D([], [], color="black", lw=1, marker="o", label="a method's settings, its frontier joined"),
-                plt.Line2D([], [], color="grey", marker=">", ls="", ms=8,
-                           label="off the scale (near chance, or far out):\nat the edge, its value written")]
+    if sum(bool(r["frontier"]) for r in final) > 1:  # draw_reference's step: a line from two points on
+        handles.append(plt.Line2D([], [], color="red", ls="--", lw=0.8, label="frontier over all methods"))
+    joined = any(sum(bool(r["method_frontier"]) for r in final if group(r) == g) > 1 for g in {group(r) for r in final})
+    handles.append(plt.Line2D([], [], color="black", lw=1 if joined else 0, marker="o",
+                              label="a method's settings" + (", its frontier joined" if joined else "")))
+    if off:
+        handles.append(plt.Line2D([], [], color="grey", marker=">", ls="", ms=8,
+                                  label="off the scale (near chance, or far out):\nat the edge, its value written"))
     ax.legend(handles=handles, loc="center", fontsize=8, frameon=False)
 
 
@@ -316,8 +323,11 @@ def figure(rows, base, updates, text=None):
         labels[name] = method_panel(ax, rows, final, names, off, (xlim or ax.get_xlim(), ylim or ax.get_ylim()))
     if len(adam) > 1:
         adam_panel(fig.add_subplot(gs[len(fams)]), rows, updates, text)
-    key_panel(fig.add_subplot(gs[len(fams) + (len(adam) > 1)]), plt, rows, final)
-    fig.supxlabel(text["x"])
+    key_panel(fig.add_subplot(gs[len(fams) + (len(adam) > 1)]), plt, rows, final, off)
+    cols = gs.get_geometry()[1]
+    for i, ax in enumerate(panels.values()):  # the forgetting axis under the panels it is of: each column's lowest
+        if i + cols >= len(fams):
+            ax.set_xlabel(textwrap.fill(text["x"], 56), fontsize=9)
     fig.supylabel(text["y"])
     fig.suptitle(text["title"] + (", Adam in each" if adam else ""))
     lay_out(fig, panels, labels)

@@ -68,10 +68,14 @@ def with_wise_ft(runs, root, alphas):
                 print(f"summarize.py: WiSE-FT of {r['path']} ({r['checkpoint']}) at α {' '.join(map(str, alphas))}",
                       flush=True)
                 proc = subprocess.run([sys.executable, "-m", "recadam_fairseq.tools.wise_points", run_dir,
-                                       os.path.join(run_dir, r["checkpoint"]), "--alphas", *map(str, alphas)])
-                if proc.returncode:
-                    sys.exit(f"summarize.py: error: --wise-ft: {r['path']} could not be scored (above)")
-                r = dict(r, wise=wise_points(run_dir, r["checkpoint"], r["metric"]))
+                                       os.path.join(run_dir, r["checkpoint"]), "--alphas", *map(str, alphas)],
+                                      stderr=subprocess.PIPE, text=True)
+                if proc.returncode:  # its one line (or a traceback's last): this run gets no points, the rest do
+                    why = (proc.stderr.strip().splitlines() or [f"exit {proc.returncode}"])[-1]
+                    print(f"summarize.py: --wise-ft: {r['path']} not scored: "
+                          f"{why.removeprefix('wise_points: error: ')}", file=sys.stderr, flush=True)
+                else:
+                    r = dict(r, wise=wise_points(run_dir, r["checkpoint"], r["metric"]))
         out.append(r)
     return out
 

@@ -6,7 +6,7 @@ import os
 from collections import defaultdict
 
 from recadam_fairseq.core import glue_tasks
-from recadam_fairseq.core.forgetting import label
+from recadam_fairseq.core.forgetting import moved
 from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import MM, OTHERS, best_of, num_key, order, primary_metric, run_budget, \
     run_forgetting, to_float
@@ -53,12 +53,11 @@ def run_line(run_dir, metric=None):
     there = [f"{subset} {metric} {to_float(e[metric]):g}" + (f" ({to_float(e[metric + '_delta']):+g} since θ*)" if
                                                              to_float(e.get(metric + "_delta")) is not None else "")
              for subset, e in (at.get(OTHERS) or {}).items() if given and to_float(e.get(metric)) is not None]
+    there = ([] if fgt is None else [f"{moved(*fgt)} since θ*"]) + there  # which way the forgetting went
     return (f"best dev {metric} {best:g} at update {at.get('num_updates', '?')} of {last}"
             + ("" if budget is None else f" within its forgetting budget {budget:g}")
             + f" ({checkpoint_at(run_dir, entries, at, saved_checkpoints(log))}), "
-            f"{len(entries)} validations" + ("" if fgt is None else f", forgetting there {fgt[1]:+.4g} "
-                                                                   f"({label(fgt[0])} since θ*)")
-            + (f"; there: {', '.join(there)}" if there else ""))
+            f"{len(entries)} validations" + (f"; there: {', '.join(there)}" if there else ""))
 
 
 RUN_FIELDS = ["task", "method", "config", "k", "t0", "seed", "status", "metric", "best", "best_update", "other",

@@ -12,7 +12,7 @@ import sys
 import time
 from typing import Optional
 
-from ..core.forgetting import BLEU_DELTA, BUDGET, forgetting, label, within_budget
+from ..core.forgetting import BLEU_DELTA, BUDGET, forgetting, moved, within_budget
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 
 
@@ -85,7 +85,7 @@ def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
                                                      math.isfinite(_float(best) or 0) else "")
                 + (" (none within the budget yet)" if best is not None and not math.isfinite(_float(best) or 0) else "")
                 + (f", bleu {_signed(bleu)} since θ*" if bleu is not None else "")
-                + (f", forgetting {fgt[1]:+.4g}: {label(fgt[0])} since θ*" if fgt else "")
+                + (f", {moved(*fgt)} since θ*" if fgt else "")
                 + (f", over the budget {budget:g}" if over else ""))
     return None
 

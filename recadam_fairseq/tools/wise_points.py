@@ -112,7 +112,10 @@ def points(run_dir, checkpoint, alphas):
 
 
 def main(argv=None):
+    import recadam_fairseq
     from recadam_fairseq.core.errors import ConfigError
+
+    recadam_fairseq.register()  # the run's criterion and model may be the plug-in's (the task scripts' are)
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("run_dir", metavar="RUN_DIR")
