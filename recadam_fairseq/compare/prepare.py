@@ -27,7 +27,7 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from recadam_fairseq.tools import convert_bert as conv
+from recadam_fairseq.tools import convert_hf as conv
 from recadam_fairseq.tools import prepare_glue
 from recadam_fairseq.tools.text_data import (SDISTS, SNIPPETS_FILE, SNLI_TRAIN_FILE, TWEETS_FILE, DataError,
                                              fetch_sdists, glue_dir, read_snippets, read_snli, sdist_name)

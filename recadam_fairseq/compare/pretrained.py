@@ -6,7 +6,7 @@ import os
 
 from recadam_fairseq.compare import measure
 from recadam_fairseq.compare.files import read_json, write_json
-from recadam_fairseq.tools import convert_bert as conv
+from recadam_fairseq.tools import convert_hf as conv
 
 
 def converted(opts):

@@ -98,6 +98,17 @@ class UnknownTask(ConfigError):
     pass
 
 
+# A task of the user's (data-prep/prepare_task.py's NAME-bin/labels.json): RTE's and STS-B's settings, the small
+# GLUE tasks', for 10 epochs of its training set with a 6% warmup, as fairseq's recipe schedules GLUE.
+OWN_TASK_LR, OWN_TASK_BATCH, OWN_TASK_EPOCHS, OWN_TASK_WARMUP = "2e-5", 16, 10, 0.06
+
+
+def own_task_recipe(train_examples: int, batch: int = OWN_TASK_BATCH) -> Recipe:
+    """The recipe of a user's task of ``train_examples`` training examples."""
+    total = OWN_TASK_EPOCHS * max(1, -(-int(train_examples) // batch))
+    return Recipe(OWN_TASK_LR, batch, total, max(1, round(OWN_TASK_WARMUP * total)))
+
+
 def canonical(name: str) -> str:
     """A task name in any case ("sst-2", "COLA") -> its GLUE spelling; UnknownTask otherwise."""
     by_lower = {n.lower(): n for n in TASKS}

@@ -2,6 +2,7 @@
 task x method table, the best (k, t0), the grids, the unfinished runs, the forgetting); and one run's line."""
 
 import csv
+import json
 import os
 from collections import defaultdict
 
@@ -34,6 +35,15 @@ def write_csv(path, rows, fields):
             w.writerow({k: ("" if r.get(k) is None else r.get(k)) for k in fields})
 
 
+def run_metric(run_dir):
+    """The metric run.json names (finetune.sh writes the task's: a user's task's from its labels.json), or None."""
+    try:
+        with open(os.path.join(run_dir, "run.json"), encoding="utf-8") as f:
+            return json.load(f).get("metric")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def run_line(run_dir, metric=None):
     """One run in one line, for the end of the task scripts: its best dev score and where. ``metric`` (the
     seq2seq script's bleu): that metric, and each other validated subset's at the same update."""
@@ -41,8 +51,9 @@ def run_line(run_dir, metric=None):
     valid, last = parse_log(log)
     entries = valid.get("valid", [])
     given = metric is not None
-    metric = metric or ("glue_avg" if any("glue_avg" in e for e in entries) else primary_metric(
-        os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))))
+    task = os.path.basename(os.path.dirname(os.path.dirname(os.path.abspath(run_dir))))
+    own = run_metric(run_dir) if task not in glue_tasks.TASKS else None  # a task of the user's: run.json's
+    metric = metric or ("glue_avg" if any("glue_avg" in e for e in entries) else own or primary_metric(task))
     budget = run_budget(entries)
     best, at = best_of(entries, metric, budget)
     if best is None:

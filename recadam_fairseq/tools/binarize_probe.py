@@ -5,13 +5,17 @@ fairseq-preprocess (scripts/binarize_probe.py).
 - ``--pairs FILE``: ``premise<TAB>hypothesis<TAB>label`` lines, label entailment/1 or contradiction/0
   (other labels, e.g. neutral, are skipped);
 
-both already tokenized as the model's data (RoBERTa: GPT-2 BPE, as for the GLUE data). DIR gets
-``sentences.{bin,idx}``, ``dict.txt`` (the model's, from ``--dict``) and for pairs ``pairs.npz``
+with ``--dict DICT`` already tokenized as the model's data (RoBERTa: GPT-2 BPE, as for the GLUE data); with
+``--model DIR`` (a directory of data-prep/convert_hf_to_fairseq.py) plain text, tokenized by the model's own
+tokenizer as data-prep/prepare_task.py tokenizes a task (a pairs file may start with the header
+``sentence1<TAB>sentence2<TAB>label``; a masked-LM probe needs a model converted with its masked-LM head). DIR gets
+``sentences.{bin,idx}``, ``dict.txt`` (the model's) and for pairs ``pairs.npz``
 (premise / hypothesis sentence rows, label): the layout of the forgetting comparison's SNLI probe,
-which is thus a pairs probe as it is.
+which is thus a pairs probe as it is. Bad input: one line, exit 2.
 """
 
 import argparse
+import json
 import os
 import shutil
 import sys
@@ -23,6 +27,7 @@ import numpy as np
 from .prepare_glue import fairseq_preprocess
 
 LABELS = {"entailment": 1, "1": 1, "contradiction": 0, "0": 0}
+HEADER = ("sentence1", "sentence2", "label")  # a pairs file's optional header row
 
 
 def read_pairs(path: str):
@@ -33,6 +38,8 @@ def read_pairs(path: str):
             if not line.strip():
                 continue
             cols = line.rstrip("\n").split("\t")
+            if n == 1 and [c.strip() for c in cols] == list(HEADER):
+                continue
             if len(cols) != 3:
                 raise SystemExit(f"error: {path}:{n}: expected premise<TAB>hypothesis<TAB>label, "
                                  f"got {len(cols)} columns")
@@ -60,22 +67,50 @@ def binarize(lines: List[str], out: str, dict_txt: str) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(description="Binarize a forgetting-meter probe (--forgetting-probe DIR) with the "
+    ap = argparse.ArgumentParser(prog="binarize_probe.py", description="Binarize a forgetting-meter probe (--forgetting-probe DIR) with the "
                                              "model's dictionary.")
     src = ap.add_mutually_exclusive_group(required=True)
-    src.add_argument("--text", help="one tokenized sentence a line (--forgetting-meter mlm)")
-    src.add_argument("--pairs", help="premise<TAB>hypothesis<TAB>label lines (--forgetting-meter pairs, or mlm)")
-    ap.add_argument("--dict", required=True, help="the model's dict.txt (e.g. the task data's input0/dict.txt)")
+    src.add_argument("--text", help="one sentence a line (--forgetting-meter mlm)")
+    src.add_argument("--pairs", help="premise<TAB>hypothesis<TAB>label lines, label 1/entailment for a pair that "
+                                     "belongs together, 0/contradiction otherwise (--forgetting-meter pairs, or mlm)")
+    model = ap.add_mutually_exclusive_group(required=True)
+    model.add_argument("--dict", help="the model's dict.txt, the text already tokenized (e.g. the task data's "
+                                      "input0/dict.txt)")
+    model.add_argument("--model", help="a directory of data-prep/convert_hf_to_fairseq.py: plain text, tokenized by "
+                                       "its tokenizer")
     ap.add_argument("--out", required=True, help="the probe directory to write")
     args = ap.parse_args(argv)
+    tokens = None
+    if args.model:
+        from .prepare_task import PrepError, Tokens
+
+        try:
+            tokens = Tokens(args.model)
+        except PrepError as e:
+            ap.error(str(e))
+        with open(os.path.join(args.model, "arch.json"), encoding="utf-8") as f:
+            head = json.load(f).get("lm_head", True)
+        if args.text and not head:
+            ap.error(f"--text with --model {args.model}: a masked-LM probe needs the model's own masked-LM head, and "
+                     f"this one was converted from a checkpoint without one: make a --pairs probe")
+        args.dict = os.path.join(args.model, "dict.txt")
     if not os.path.isfile(args.dict):
         ap.error(f"--dict {args.dict}: no such file")
+
+    def tokenized(texts, where):
+        if tokens is None:
+            return texts
+        try:
+            return tokens.lines(texts, where)
+        except PrepError as e:
+            ap.error(str(e))
+
     if args.text:
         with open(args.text, encoding="utf-8") as f:
             lines = [x.strip() for x in f if x.strip()]
         if not lines:
             ap.error(f"--text {args.text}: no sentence in it")
-        binarize(lines, args.out, args.dict)
+        binarize(tokenized(lines, f"--text {args.text}"), args.out, args.dict)
         info = {"sentences": len(lines)}
     else:
         prem, hyp, lab, skipped = read_pairs(args.pairs)
@@ -83,7 +118,7 @@ def main(argv: Optional[List[str]] = None) -> dict:
             ap.error(f"--pairs {args.pairs}: {int((lab == 1).sum())} entailment and {int((lab == 0).sum())} "
                      f"contradiction pairs; the probe needs both")
         uniq, inverse = np.unique(np.array(prem + hyp, dtype=object), return_inverse=True)
-        binarize(list(uniq), args.out, args.dict)
+        binarize(tokenized(list(uniq), f"--pairs {args.pairs}"), args.out, args.dict)
         n = len(lab)
         np.savez(os.path.join(args.out, "pairs.npz"), premise=inverse[:n], hypothesis=inverse[n:], label=lab)
         info = {"pairs": n, "sentences": len(uniq), "skipped": skipped}

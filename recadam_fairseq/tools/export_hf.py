@@ -18,7 +18,7 @@ BPE (the tiny model's words) has no Hugging Face tokenizer: feed it fairseq's id
 Not transformers' ``convert_roberta_original_pytorch_checkpoint_to_pytorch.py``: its wheels do not
 ship it, it loads through ``RobertaModel.from_pretrained`` (GPT-2 BPE from the network), reads
 ``emb_layer_norm`` (``layernorm_embedding`` since fairseq 0.10) and takes only a head named ``mnli``.
-The mapping of each layer is ``convert_bert.LAYER_MAP`` (BERT and RoBERTa share Hugging Face's layout).
+The mapping of each layer is ``convert_hf.LAYER_MAP`` (BERT and RoBERTa share Hugging Face's layout).
 """
 
 import argparse
@@ -27,7 +27,7 @@ import logging
 import os
 import sys
 
-from recadam_fairseq.tools.convert_bert import LAYER_MAP
+from recadam_fairseq.tools.convert_hf import LAYER_MAP
 from recadam_fairseq.tools.predict import Classifier, PredictError, load
 
 PROG = "export_hf.py"

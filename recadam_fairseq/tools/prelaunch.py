@@ -16,7 +16,9 @@
                methods NAME` lists them). --multitask: only the methods of the multi-task setting; --seq2seq:
                only those of translation (scripts/seq2seq/finetune.sh), METHOD_CRITERION its seq2seq criterion
   --task       TASK (GLUE's spelling of a name in any case), RECIPE_LR, RECIPE_BATCH, RECIPE_TOTAL,
-               RECIPE_WARMUP, NUM_CLASSES, METRIC: fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py)
+               RECIPE_WARMUP, NUM_CLASSES, METRIC, TASK_FLAGS (an array: the task's own fairseq-train flags):
+               fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py); a name of the user's (with --data
+               DATA_DIR holding NAME-bin/labels.json, data-prep/prepare_task.py) the small-task recipe over its data
   --tasks      TASKS: a comma list in GLUE's spelling
   --checkpoint CKPT_ARCH, CKPT_ARCH_FLAGS (the sizes that differ from the arch's defaults), CKPT_MAX_POSITIONS,
                CKPT_LAYERS: the architecture the checkpoint was trained with (--seq2seq: an encoder-decoder's sizes)
@@ -237,17 +239,17 @@ def plan(args) -> dict:
             except ConfigError as e:
                 raise Stop(str(e)) from None
     if args.task:
-        t = glue_tasks.TASKS[canonical(args.task)]
-        if not t.recipe.total_updates:
-            raise Stop(f"unknown TASK '{args.task}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}")
-        r = t.recipe
-        out.update(TASK=t.name, RECIPE_LR=r.lr, RECIPE_BATCH=r.batch, RECIPE_TOTAL=r.total_updates,
-                   RECIPE_WARMUP=r.warmup_updates, NUM_CLASSES=t.num_classes, METRIC=t.primary_metric)
+        out.update(task_plan(args.task, args.data))
     if args.tasks is not None:
-        try:
-            names = [glue_tasks.canonical(n) for n in args.tasks.split(",") if n.strip()]
-        except glue_tasks.UnknownTask as e:
-            raise Stop(f"TASKS={args.tasks}: {e}") from None
+        data = args.data or (args.steps[0] if args.steps else None)
+        names = []
+        for n in (x.strip() for x in args.tasks.split(",") if x.strip()):
+            try:
+                names.append(glue_tasks.canonical(n))
+            except glue_tasks.UnknownTask as e:
+                if not (data and os.path.isfile(os.path.join(data, f"{n}-bin", "labels.json"))):  # not one of yours
+                    raise Stop(f"TASKS={args.tasks}: {e}") from None
+                names.append(n)
         if not names:
             raise Stop("TASKS is empty")
         if len(set(names)) != len(names):
@@ -282,6 +284,45 @@ def plan(args) -> dict:
     return out
 
 
+def task_plan(name: str, data: str = None) -> dict:
+    """TASK, its recipe (RECIPE_*), NUM_CLASSES, METRIC and TASK_FLAGS (its own fairseq-train flags): a GLUE task's
+    from fairseq's recipe, a task of the user's (DATA/NAME-bin/labels.json, data-prep/prepare_task.py) from its
+    labels.json and the small-task recipe (core/glue_tasks.own_task_recipe) over its training set."""
+    try:
+        t = glue_tasks.TASKS[glue_tasks.canonical(name)]
+    except glue_tasks.UnknownTask:
+        return own_task_plan(name, data)
+    if not t.recipe.total_updates:
+        raise Stop(f"unknown TASK '{name}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}")
+    r = t.recipe
+    flags = (["--regression-target"] if t.regression else []) + \
+        (["--valid-subset", "valid,valid1"] if len(t.dev_files) > 1 else [])  # MNLI: matched, mismatched
+    return dict(TASK=t.name, RECIPE_LR=r.lr, RECIPE_BATCH=r.batch, RECIPE_TOTAL=r.total_updates,
+                RECIPE_WARMUP=r.warmup_updates, NUM_CLASSES=t.num_classes, METRIC=t.primary_metric, TASK_FLAGS=flags)
+
+
+def own_task_plan(name: str, data: str = None) -> dict:
+    task_dir = os.path.join(data or "", f"{name}-bin")
+    path = os.path.join(task_dir, "labels.json")
+    if not data or not os.path.isfile(path):
+        raise Stop(f"unknown TASK '{name}': not a GLUE task ({' '.join(glue_tasks.RECIPE_TASKS)}) nor one of yours "
+                   f"in DATA_DIR={data} (expected {path}: data-prep/prepare_task.py writes it)")
+    try:
+        with open(path, encoding="utf-8") as f:
+            meta = json.load(f)
+    except (OSError, ValueError) as e:
+        raise Stop(f"{path}: not readable JSON ({e})") from None
+    regression = bool(meta.get("regression"))
+    k = meta.get("num_classes")
+    if meta.get("task", name) != name or not (regression or isinstance(k, int) and k >= 2):
+        raise Stop(f"{path}: not the labels.json of task {name!r} (data-prep/prepare_task.py writes it)")
+    r = glue_tasks.own_task_recipe(train_examples(data, name))
+    return dict(TASK=name, RECIPE_LR=r.lr, RECIPE_BATCH=r.batch, RECIPE_TOTAL=r.total_updates,
+                RECIPE_WARMUP=r.warmup_updates, NUM_CLASSES=1 if regression else k,
+                METRIC=meta.get("metric") or ("pearson" if regression else "accuracy"),
+                TASK_FLAGS=["--regression-target"] if regression else [])
+
+
 def ft_arch(arch: str, what: str) -> str:
     """fairseq's RoBERTa arch -> the roberta_ft model's arch of the same sizes (roberta_large -> roberta_ft_large)."""
     name = arch if arch.startswith("roberta_ft") else "roberta_ft" + arch[len("roberta"):] if arch.startswith("roberta") else ""
@@ -292,13 +333,6 @@ def ft_arch(arch: str, what: str) -> str:
     return name
 
 
-def canonical(name: str) -> str:
-    try:
-        return glue_tasks.canonical(name)
-    except glue_tasks.UnknownTask:
-        raise Stop(f"unknown TASK '{name}'; choose one of {' '.join(glue_tasks.RECIPE_TASKS)}") from None
-
-
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -307,6 +341,7 @@ def main(argv=None) -> int:
     p.add_argument("--multitask", action="store_true")
     p.add_argument("--seq2seq", action="store_true")
     p.add_argument("--task")
+    p.add_argument("--data", help="DATA_DIR: where a task of the user's lies (NAME-bin/labels.json)")
     p.add_argument("--tasks")
     p.add_argument("--checkpoint")
     p.add_argument("--arch")

@@ -33,6 +33,7 @@ recipe drops them too (``awk NF==6``); they are skipped, counted and listed in t
 """
 
 import argparse
+import contextlib
 import json
 import logging
 import math
@@ -46,7 +47,7 @@ import urllib.request
 import zipfile
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from recadam_fairseq.core import glue_tasks  # (pure Python)
 from recadam_fairseq.core.glue_tasks import GlueTask as Task
@@ -223,16 +224,40 @@ def num_binarized(prefix: str) -> int:
     return len(MMapIndexedDataset(prefix))
 
 
-def build_task(task: Task, splits: List[Split], bpe_dir: str, out_dir: str, workers: int,
-               stsb_raw: bool) -> dict:
-    """Write <out_dir>/<TASK>-bin; return the summary facts for the report."""
-    final = os.path.join(out_dir, f"{task.name}-bin")
-    # Build beside the final place and swap in at the end: a failed run leaves no half-made dir.
-    work = tempfile.mkdtemp(prefix=f".{task.name}-", dir=out_dir)
+@contextlib.contextmanager
+def building(out_dir: str, name: str):
+    """(processed, dest, final): a work directory beside OUT/NAME-bin (``final``), its text files' folder and the
+    binarized task's (with ``label/``), removed at the end: a failed run leaves no half-made task directory."""
+    final = os.path.join(out_dir, f"{name}-bin")
+    work = tempfile.mkdtemp(prefix=f".{name}-", dir=out_dir)
     try:
         proc, dest = os.path.join(work, "processed"), os.path.join(work, "bin")
         os.makedirs(proc)
         os.makedirs(os.path.join(dest, "label"))
+        yield proc, dest, final
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def finish(dest: str, final: str, meta: dict, examples: Dict[Tuple[str, str], int]) -> None:
+    """DEST/labels.json (``meta``), then each binarized kind/split's count against ``examples`` (what was read: a cheap
+    check of what fairseq wrote), then DEST in FINAL's place (a half-made task directory never stands there)."""
+    with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
+        json.dump(meta, f, indent=2, ensure_ascii=False)
+        f.write("\n")
+    for (kind, split), want in examples.items():
+        n = num_binarized(os.path.join(dest, kind, split))
+        if n != want:
+            raise PrepError(f"{meta['task']}: {kind}/{split} has {n} examples, expected {want}")
+    if os.path.exists(final):
+        shutil.rmtree(final)
+    os.replace(dest, final)
+
+
+def build_task(task: Task, splits: List[Split], bpe_dir: str, out_dir: str, workers: int,
+               stsb_raw: bool) -> dict:
+    """Write <out_dir>/<TASK>-bin; return the summary facts for the report."""
+    with building(out_dir, task.name) as (proc, dest, final):
         with open(os.path.join(bpe_dir, "dict.txt"), encoding="utf-8") as f:
             known = {line.split(maxsplit=1)[0] for line in f if line.strip()}
         not_in_dict = 0
@@ -274,23 +299,8 @@ def build_task(task: Task, splits: List[Split], bpe_dir: str, out_dir: str, work
                             [repr(float(x) / scale) for x in s.labels])
             meta.update(num_classes=1, target=f"score / {scale:g}",
                         note="regression: use --regression-target --num-classes 1")
-        with open(os.path.join(dest, "labels.json"), "w", encoding="utf-8") as f:
-            json.dump(meta, f, indent=2, ensure_ascii=False)
-            f.write("\n")
-
-        # Cheap consistency check of what fairseq wrote against what we read.
-        for s in splits:
-            kinds = [f"input{k}" for k in range(len(task.text_cols))] + (["label"] if task.labels else [])
-            for kind in kinds:
-                n = num_binarized(os.path.join(dest, kind, s.name))
-                if n != len(s.labels):
-                    raise PrepError(f"{task.name}: {kind}/{s.name} has {n} examples, expected {len(s.labels)}")
-
-        if os.path.exists(final):
-            shutil.rmtree(final)
-        os.replace(dest, final)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
+        kinds = [f"input{k}" for k in range(len(task.text_cols))] + (["label"] if task.labels else [])
+        finish(dest, final, meta, {(kind, s.name): len(s.labels) for s in splits for kind in kinds})
     return dict(meta, out=final, not_in_dict=not_in_dict)
 
 

@@ -4,7 +4,9 @@
 #
 #   scripts/glue/finetune.sh TASK METHOD [extra fairseq-train args...]
 #
-# TASK:   MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B (case-insensitive)
+# TASK:   MNLI QNLI QQP RTE SST-2 MRPC CoLA STS-B (case-insensitive), or a task of yours: its name, with
+#         $DATA_DIR/NAME-bin/labels.json (data-prep/prepare_task.py); its recipe: lr 2e-5, batch 16, 10 epochs of
+#         its training set with a 6% warmup (the small GLUE tasks'), its classes and metric from labels.json
 # METHOD: a method of the catalogue (recadam_fairseq/catalogue.py; the table in docs/glue.md), listed with its
 #         variables at the end of this help. `python -m recadam_fairseq methods METHOD` shows its flags.
 # Extra args go last to fairseq-train, so they override the recipe (argparse keeps the last one).
@@ -68,7 +70,9 @@ DRY_RUN=${DRY_RUN:-0}
 
 # The method (recadam_fairseq/catalogue.py; its knobs from their variables), the recipe and the task's spelling
 # (recadam_fairseq/core/glue_tasks.py).
-ask_python --method "$METHOD" --task "$TASK_ARG"  # sets METHOD to the catalogue's spelling, K, T0, ... to their values
+DATA_DIR=${DATA_DIR:-./glue-bin}
+ask_python --method "$METHOD" --task "$TASK_ARG" --data "$DATA_DIR"  # sets METHOD to the catalogue's spelling, K, T0,
+# ... to their values, TASK and its recipe (RECIPE_*, NUM_CLASSES, METRIC, TASK_FLAGS)
 IS_R3F=0
 [ "$METHOD_CRITERION" != sentence_prediction_r3f ] || IS_R3F=1
 
@@ -89,7 +93,6 @@ if [ -n "$METHOD_CRITERION" ]; then
   CRITERION=$METHOD_CRITERION
 fi
 CRITERION=${CRITERION:-sentence_prediction_recadam}
-DATA_DIR=${DATA_DIR:-./glue-bin}
 SAVE_DIR=${SAVE_DIR:-runs}
 USER_DIR=${USER_DIR:-$REPO_DIR/recadam_fairseq}
 
@@ -164,7 +167,7 @@ CMD=("${TRAIN[@]}" "$DATA"
   --max-positions "$MAX_POSITIONS" --required-batch-size-multiple 1 --batch-size "$BATCH" --max-tokens 4400
   "${ARCH_FLAGS[@]}" --dropout 0.1 --attention-dropout 0.1
   --criterion "$CRITERION")
-[ "$TASK" != STS-B ] || CMD+=(--regression-target)
+CMD+=(${TASK_FLAGS[@]+"${TASK_FLAGS[@]}"})  # STS-B's (a regression's) --regression-target; MNLI's two valid sets
 if [ "$CRITERION" = sentence_prediction ]; then  # fairseq's criterion computes these only when asked
   case "$METRIC" in
     mcc) CMD+=(--report-mcc) ;;
@@ -185,8 +188,6 @@ if [ -n "${FORGETTING_PROBE:-}" ] && [ "$CRITERION" = sentence_prediction ] &&
 fi
 forgetting_flags "$METRIC"  # BEST_METRIC: METRIC, or with FORGETTING_BUDGET its value within the budget
 [ "$NUM_GPUS" = 1 ] || CMD+=(--distributed-world-size "$NUM_GPUS")
-# MNLI: valid = matched, valid1 = mismatched (data-prep/prepare_glue.py); the first one picks the best checkpoint
-[ "$TASK" != MNLI ] || CMD+=(--valid-subset valid,valid1)
 CMD+=(--best-checkpoint-metric "$BEST_METRIC" --maximize-best-checkpoint-metric
   --seed "$SEED" --save-dir "$RUN" --no-epoch-checkpoints
   --save-interval-updates "$SAVE_INTERVAL_UPDATES" --keep-interval-updates 1
