@@ -5,6 +5,7 @@ Core checks are in-process float64 references; the end-to-end runs share one bat
 
 import math
 import os
+import re
 import shutil
 
 import pytest
@@ -483,7 +484,7 @@ def runs(tiny, tmp_path_factory):
     for key, extra in COUPLED_MODES.items():  # the coupled term, and its autograd form (tests/train_entry.py)
         for ref in ("", "_ref"):
             plan[key + ref] = (COUPLED + extra + (["--ewc-fisher", task_file] if "ewc" in key else []),
-                               {"updates": 2, "optimizer": "adam", "env": {"RECADAM_COUPLED_REFERENCE": "1"} if ref
+                               {"updates": 3, "optimizer": "adam", "env": {"RECADAM_COUPLED_REFERENCE": "1"} if ref
                                 else None})
 
     def job(key):
@@ -608,15 +609,14 @@ def test_a_pass_out_of_memory_names_the_flag_that_bounds_it(tiny, tmp_path, caps
 
     def full(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.50 GiB")
-        yield
 
-    monkeypatch.setattr(per_example.Vmapped, "grads", full)
+    monkeypatch.setattr(per_example, "_trace", full)  # inside the vmapped pass
     out = tmp_path / "f.pt"
     assert tool.main(["--out", str(out), "--examples", "32", "--", tiny.cls_bin, *NO_ARCH, "--restore-file",
                       tiny.pretrained]) == 1
     assert capsys.readouterr().err.splitlines()[-1] == (
         "fisher.py: error: --fisher-batch-size 16: out of memory taking 16 per-example gradients at once (each the "
-        "model's size); lower it (0: one at a time)")
+        "model's size, and the chunk's activations); lower it (0: one at a time)")
     assert not out.exists()
 
 
@@ -687,6 +687,9 @@ def test_coupled_term_trains_as_its_autograd_form_bit_for_bit(tiny, runs, key):
     replaced (RECADAM_COUPLED_REFERENCE): the same weights bit for bit under fp32 with --update-freq 2, --fp16 (flat;
     with --update-freq 2), per parameter and 2 ranks (gloo, --update-freq 2): the gradient enters as 2·(θ−θ*)·ḡ
     either way."""
+    logs = {r: "".join(runs[key + r]) if key == "coupled_ranks" else runs[key + r][1] for r in ("", "_ref")}
+    assert "coupled-reference-calls" not in logs[""]  # the reference really ran in the other run, and only there
+    assert int(re.search(r"coupled-reference-calls (\d+)", logs["_ref"]).group(1)) >= 3  # one a micro-batch
     if key == "coupled_ranks":
         got, ref = (dumps(runs["root"] / f"{key}{r}", 2)[0]["model"] for r in ("", "_ref"))
     else:
@@ -698,7 +701,8 @@ def test_coupled_term_trains_as_its_autograd_form_bit_for_bit(tiny, runs, key):
 
 def test_ewc_coupled_term_trains_as_its_autograd_form(tiny, runs):
     """With EWC's F the two forms round F·(θ−θ*)·2ḡ in another order: under --amp (on the CPU: fp32 with its loss
-    scaler, ḡ scaled) the weights after 2 updates agree to 1e-6 of their values (an update moves them by ~1e-3)."""
+    scaler, ḡ scaled) the weights after 3 updates agree to 1e-6 of their values (an update moves them by ~1e-3)."""
+    assert "coupled-reference-calls" in runs["coupled_ewc_amp_ref"][1]
     got, ref = (load_ckpt(runs["root"] / f"coupled_ewc_amp{r}" / "checkpoint_last.pt")["model"] for r in ("", "_ref"))
     pre = load_ckpt(tiny.pretrained)["model"]
     for k, v in got.items():
@@ -769,7 +773,7 @@ def test_task_fisher_must_be_taken_at_theta_star():
     check_at_theta_star(pieces([(moved, torch.cat([t[2:5], t[6:7]]), [(2, 3), (6, 1)])]), "w")  # 7: no θ*
 
 
-def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path):
+def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path, capsys):
     """scripts/fisher.py with fairseq's masked_lm on the valid split: the per-example losses are the criterion's
     loss split by example (each equal to that example alone, in float64), and the file fits the classifier."""
     from recadam_fairseq.criterions.fisher_source import masked_lm_per_example
@@ -789,7 +793,9 @@ def test_masked_lm_fisher_on_held_out_text(tiny, tmp_path):
         alone = masked_lm_per_example(criterion)(model, data.collater([data[i]]))
         assert float(alone[0]) == pytest.approx(float(per[i]), rel=1e-9)
     out = str(tmp_path / "mlm.pt")
+    capsys.readouterr()
     assert tool.main(["--out", out, "--examples", "8", "--", *mlm]) == 0
+    assert "one at a time" not in capsys.readouterr().err  # the vmapped pass (the logits of every position)
     fisher, line = ewc.load(out)
     assert "8 examples" in line and "valid" in line
     classifier = torch.load(tiny.pretrained, weights_only=False)["model"]  # the names fine-tuning anchors

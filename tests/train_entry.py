@@ -18,7 +18,7 @@ checkpoint save: an interrupted run, for the resume tests.
 
 With RECADAM_COUPLED_REFERENCE set, the coupled objective's distance is computed as it was, through autograd
 (core/ewc.penalty: a graph node per tensor and operation, .item() for the log): the reference its one-node form
-(core/ewc.distance) is compared with.
+(core/ewc.distance) is compared with; the number of its calls is printed at exit.
 
 With RECADAM_SAM_CHECK_RESTORE set, the SAM controller's θ is compared with the values it had before
 every perturbation, bit for bit, at the next micro-batch and before the gradient reduction; the count
@@ -117,12 +117,16 @@ def _sam_test_hooks(check_restore, poison):
 def _coupled_reference():
     from recadam_fairseq.core import ewc  # the module --user-dir registers: fairseq finds it in sys.modules
 
+    calls = [0]
+
     def reference(pull):
+        calls[0] += 1
         d = ewc.penalty(list(zip(pull.params, pull.anchors, pull.fisher or [None] * len(pull.params))))
         d.item()  # the host read the log made
         return d
 
     ewc.distance = reference
+    atexit.register(lambda: print(f"coupled-reference-calls {calls[0]}", flush=True))  # the tests check it ran
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from typing import Callable, Container, Dict, Iterable, Optional, Sequence, Tupl
 
 import torch
 from torch import Tensor
+from torch.autograd.function import once_differentiable
 
 from . import checkpoint_file, per_example
 from .errors import ConfigError
@@ -84,14 +85,17 @@ class FisherPass:
     ``scale``: the first loss scale (half precision), halved when a gradient overflows."""
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, named: Sequence[Tuple[str, Tensor]], chunk: int,
-                 pad: Optional[Callable] = None, scale: float = 1.0):
+                 pad: Optional[Callable] = None, scale: float = 1.0, traced: Optional[Callable] = None,
+                 say: Callable[[str], None] = lambda why: None):
         self.module, self.loss_fn, self.names = module, loss_fn, [n for n, _ in named]
         self.params = [p for _, p in named]
         self.sums = FisherSum(self.params)
         self.scale = float(scale)
         self.half = self.scale != 1.0  # a half-precision model's pass: overflows are looked for
-        self.vmapped = per_example.Vmapped(module, loss_fn, named, chunk, pad) if chunk else None
-        self.why = "" if chunk else "one at a time (batch size 0)"
+        self.vmapped = per_example.Vmapped(module, loss_fn, named, chunk, pad, traced=traced) if chunk else None
+        self.why, self.say = ("" if chunk else "one at a time (batch size 0)"), say
+        if not chunk:
+            say(self.why)
 
     @property
     def examples(self) -> int:
@@ -120,6 +124,7 @@ class FisherPass:
                 return
             except per_example.NotBatchable as e:  # the examples added so far stand; the rest one at a time
                 self.vmapped, self.why = None, f"one at a time ({e})"
+                self.say(self.why)
         done = self.examples - start
         rest = per_example.rows(sample, n, done, n) if done else sample
         it = per_example.one_at_a_time(self.module, self.loss_fn, self.params, rest, lambda: self.scale)
@@ -200,6 +205,7 @@ class _Distance(torch.autograd.Function):
         return total
 
     @staticmethod
+    @once_differentiable  # its gradient carries no graph: a second derivative is refused, not silently zero
     def backward(ctx, grad):
         u, ctx.u = ctx.u, None
         if u is None:  # F·(θ−θ*) became the gradient in place

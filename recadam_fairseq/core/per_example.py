@@ -29,6 +29,10 @@ class NotBatchable(Exception):
     """vmap cannot take this loss's per-example gradients (why, in one line)."""
 
 
+class ChunkOutOfMemory(Exception):
+    """A chunk's per-example gradients do not fit the device's memory (torch's OutOfMemoryError, from the vmap)."""
+
+
 def leaves(x, path=()) -> List[Tuple[tuple, object]]:
     """(path, value) of every leaf of nested dicts, lists and tuples."""
     if isinstance(x, dict):
@@ -128,10 +132,12 @@ class Vmapped:
     traced per input shape). ``tolerance``: of the check of the traced losses, relative (absolute below 1)."""
 
     def __init__(self, module: torch.nn.Module, loss_fn: Callable, named: Sequence[Tuple[str, Tensor]], chunk: int,
-                 pad: Optional[Callable[[Sample], Sample]] = None, tolerance: Optional[float] = None):
+                 pad: Optional[Callable[[Sample], Sample]] = None, tolerance: Optional[float] = None,
+                 traced: Optional[Callable] = None):
         if int(chunk) < 1:
             raise ValueError(f"chunk {chunk}: must be >= 1")
         self.module, self.loss_fn, self.chunk, self.pad = module, loss_fn, int(chunk), pad
+        self.traced = traced or loss_fn  # the same losses, in a form free of data-dependent shapes (masked LM's)
         self.named = list(named)
         self.params = {n: p.detach() for n, p in named}
         half = any(p.dtype in (torch.float16, torch.bfloat16) for _, p in named)
@@ -155,13 +161,13 @@ class Vmapped:
         or vmap failed, or a chunk's traced losses are not ``loss_fn``'s (raised before that chunk is yielded)."""
         from torch.func import grad_and_value, vmap
 
-        padded = self.pad(sample) if self.pad is not None else sample
-        key = self._key(padded, n)
-        paths = [p for p, v in leaves(padded) if _per_example(v, n)]
-        gm = self.traces.get(key)
         try:
+            padded = self.pad(sample) if self.pad is not None else sample
+            key = self._key(padded, n)
+            paths = [p for p, v in leaves(padded) if _per_example(v, n)]
+            gm = self.traces.get(key)
             if gm is None:
-                gm = self.traces[key] = _trace(self.module, self.loss_fn, self.named, padded, paths)
+                gm = self.traces[key] = _trace(self.module, self.traced, self.named, padded, paths)
             with torch.no_grad():
                 want = self.loss_fn(self.module, sample).detach().reshape(-1)
             values = dict(leaves(padded))
@@ -174,8 +180,9 @@ class Vmapped:
                     loss = gm(p, *x)
                     return loss * k, loss
 
-                grads, (_, loss) = vmap(grad_and_value(scaled, has_aux=True), in_dims=(None,) + (0,) * len(paths))(
-                    self.params, *xs)
+                # randomness "same": eval mode's random draws decide nothing (LayerDrop draws even there)
+                grads, (_, loss) = vmap(grad_and_value(scaled, has_aux=True), in_dims=(None,) + (0,) * len(paths),
+                                        randomness="same")(self.params, *xs)
                 self._check(loss.detach(), want[s:s + loss.numel()])
                 again = yield grads
                 if again:
@@ -184,8 +191,8 @@ class Vmapped:
                 s += loss.numel()
         except NotBatchable:
             raise
-        except torch.OutOfMemoryError:
-            raise
+        except torch.OutOfMemoryError as e:
+            raise ChunkOutOfMemory(str(e).splitlines()[0]) from e
         except Exception as e:  # vmap or the trace: an operation they do not take
             raise NotBatchable(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") \
                 from e

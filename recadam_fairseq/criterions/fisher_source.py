@@ -90,23 +90,30 @@ def check_flags(cfg) -> None:
                           f"time)")
 
 
-def masked_lm_per_example(criterion):
+def masked_lm_per_example(criterion, every_position: bool = False):
     """``f(model, sample)``: fairseq's ``masked_lm`` loss, one value per example (the sum over its masked
     tokens; their sum is the criterion's), or None for another criterion. F of the pretraining objective on
-    held-out text (``scripts/fisher.py --task masked_lm --criterion masked_lm``). The logits of every position
-    (not only the masked ones, as the criterion takes them): the same losses, with shapes that do not depend on
-    the data (the batched pass's trace)."""
+    held-out text (``scripts/fisher.py --task masked_lm --criterion masked_lm``). The LM head runs on the masked
+    positions, as the criterion's; ``every_position``: on all of them (the same losses, shapes that do not depend
+    on the data: the batched pass's trace, whose memory grows with it)."""
     from fairseq.criterions.masked_lm import MaskedLmLoss
 
     if not isinstance(criterion, MaskedLmLoss):
         return None
 
     def per_example(model, sample):
-        logits = model(**sample["net_input"])[0]
         target = sample["target"]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1),
-                                                reduction="none", ignore_index=criterion.padding_idx)
-        return nll.view(target.shape).sum(-1)
+        if every_position:
+            logits = model(**sample["net_input"])[0]
+            nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.size(-1)).float(), target.reshape(-1),
+                                                    reduction="none", ignore_index=criterion.padding_idx)
+            return nll.view(target.shape).sum(-1)
+        masked = target.ne(criterion.padding_idx)
+        logits = model(**sample["net_input"], masked_tokens=masked)[0]
+        nll = torch.nn.functional.cross_entropy(logits.view(-1, logits.size(-1)).float(), target[masked],
+                                                reduction="none")
+        rows = masked.nonzero()[:, 0]  # the example of each masked token
+        return torch.zeros(masked.size(0), dtype=nll.dtype, device=nll.device).index_add(0, rows, nll)
 
     return per_example
 
@@ -132,9 +139,13 @@ def seq2seq_per_example(criterion):
 
 
 def bucket(length: int) -> int:
-    """The padded length of a batch of ``length`` tokens: the next power of two above it (one pad or more in every
-    example; a few lengths, so a few traces of the batched pass)."""
-    return 1 << int(length).bit_length()
+    """The padded length of a batch of ``length`` tokens: the next of 16, 24, 32, 48, 64, 96, ... (powers of two
+    and 1.5 times them) above it: one pad or more in every example, at most 1.5 times the tokens, a few lengths so a
+    few traces of the batched pass."""
+    n = 16
+    while n <= length:
+        n = n * 3 // 2 if n & (n - 1) == 0 else n * 4 // 3
+    return n
 
 
 def _padded(x: torch.Tensor, length: int, pad: int, left: bool = False) -> torch.Tensor:
@@ -170,13 +181,13 @@ def padder(criterion, seq2seq: bool):
 def named_errors(batch: int, flag: str):
     """The pass's failures, named by their flag: out of memory with per-example gradients ``batch`` at a time
     (``flag``: the option that sets it; one line), an fp16 gradient that overflows at every loss scale."""
+    from ..core.per_example import ChunkOutOfMemory
+
     try:
         yield
-    except torch.OutOfMemoryError:
-        if not batch:
-            raise
+    except ChunkOutOfMemory:
         raise ConfigError(f"{flag} {batch}: out of memory taking {batch} per-example gradients at once (each the "
-                          f"model's size); lower it (0: one at a time)") from None
+                          f"model's size, and the chunk's activations); lower it (0: one at a time)") from None
     except FloatingPointError as e:
         raise FloatingPointError(f"{ewc.FLAG} {ewc.TASK}: {e}") from None
 
@@ -201,7 +212,9 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int, batch: in
         world, rank = distributed_utils.get_world_size(group), distributed_utils.get_rank(group)
     device, dtype = named[0][1].device, named[0][1].dtype
     fisher = ewc.FisherPass(inner, loss_fn, named, batch, pad=padder(criterion, seq2seq is not None),
-                            scale=FP16_SCALE if dtype == torch.float16 else 1.0)
+                            scale=FP16_SCALE if dtype == torch.float16 else 1.0,
+                            traced=masked_lm_per_example(criterion, every_position=True) if mlm else None,
+                            say=lambda why: logger.info(f"ewc: the Fisher pass takes the per-example gradients {why}"))
     shard = -(-len(criterion.task.dataset(cfg.train_subset)) // world)  # this rank's share of the split
     progress = Progress(min(examples, shard) if examples else shard)  # what the pass will see, not the flag's N
     was_training = inner.training
@@ -221,8 +234,6 @@ def task_fisher(criterion, model: torch.nn.Module, cfg, examples: int, batch: in
                 fisher.add(rows(view, n, 0, take), take, progress.tick)
     finally:
         inner.train(was_training)
-    if fisher.why:
-        logger.info(f"ewc: the Fisher pass took the per-example gradients {fisher.why}")
     count = torch.tensor([float(fisher.examples)], dtype=torch.float64, device=device)
     if world > 1:
         for s in fisher.sums.sums:

@@ -211,7 +211,8 @@ class EWCHyperparams(TrainBatches):
     ewc_fisher_batch_size: int = field(
         default=16,
         metadata={"help": "EWC --ewc-fisher task: per-example gradients taken this many at a time (one vmap; memory: "
-                          "one gradient of the model's size per example); 0: one at a time (a backward each)"},
+                          "one gradient of the model's size per example, and their activations); 0: one at a time (a "
+                          "backward each)"},
     )
     ewc_fisher_dtype: ChoiceEnum(list(FISHER_DTYPES)) = field(
         default="fp32", metadata={"help": "EWC: precision of the stored F (bf16 halves its memory)"}

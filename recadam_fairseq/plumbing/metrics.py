@@ -13,10 +13,12 @@ RECADAM_METRICS = ("recadam_lambda", "recadam_dist", "recadam_penalty")
 def log_recadam_metrics(recadam_lambda: float, recadam_dist: float, recadam_penalty: float) -> None:
     """λ(t), Σ(θ−θ*)² over the anchored parameters, and γ/2 of it (the simulated source loss).
 
-    weight=0 makes the logged value the latest one, not an average over the log interval.
+    weight=0 makes the logged value the latest one, not an average over the log interval. A value may be a tensor
+    (the coupled term's: no host sync in the step); round=12 makes fairseq read it as a float when it logs, as every
+    backend (json, tensorboard, wandb) takes it.
     """
     for priority, (key, value) in enumerate(zip(RECADAM_METRICS, (recadam_lambda, recadam_dist, recadam_penalty))):
-        metrics.log_scalar(key, value, weight=0, priority=300 + priority)
+        metrics.log_scalar(key, value, weight=0, priority=300 + priority, round=12)
 
 
 def log_target_loss(logging_outputs) -> None:

@@ -137,7 +137,8 @@ def main(argv=None) -> int:
     parser.add_argument("--examples", type=int, default=1024, help="N examples (0: the whole training set)")
     parser.add_argument("--fisher-batch-size", type=int, default=FISHER_BATCH,
                         help="per-example gradients taken this many at a time (memory: one gradient of the model's "
-                             "size per example; 0: one at a time), as fairseq-train's --ewc-fisher-batch-size")
+                             "size per example, and their activations; 0: one at a time), as fairseq-train's "
+                             "--ewc-fisher-batch-size")
     argv = list(sys.argv[1:] if argv is None else argv)
     split = argv.index("--") if "--" in argv else len(argv)
     args = parser.parse_args(argv[:split])
