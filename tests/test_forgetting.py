@@ -500,6 +500,28 @@ def test_unreachable_data_fails_under_ci(tmp_path_factory, monkeypatch, ci, outc
         sdists(tmp_path_factory)
 
 
+def test_example_task_is_a_labelled_set_of_the_sdists(tmp_path_factory, tmp_path):
+    """data-prep/example_task.py (the own-model walk-through's shippable set): the movie snippets rated at least 1 from
+    neutral, labelled by their rating's sign, split without overlap; the SNLI pairs, half entailment (1), half
+    contradiction (0); each file with the header the walk-through names, no tab inside a text."""
+    from recadam_fairseq.tools import example_task, text_data
+
+    where = sdists(tmp_path_factory)
+    assert example_task.main(["--out", str(tmp_path), "--sdist-dir", where, "--train", "40", "--dev", "20",
+                              "--pairs", "10"]) == 0
+    rows = {n: [ln.split("\t") for ln in (tmp_path / f"{n}.tsv").read_text().splitlines()] for n in
+            ("train", "dev", "pairs")}
+    assert rows["train"][0] == rows["dev"][0] == ["text", "label"] and rows["pairs"][0] == ["sentence1", "sentence2",
+                                                                                           "label"]
+    texts, ratings = text_data.read_snippets(os.path.join(where, "vaderSentiment-3.3.2.tar.gz"))
+    rating = {" ".join(t.split()): r for t, r in zip(texts, ratings)}  # as written: one space between words
+    for r in rows["train"][1:] + rows["dev"][1:]:
+        assert len(r) == 2 and abs(rating[r[0]]) >= 1 and r[1] == ("positive" if rating[r[0]] > 0 else "negative")
+    assert len(rows["train"]) == 41 and len(rows["dev"]) == 21
+    assert not {r[0] for r in rows["train"][1:]} & {r[0] for r in rows["dev"][1:]}
+    assert sorted(r[2] for r in rows["pairs"][1:]) == ["0"] * 5 + ["1"] * 5
+
+
 # every kind of run --methods makes (optimizer, criterion, arch, restore), each must give a row; fast knob values
 # so that 4 updates move the weights. r3f and sam are r4f's criterion and fsam's optimizer with one flag less,
 # recadam-r3f and recadam-fsam those over recadam's optimizer (their flags: test_method_flags)
