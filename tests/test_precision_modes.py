@@ -8,6 +8,7 @@ copy and ~4% without one (memory-efficient fp16 rounds the weights after every s
 """
 
 import glob
+import re
 
 import pytest
 import torch
@@ -161,3 +162,23 @@ def test_precision_modes_on_gpu(tiny, tmp_path, fp32_on_gpu, mode):
     print(f"{mode}: |Δ - Δ_fp32| / |Δ_fp32| = {rel:.4f}")
     assert d32.norm() > 0.1 and rel < tol
     assert got["optimizer_history"][-1]["num_updates"] == 12
+
+
+@pytest.mark.gpu
+def test_cuda_graph_in_fairseq_train(tiny, tmp_path):
+    """--recadam-fused cuda-graph inside fp32 fairseq-train on CUDA: the final weights equal the compiled call's bit
+    for bit. A replay needs the gradients where they were at the capture; fairseq's zero_grad sets them to None,
+    so each backward allocates them anew: on an H200 (pass 5) every one of the 12 updates captured again and none
+    replayed. Until they stay put, the graph is no default (issue: the GPU pass)."""
+    runs = {}
+    for mode in ("on", "cuda-graph"):
+        _, log = tiny.train(tmp_path / mode, *FLAGS, "--recadam-fused", mode, device="cuda", env=FUSED_ENV)
+        runs[mode] = (load_ckpt(tmp_path / mode / "checkpoint_last.pt")["model"], log)
+    (a, _), (b, log) = runs["on"], runs["cuda-graph"]
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    captures = len(set(re.findall(r"CUDA graph capture (\d+) of the (\d+)-tensor", log)))
+    print(f"cuda-graph in fairseq-train: {captures} captures in 12 updates")
+    assert captures >= 1
+    if captures >= 12:
+        pytest.xfail(f"{captures} captures in 12 updates: fairseq-train's gradients move every step, no replay")

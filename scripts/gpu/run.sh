@@ -116,8 +116,9 @@ for s in "$@"; do
                --methods recadam-cudagraph --warmup-runs 0 --out-md "$OUT/e2e-pt.md" --out-json "$OUT/e2e-pt.json" ;;
     # RECADAM_E2E_METHODS="a b ...": a subset (each method's base is added), to split e2e over device calls
     # RECADAM_E2E_WARMUP=0: no untimed first run (the machine already warm from earlier stages)
+    # RECADAM_E2E_UPDATES=60: shorter runs (3 log intervals of 20), to fit more methods in a call
     e2e) stage e2e e2e.log $PY scripts/gpu/e2e_overhead.py --rounds 1 ${RECADAM_E2E_METHODS:+--methods $RECADAM_E2E_METHODS} \
-               --warmup-runs "${RECADAM_E2E_WARMUP:-1}" \
+               --warmup-runs "${RECADAM_E2E_WARMUP:-1}" --updates "${RECADAM_E2E_UPDATES:-120}" \
                --out-md "$OUT/e2e.md" --out-json "$OUT/e2e.json" ;;
     fsdp) stage fsdp fsdp.log $PY -m pytest -m gpu -v -rA -p no:cacheprovider tests/test_flat_shards.py ;;
     forgetting) stage forgetting forgetting.log env PYTHON="$PY" OUT="$OUT" bash scripts/gpu/forgetting.sh ;;
