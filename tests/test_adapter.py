@@ -48,6 +48,18 @@ def test_fused_flag_reaches_the_core(value, fused, graph):
     opt = build_optimizer(cfg.optimizer, list(Net().parameters()))
     assert opt.optimizer.fused is fused and opt.optimizer.cuda_graph is graph
     assert parse().optimizer.recadam_fused == "auto"
+    # the graph's replays need the gradients at fixed addresses: zero_grad zeroes them in place, else frees them
+    net = Net()
+    opt = build_optimizer(cfg.optimizer, list(net.parameters()))
+    net.head(net.encoder(torch.ones(2, 3))).sum().backward()
+    where = [p.grad.data_ptr() for p in net.parameters()]
+    opt.zero_grad()
+    if graph:
+        assert all(p.grad is not None and not p.grad.any() for p in net.parameters())
+        net.head(net.encoder(torch.ones(2, 3))).sum().backward()
+        assert [p.grad.data_ptr() for p in net.parameters()] == where
+    else:
+        assert all(p.grad is None for p in net.parameters())
 
 
 @pytest.mark.parametrize("flags,match", [

@@ -184,8 +184,9 @@ def update_many(segments: Sequence[tuple], s: Tensor, graph: Optional[bool] = No
 
 
 # Opt-in, CUDA only (RecAdam(cuda_graph=True), --recadam-fused cuda-graph, the benchmark's recadam-cudagraph;
-# timed on an H100 in pass 4 at 1.08x fused AdamW, not yet the default: fairseq-train's own allocation of
-# the gradients each step must keep their addresses for replays to happen, which no GPU has checked): the
+# timed on an H100 in pass 4 at 1.08x fused AdamW, not yet the default: in fairseq-train the gradients must keep
+# their addresses for replays to happen; GPU pass 5 saw them move every step until FairseqRecAdam.zero_grad
+# zeroed them in place under cuda-graph, which no GPU has run yet): the
 # multi-tensor program captured once in a CUDA graph, then replayed while every tensor it reads and writes,
 # the gradients included (not copied: that would be another pass over memory), sits where it sat at the
 # capture: one replay instead of dynamo's guards and a launch per tensor. A replay computes what the

@@ -152,6 +152,14 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
             "pretrain_cof": cfg.recadam_pretrain_cof,
         }
 
+    def zero_grad(self):
+        # --recadam-fused cuda-graph: a replay needs every gradient where the capture saw it, and fairseq's
+        # zero_grad frees them (the next backward allocates them anew: GPU pass 5 saw no replay in fairseq-train).
+        # Zeroed in place they stay put; a tensor without a gradient in a step then steps on zeros, as under --fp16.
+        if not self._optimizer.cuda_graph:
+            return super().zero_grad()
+        self._optimizer.zero_grad(set_to_none=False)
+
     def load_state_dict(self, state_dict, optimizer_overrides=None):
         # every rank sees the whole state here (OSS keeps its shard's): θ* (and F) is restored, not rebuilt, on
         # every rank, also one whose shard holds no anchored tensor

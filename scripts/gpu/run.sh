@@ -4,7 +4,7 @@
 #   there:  bash scripts/gpu/run.sh STAGE...                 (device call with carry: [".whl"])
 # Stages (a device call is limited to 10 minutes: the stages of one call share RECADAM_GPU_BUDGET_S,
 # default 570 s; a session has 15 minutes of device time, the machine's start included). Seen on an
-# H100 (2026-11-26): tests 124 s, bench 48 s, bench-per-tensor 102 s (inductor compiles a 74-tensor
+# H100 (2026-11-26): tests 124 s, bench 48 s, bench-per-tensor 102 s (284 s cold on the H200 of pass 5; inductor compiles a 74-tensor
 # program, ~30-50 s, twice), e2e-recadam 310 s, one roberta-base fairseq-train run 25-35 s (e2e: 19
 # runs, ~10 min, a call of its own). So: "tests bench-per-tensor e2e-recadam" in one call, "e2e" in
 # the next while the machine is warm.
