@@ -356,3 +356,38 @@ def test_the_executor_runs_every_job_and_reports_every_failure_at_the_end():
     with pytest.raises(KeyError):
         execute([job(0, KeyError), job(1), job(3)], jobs=1)
     assert started == [0]
+
+
+# ------------------------------------------------------------------ the judge's edges (ties, the budget's bound)
+def _setting(name, accuracy, kept, method=None):
+    """A final setting as stats.frontier / pareto_ranks take it (``kept``: the rows' forgetting axis, larger = better)."""
+    return {"name": name, "method": method or name, "target_accuracy": accuracy, "forgetting": kept}
+
+
+def test_ties_on_the_frontier_and_in_the_ranking():
+    from recadam_fairseq.engine import stats
+
+    twins = [_setting("a", 90.0, -0.01), _setting("b", 90.0, -0.01)]  # equal on both axes: neither dominates
+    tied_worse = _setting("c", 90.0, -0.02)  # a's accuracy, forgot more: below them
+    other = _setting("d", 89.0, -0.001)  # less accurate, forgot less: on the frontier too
+    rows = twins + [tied_worse, other]
+    stats.frontier(rows)
+    assert [r["frontier"] for r in rows] == [True, True, False, True]
+    assert stats.pareto_ranks(rows) == {"a": 1, "b": 1, "d": 1, "c": 2}  # (and it ends)
+    assert stats.pareto_ranks(twins) == {"a": 1, "b": 1}
+    assert stats.pareto_ranks([tied_worse, _setting("e", 91.0, -0.02)]) == {"e": 1, "c": 2}
+
+
+def test_a_validation_at_the_budget_exactly_is_within_it():
+    from recadam_fairseq.core.forgetting import DELTAS, within_budget
+    from recadam_fairseq.engine.aggregate import best_of
+
+    key, (_, sign) = next(iter(DELTAS.items()))
+    budget = 0.02
+    entries = [{"accuracy": "91", key: str(sign * budget)},  # forgot the budget exactly: counts
+               {"accuracy": "95", key: str(sign * (budget + 1e-6))},  # forgot past it: left out
+               {"accuracy": "80", key: str(sign * 0.0)}]
+    assert within_budget(budget, budget) and not within_budget(budget + 1e-6, budget) and not within_budget(None, 1)
+    best, at = best_of(entries, "accuracy", budget=budget)
+    assert best == 91.0 and at is entries[0]
+    assert best_of(entries, "accuracy")[0] == 95.0  # no budget: every validation
