@@ -391,3 +391,13 @@ def test_a_validation_at_the_budget_exactly_is_within_it():
     best, at = best_of(entries, "accuracy", budget=budget)
     assert best == 91.0 and at is entries[0]
     assert best_of(entries, "accuracy")[0] == 95.0  # no budget: every validation
+
+
+def test_a_one_seed_answer_says_only_the_floors_stand_for_the_noise(grid):
+    root, runs = grid
+    (two,) = verdicts.answer(runs, root).values()
+    (one,) = verdicts.answer([r for r in runs if r["seed"] == 1], root).values()
+    md2, md1 = "\n".join(verdicts.task_markdown(two)), "\n".join(verdicts.task_markdown(one))
+    assert "within the seed noise" in md2 and "only the floors" not in md2
+    assert "within the seed noise" not in md1
+    assert "within the floors and forget" in md1 and "one seed a setting: only the floors stand for the noise" in md1

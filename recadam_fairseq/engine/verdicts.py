@@ -248,12 +248,17 @@ def task_markdown(a, wise_text=WISE_TEXT):
         return md + [" ".join(filter(None, ["No adam runs with the probe: no verdicts against Adam.", a.get("add_adam")])),
                      ""]
     best = winners(a)
+    # one seed everywhere: no spread to measure, the floors alone stand for the noise (and the line says so)
+    one_seed = all(len(r["seeds"]) <= 1 for r in a["rows"])
+    noise = "the floors" if one_seed else "the seed noise"
     return md + [("**Answer**: " + ", ".join(f"{r['name']} ({'on' if r['frontier'] else 'off'} the frontier)"
                                              for r in best)
-                  + " keep" + ("s" if len(best) == 1 else "") + " Adam's accuracy within the seed noise and forget"
+                  + " keep" + ("s" if len(best) == 1 else "") + f" Adam's accuracy within {noise} and forget"
                   + ("s" if len(best) == 1 else "") + " less beyond it." if best else
-                  "**Answer**: no setting keeps Adam's accuracy within the seed noise and forgets less beyond it.")
-                 + f" (Floors: {fl[0]:g} {a['metric']}, {fl[1]:g} forgetting.)", ""]
+                  f"**Answer**: no setting keeps Adam's accuracy within {noise} and forgets less beyond it.")
+                 + f" (Floors: {fl[0]:g} {a['metric']}, {fl[1]:g} forgetting"
+                 + ("; one seed a setting: only the floors stand for the noise, run two or more seeds.)" if one_seed
+                    else ".)"), ""]
 
 
 def plot_name(task):
