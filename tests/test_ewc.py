@@ -604,13 +604,12 @@ def test_fisher_py_progress_counts_out_of_the_examples_it_will_see(tiny, tmp_pat
 def test_a_pass_out_of_memory_names_the_flag_that_bounds_it(tiny, tmp_path, capsys, monkeypatch):
     """Per-example gradients that do not fit (torch's OutOfMemoryError in the vmap): fisher.py says so in one line
     naming --fisher-batch-size and its value, and writes nothing."""
-    from recadam_fairseq.core import per_example
     from recadam_fairseq.tools import fisher as tool
 
     def full(*args, **kwargs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 7.50 GiB")
 
-    monkeypatch.setattr(per_example, "_trace", full)  # inside the vmapped pass
+    monkeypatch.setattr(torch.func, "vmap", full)  # the chunk's per-example gradients (grads() imports it per call)
     out = tmp_path / "f.pt"
     assert tool.main(["--out", str(out), "--examples", "32", "--", tiny.cls_bin, *NO_ARCH, "--restore-file",
                       tiny.pretrained]) == 1

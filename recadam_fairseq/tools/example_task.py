@@ -47,6 +47,9 @@ def main(argv=None) -> int:
         ap.error(f"--train {a.train} --dev {a.dev}: there are {len(rated)} snippets rated at least 1 from neutral")
     by = {g: [(p, h) for p, h, x in zip(prem, hyp, gold) if x == g] for g in ("entailment", "contradiction")}
     half = a.pairs // 2
+    fewest = min(len(v) for v in by.values())
+    if a.pairs % 2 or not 2 <= a.pairs <= 2 * fewest:
+        ap.error(f"--pairs {a.pairs}: an even number from 2 to {2 * fewest} (half entailments, half contradictions)")
     pairs = [(p, h, "1") for p, h in rng.sample(by["entailment"], half)] + \
             [(p, h, "0") for p, h in rng.sample(by["contradiction"], half)]
     rng.shuffle(pairs)

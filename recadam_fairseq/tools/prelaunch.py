@@ -155,7 +155,9 @@ def resume(run_dir: str) -> str:
 def train_examples(data: str, task: str) -> int:
     idx = os.path.join(data, f"{task}-bin", "input0", "train.idx")
     if not os.path.exists(idx):
-        raise Stop(f"no {idx} (make it with data-prep/prepare_glue.py --tasks {task})")
+        own = task not in glue_tasks.TASKS or os.path.exists(os.path.join(data, f"{task}-bin", "labels.json"))
+        how = f"data-prep/prepare_task.py --task-name {task}" if own else f"data-prep/prepare_glue.py --tasks {task}"
+        raise Stop(f"no {idx} (make it with {how})")
     with open(idx, "rb") as f:  # fairseq's mmap index: magic (9 bytes), version (8), dtype (1), count (8)
         head = f.read(26)
     if head[:9] != b"MMIDIDX\x00\x00":

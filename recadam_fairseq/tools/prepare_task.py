@@ -95,11 +95,12 @@ def read_rows(path: str, fmt: str, columns: List[str]) -> List[Dict[str, str]]:
                                 f"({shown[:120]!r}); the file needs a header row naming its columns")
             where = [header.index(c) for c in columns]
             rows = []
-            for n, cells in enumerate(reader, 2):
+            for cells in reader:
                 if not cells:
                     continue
-                if len(cells) != len(header):
-                    raise PrepError(f"{path}, line {n}: {len(cells)} columns, the header has {len(header)}")
+                if len(cells) != len(header):  # (line_num: the file's line, also after a quoted newline)
+                    raise PrepError(f"{path}, line {reader.line_num}: {len(cells)} columns, the header has "
+                                    f"{len(header)}")
                 rows.append({c: cells[i] for c, i in zip(columns, where)})
             return rows
     except UnicodeDecodeError as e:
@@ -207,6 +208,10 @@ def tokenize(splits: List[Split], tokens: Tokens, max_unk: float) -> Dict[str, D
 def check_labels(splits: List[Split], label_column: str, regression: bool, metric: str) -> List[str]:
     """The classes (none for a regression); PrepError for what cannot train."""
     train = splits[0]
+    for s in splits:  # an empty label would be a class named "" (and an empty target) or no number
+        blank = next((n for n, y in enumerate(s.labels, 1) if y is None or not str(y).strip()), None)
+        if blank is not None:
+            raise PrepError(f"{s.path}: example {blank}: column {label_column!r} is empty (every example needs a label)")
     if regression:
         for s in splits:
             for n, y in enumerate(s.labels, 2):
@@ -217,6 +222,9 @@ def check_labels(splits: List[Split], label_column: str, regression: bool, metri
                 if not math.isfinite(v):
                     raise PrepError(f"{s.path}: example {n - 1}: {label_column} {y!r} is not a finite number "
                                     f"(--regression)")
+        if len({float(y) for y in train.labels}) < 2:
+            raise PrepError(f"{train.path}: column {label_column!r} has one value in every example: nothing to "
+                            f"regress on (pearson and spearman are undefined)")
         return []
     classes = label_order(train.labels)
     if len(classes) < 2:
