@@ -110,10 +110,11 @@ def test_readme_is_a_short_manual():
 def test_what_the_walk_throughs_write_is_ignored():
     """What the documented commands write at the repository's root is in .gitignore: make demo (demo-out), the
     quickstart and glue.md (runs, hf-sst2), seq2seq.md's walk-through (mt-tiny, mt-runs), forgetting-your-task.md's
-    (probe-runs), make forgetting."""
+    (probe-runs; minilm-task, example-task), make forgetting."""
     with open(os.path.join(ROOT, ".gitignore"), encoding="utf-8") as f:
         ignored = {ln.strip().strip("/") for ln in f if ln.strip() and not ln.startswith("#")}
-    written = {"demo-out", "probe-runs", "runs", "hf-sst2", "mt-tiny", "mt-runs", "forgetting-out"}
+    written = {"demo-out", "probe-runs", "runs", "hf-sst2", "mt-tiny", "mt-runs", "forgetting-out", "minilm-task",
+               "example-task"}
     assert written <= ignored, sorted(written - ignored)
     pages = read(os.path.join(ROOT, "docs", "seq2seq.md")) + read(os.path.join(ROOT, "docs", "glue.md"))
     assert all(f" {d}/" in pages or f" {d} " in pages for d in ("mt-tiny", "mt-runs", "hf-sst2")), "the pages' names"
