@@ -609,6 +609,12 @@ os.makedirs(save, exist_ok=True)
 with open(os.path.join(save, "argv.json"), "w") as f:
     json.dump(argv, f)
 print('2026-01-01 | INFO | valid | {"epoch": 1, "valid_accuracy": "50", "valid_num_updates": "1"}')
+if os.environ.get("FAKE_SLEEP"):  # grid.sh's JOBS: when the run trained, and on which GPUs
+    import time
+    start = time.time()
+    time.sleep(float(os.environ["FAKE_SLEEP"]))
+    with open(os.path.join(save, "ran.json"), "w") as f:
+        json.dump([start, time.time(), os.environ.get("CUDA_VISIBLE_DEVICES")], f)
 sys.exit(int(os.environ.get("FAKE_RC", "0")))
 '''
 
@@ -980,6 +986,24 @@ def test_grid_resumes_and_reports_failures(fake):
     p = run([GRID, "RTE"], env_fail, check=1)
     assert "ran 3, skipped 0, failed 3" in p.stdout
     assert p.stdout.count("run failed:") == 3 and not glob_done(env_fail["SAVE_DIR"])
+
+
+def test_grid_runs_jobs_at_a_time(fake):
+    """JOBS=2: two runs train side by side (their times overlap), each on a GPU of its own from CUDA_VISIBLE_DEVICES;
+    each line carries its run's name, a line after each run counts what ended, runs and is left; all end done."""
+    env = dict(fake.env, JOBS="2", METHODS="adam llrd", SEEDS="1 2", FAKE_SLEEP="1.5", CUDA_VISIBLE_DEVICES="4,7")
+    p = run([GRID, "RTE"], env)
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    names = [f"{m}/seed{s}" for s in (1, 2) for m in ("adam", "llrd-d0.9")]
+    ran = {n: json.load(open(os.path.join(runs, n, "ran.json"))) for n in names}
+    assert len(glob_done(runs)) == 4 and "grid.sh: RTE: ran 4, skipped 0, failed 0" in p.stdout
+    (a0, a1, ga), (b0, b1, gb) = ran["adam/seed1"], ran["llrd-d0.9/seed1"]
+    assert max(a0, b0) < min(a1, b1) and {ga, gb} == {"4", "7"}, ran  # side by side, a GPU each
+    assert f"[adam/seed1] == done: {runs}/adam/seed1" in p.stdout
+    ends = re.findall(r"^grid\.sh: RTE: (\d) of 4 ended, (\d) running, (\d) left$", p.stdout, re.M)
+    assert [int(e[0]) for e in ends] == [1, 2, 3, 4] and ends[-1] == ("4", "0", "0")
+    p = run([GRID, "RTE"], dict(env, JOBS="0"), check=2)
+    assert "grid.sh: error: JOBS=0: the number of runs at a time, 1 or more" in p.stdout
 
 
 def tree_state(root):

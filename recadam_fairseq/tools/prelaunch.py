@@ -5,6 +5,7 @@
     prelaunch.py resume RUN_DIR
     prelaunch.py follow LOG [--offset BYTES] [--metric M] [--pid PID]
     prelaunch.py methods [--multitask | --seq2seq]
+    prelaunch.py grid TASK [extra fairseq-train args...]   (grid.sh's runs: recadam_fairseq/tools/grid.py)
 
 ``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
   --method     METHOD (its name in the catalogue, recadam_fairseq/catalogue.py), METHOD_NAME (the run
@@ -336,6 +337,11 @@ def ft_arch(arch: str, what: str) -> str:
 
 
 def main(argv=None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["grid"]:  # its args are fairseq-train's: not parsed here
+        from recadam_fairseq.tools import grid
+
+        return grid.main(argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     p = sub.add_parser("plan")

@@ -1,0 +1,179 @@
+"""scripts/glue/grid.sh's plan and its runs: every (seed, method[, k, t0]) of the environment's SEEDS, METHODS, KS and
+T0S, each a ``finetune.sh TASK METHOD`` run; ``JOBS`` of them at a time (engine/execute.py), each with GPUs of
+its own where there are GPUs (NUM_GPUS of them, from CUDA_VISIBLE_DEVICES's list or nvidia-smi's).
+
+    scripts/glue/grid.sh TASK [extra fairseq-train args...]     (grid.sh runs: prelaunch.py grid TASK ...)
+
+Before training anything, every run's directory is asked of finetune.sh (PRINT_RUN_DIR=1) and each one started
+with another command is refused in finetune.sh's own line (CHECK_RUN=1): nothing trains then (exit 2). A finished
+run is skipped, an unfinished one resumes (RESTART=1 starts every run over); a failed run does not stop the others,
+the failures are listed at the end (exit 1). With JOBS > 1 each run's lines carry its name and a line after each
+run says how many are done, running and left."""
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+from typing import Dict, List, Optional
+
+from recadam_fairseq.engine.execute import RunError, execute
+
+SCRIPT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
+                          "scripts", "glue")
+DEFAULTS = {"KS": "0.05 0.1 0.2 0.5 1", "T0S": "100 250 500 1000", "SEEDS": "1", "METHODS": "recadam"}
+
+
+class Stop(Exception):
+    """A one-line error of grid.sh's (exit 2)."""
+
+
+def plan(env: Dict[str, str]) -> List[Dict[str, str]]:
+    """The grid's runs in the order they run: each the variables its finetune.sh call gets (SEED, METHOD, K, T0)."""
+    from recadam_fairseq.tools.prelaunch import Stop as PlanStop, method_plan
+
+    words = {k: env.get(k) or v for k, v in DEFAULTS.items()}
+    recadam = {}
+    for m in words["METHODS"].split():  # the catalogue's names, as finetune.sh takes them
+        try:
+            recadam[m] = bool(method_plan(m, env)["METHOD_RECADAM"])
+        except PlanStop as e:
+            raise Stop(f"METHODS: {e}") from None
+    if not (words["KS"].split() and words["T0S"].split() and words["SEEDS"].split()):
+        raise Stop("KS, T0S and SEEDS must not be empty")
+    runs = []
+    for seed in words["SEEDS"].split():
+        for m in words["METHODS"].split():
+            if not recadam[m]:  # no RecAdam knobs: no (k, t0) grid
+                runs.append({"SEED": seed, "METHOD": m})
+                continue
+            runs += [{"SEED": seed, "METHOD": m, "K": k, "T0": t0} for k in words["KS"].split()
+                     for t0 in words["T0S"].split()]
+    return runs
+
+
+def jobs_of(env: Dict[str, str]) -> int:
+    value = env.get("JOBS") or "1"
+    if not value.isdigit() or int(value) < 1:
+        raise Stop(f"JOBS={value}: the number of runs at a time, 1 or more")
+    return int(value)
+
+
+def gpus(env: Dict[str, str]) -> List[str]:
+    """The GPUs runs may take: CUDA_VISIBLE_DEVICES's list, else nvidia-smi's; none on a CPU machine."""
+    if env.get("CUDA_VISIBLE_DEVICES") is not None:
+        return [g for g in env["CUDA_VISIBLE_DEVICES"].split(",") if g.strip()]
+    smi = shutil.which("nvidia-smi")
+    if not smi:
+        return []
+    out = subprocess.run([smi, "-L"], capture_output=True, text=True)
+    return [str(i) for i, ln in enumerate(out.stdout.splitlines()) if ln.startswith("GPU ")] if out.returncode == 0 else []
+
+
+def command(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str], mode: Optional[str] = None):
+    """(argv, environment) of finetune.sh TASK METHOD for ``run``; ``mode``: PRINT_RUN_DIR or CHECK_RUN (its two
+    questions)."""
+    e = {**env, **{k: v for k, v in run.items() if k != "METHOD"}}
+    if mode:
+        e[mode] = "1"
+    args = [] if mode == "PRINT_RUN_DIR" else extra
+    return ["bash", os.path.join(SCRIPT_DIR, "finetune.sh"), task, run["METHOD"], *args], e
+
+
+def finetune(task, run, env, extra, mode=None, **kw) -> subprocess.CompletedProcess:
+    argv, e = command(task, run, env, extra, mode)
+    return subprocess.run(argv, env=e, **kw)
+
+
+def main(argv: List[str]) -> int:
+    if not argv:
+        print("grid.sh: error: expected TASK", file=sys.stderr)
+        return 2
+    task, extra = argv[0], argv[1:]
+    # finetune.sh's modes are set per call here: from the caller's environment, every run would exit 0 untrained
+    env = {k: v for k, v in os.environ.items() if k not in ("CHECK_RUN", "PRINT_RUN_DIR")}
+    restart = env.get("RESTART", "0") == "1"
+    try:
+        runs, jobs = plan(env), jobs_of(env)
+    except Stop as e:
+        print(f"grid.sh: error: {e}", file=sys.stderr)
+        return 2
+
+    dirs, conflicts = [], 0
+    for run in runs:
+        p = finetune(task, run, env, extra, "PRINT_RUN_DIR", stdout=subprocess.PIPE, text=True)
+        if p.returncode != 0:  # a bad TASK: finetune.sh said why
+            return p.returncode
+        d = p.stdout.strip()
+        dirs.append(d)
+        if not os.path.isfile(os.path.join(d, "command.sh")) or restart:
+            continue
+        p = finetune(task, run, env, extra, "CHECK_RUN", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if p.returncode != 0:
+            lines = p.stderr.strip().splitlines()
+            msg = next((ln[len("finetune.sh: error: "):] for ln in reversed(lines)
+                        if ln.startswith("finetune.sh: error: ")), lines[-1] if lines else "")
+            print(f"grid.sh: error: {msg}", file=sys.stderr, flush=True)
+            conflicts += 1
+    if conflicts:
+        print(f"grid.sh: {task}: nothing trained", file=sys.stderr)
+        return 2
+
+    todo = []
+    for run, d in zip(runs, dirs):
+        if os.path.isfile(os.path.join(d, "done")) and not restart:
+            print(f"skip {d} (done)", flush=True)
+        else:
+            todo.append((run, d))
+    devices, n = (gpus(env) if jobs > 1 else []), int(env.get("NUM_GPUS") or 1)
+    groups = [devices[i:i + n] for i in range(0, len(devices) - n + 1, n)]  # NUM_GPUS of them a run
+    free = list(range(jobs))  # the slots a run takes (its GPUs: groups[slot % len(groups)])
+    lock = threading.Lock()
+    count = {"done": 0, "running": 0}
+
+    def one(run, d):
+        def go(say):
+            with lock:
+                slot = free.pop(0)
+                count["running"] += 1
+            if os.path.exists(os.path.join(d, "train.log")) and not restart:
+                say(f"resume {d} (unfinished)")
+            e = dict(env)
+            if groups:
+                e["CUDA_VISIBLE_DEVICES"] = ",".join(groups[slot % len(groups)])
+            try:
+                if jobs == 1:  # the run's own lines, as they come
+                    ok = finetune(task, run, e, extra).returncode == 0
+                else:  # side by side: each line with the run's name
+                    name = os.path.relpath(d, os.path.dirname(os.path.dirname(d)))
+                    argv, e = command(task, run, e, extra)
+                    proc = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                            bufsize=1)
+                    for line in proc.stdout:
+                        say(f"[{name}] {line.rstrip()}")
+                    ok = proc.wait() == 0
+            finally:
+                with lock:
+                    free.append(slot)
+                    count["running"] -= 1
+                    count["done"] += 1
+                    done, running = count["done"], count["running"]
+                if jobs > 1:
+                    say(f"grid.sh: {task}: {done} of {len(todo)} ended, {running} running, "
+                        f"{len(todo) - done - running} left")
+            if not ok:
+                say(f"grid.sh: run failed: {d}")
+                raise RunError(d)
+
+        return go
+
+    failed = []
+    try:
+        execute([one(run, d) for run, d in todo], jobs=jobs)
+    except RunError as e:
+        failed = str(e).split("\n\n")
+    print(f"grid.sh: {task}: ran {len(todo)}, skipped {len(runs) - len(todo)}, failed {len(failed)}", flush=True)
+    if failed:
+        print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
+        return 1
+    return 0
