@@ -28,8 +28,10 @@ setup(
         "plot": ["matplotlib"],
         # --zero-sharding os (ZeRO stage 1): fairseq wraps the optimizer in fairscale's OSS
         "sharded": ["fairscale==0.4.13"],
+        # grid.sh CLUSTER=slurm: each run a SLURM job (requeued and resumed on a timeout or a preemption)
+        "slurm": ["submitit"],
         "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard",
-                 "transformers>=5", "fairscale==0.4.13"],
+                 "transformers>=5", "fairscale==0.4.13", "submitit"],
         # scripts/export_hf.py: a fine-tuned classifier as Hugging Face's RobertaForSequenceClassification
         "export": ["transformers>=5", "safetensors"],
         # scripts/forgetting + data-prep/convert_hf_to_fairseq.py (--verify: transformers); the model itself:

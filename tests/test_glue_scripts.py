@@ -9,6 +9,7 @@ The real runs use the scripts' default criterion, sentence_prediction_recadam.
 """
 
 import csv
+import glob
 import json
 import os
 import re
@@ -1004,6 +1005,32 @@ def test_grid_runs_jobs_at_a_time(fake):
     assert [int(e[0]) for e in ends] == [1, 2, 3, 4] and ends[-1] == ("4", "0", "0")
     p = run([GRID, "RTE"], dict(env, JOBS="0"), check=2)
     assert "grid.sh: error: JOBS=0: the number of runs at a time, 1 or more" in p.stdout
+
+
+def test_grid_sends_runs_as_submitit_jobs(fake):
+    """CLUSTER=local: every run a job through submitit's own executor (the SLURM path's code but the scheduler), a
+    line as each ends, all done; a job's checkpoint() (submitit's call on a timeout or a preemption) requeues the same
+    command, which resumes the run; a failed job is listed with its log."""
+    from recadam_fairseq.tools import grid  # (submitit: make's set-up installs it)
+
+    env = dict(fake.env, CLUSTER="local", METHODS="adam llrd", SEEDS="1", GRID_POLL_S="0.2")
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    p = run([GRID, "RTE"], env)
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    assert len(glob_done(runs)) == 2 and "grid.sh: RTE: ran 2, skipped 0, failed 0" in p.stdout
+    assert re.search(rf"^grid\.sh: RTE: 2 runs sent to local \(job \d+\); their logs: {runs}/\.submitit$", p.stdout,
+                     re.M), p.stdout
+    ended = re.findall(r"^grid\.sh: RTE: (\S+) done; (\d) of 2 ended$", p.stdout, re.M)
+    assert sorted(n for n, _ in ended) == ["adam/seed1", "llrd-d0.9/seed1"] and ended[-1][1] == "2", p.stdout
+    assert "== done:" in "".join(open(f).read() for f in glob.glob(f"{runs}/.submitit/*_log.out"))
+    job = grid.FinetuneJob(["true"], {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0", "K": "0.1"})
+    again = job.checkpoint()
+    assert again.function is job and job.env == {"K": "0.1"}
+    p = run([GRID, "RTE"], dict(env, SAVE_DIR=os.path.join(fake.tmp, "runs-fail"), FAKE_RC="1", METHODS="adam"),
+            check=1)
+    assert "grid.sh: run failed: " in p.stdout and "ran 1, skipped 0, failed 1" in p.stdout
+    p = run([GRID, "RTE"], dict(env, CLUSTER="pbs"), check=2)
+    assert "grid.sh: error: CLUSTER=pbs: slurm (SLURM jobs through submitit) or local" in p.stdout
 
 
 def tree_state(root):

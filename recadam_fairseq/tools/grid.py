@@ -8,7 +8,12 @@ Before training anything, every run's directory is asked of finetune.sh (PRINT_R
 with another command is refused in finetune.sh's own line (CHECK_RUN=1): nothing trains then (exit 2). A finished
 run is skipped, an unfinished one resumes (RESTART=1 starts every run over); a failed run does not stop the others,
 the failures are listed at the end (exit 1). With JOBS > 1 each run's lines carry its name and a line after each
-run says how many are done, running and left."""
+run says how many are done, running and left.
+
+CLUSTER=slurm sends each run as a SLURM job through submitit (PARTITION, TIME_MIN [240] a job, NUM_GPUS GPUs and
+CPUS_PER_RUN [8] CPUs a run; its logs in SAVE_DIR/TASK/.submitit/): a job that times out or is preempted is
+requeued by submitit and the run resumes from its own checkpoints, as finetune.sh resumes an unfinished run.
+CLUSTER=local runs the same jobs through submitit on this machine."""
 
 import os
 import shutil
@@ -85,6 +90,88 @@ def finetune(task, run, env, extra, mode=None, **kw) -> subprocess.CompletedProc
     return subprocess.run(argv, env=e, **kw)
 
 
+def run_name(d: str) -> str:
+    """METHOD/seedN of a run directory SAVE_DIR/TASK/METHOD/seedN."""
+    return os.path.relpath(d, os.path.dirname(os.path.dirname(d)))
+
+
+class FinetuneJob:
+    """One run as a submitit job: its finetune.sh command. On a timeout or a preemption submitit calls
+    ``checkpoint`` and requeues the same command, which resumes from the run's newest checkpoint."""
+
+    def __init__(self, argv: List[str], env: Dict[str, str]):
+        # the scheduler's own variables are the job's, not the login node's
+        self.argv, self.env = argv, {k: v for k, v in env.items()
+                                     if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
+
+    def __call__(self) -> int:
+        rc = subprocess.run(self.argv, env={**os.environ, **self.env}).returncode
+        if rc != 0:
+            raise RuntimeError(f"finetune.sh exited with {rc}")
+        return rc
+
+    def checkpoint(self, *args, **kwargs):
+        import submitit
+
+        return submitit.helpers.DelayedSubmission(self)  # the same command again: finetune.sh resumes
+
+
+def executor(env: Dict[str, str], folder: str, task: str):
+    """submitit's executor for CLUSTER (slurm or local), a job's resources from the environment."""
+    import submitit
+
+    def number(name, default):
+        value = env.get(name) or default
+        if not str(value).isdigit() or int(value) < 1:
+            raise Stop(f"{name}={value}: a positive whole number")
+        return int(value)
+
+    params = dict(timeout_min=number("TIME_MIN", 240), gpus_per_node=number("NUM_GPUS", 1), nodes=1,
+                  tasks_per_node=1, cpus_per_task=number("CPUS_PER_RUN", 8), name=f"grid-{task}")
+    if env.get("PARTITION"):
+        params["slurm_partition"] = env["PARTITION"]
+    ex = submitit.AutoExecutor(folder=folder, cluster=env["CLUSTER"])
+    if env["CLUSTER"] == "local":
+        params["gpus_per_node"] = 0 if not gpus(env) else params["gpus_per_node"]
+    ex.update_parameters(**params)
+    return ex
+
+
+def on_cluster(task, todo, env, extra, skipped) -> int:
+    """The runs as submitit jobs (one array), waited for: a line as each ends, the failures at the end."""
+    import time
+
+    failed = []
+    if todo:
+        folder = os.path.join(os.path.dirname(os.path.dirname(todo[0][1])), ".submitit")
+        ex = executor(env, folder, task)
+        with ex.batch():
+            jobs = [ex.submit(FinetuneJob(*command(task, run, env, extra))) for run, _ in todo]
+        print(f"grid.sh: {task}: {len(jobs)} runs sent to {env['CLUSTER']} (job {jobs[0].job_id.split('_')[0]}); "
+              f"their logs: {folder}", flush=True)
+        waiting = dict(enumerate(jobs))
+        while waiting:
+            for i, job in list(waiting.items()):
+                if not job.done():
+                    continue
+                del waiting[i]
+                d = todo[i][1]
+                try:
+                    job.result()
+                except Exception:  # noqa: BLE001 - the job's own log has why
+                    failed.append(d)
+                    print(f"grid.sh: run failed: {d} (its log: {job.paths.stderr})", file=sys.stderr, flush=True)
+                print(f"grid.sh: {task}: {run_name(d)} {'failed' if d in failed else 'done'}; "
+                      f"{len(jobs) - len(waiting)} of {len(jobs)} ended", flush=True)
+            if waiting:
+                time.sleep(float(env.get("GRID_POLL_S") or 10))
+    print(f"grid.sh: {task}: ran {len(todo)}, skipped {skipped}, failed {len(failed)}", flush=True)
+    if failed:
+        print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
+        return 1
+    return 0
+
+
 def main(argv: List[str]) -> int:
     if not argv:
         print("grid.sh: error: expected TASK", file=sys.stderr)
@@ -95,6 +182,9 @@ def main(argv: List[str]) -> int:
     restart = env.get("RESTART", "0") == "1"
     try:
         runs, jobs = plan(env), jobs_of(env)
+        if env.get("CLUSTER") not in (None, "", "slurm", "local"):
+            raise Stop(f"CLUSTER={env['CLUSTER']}: slurm (SLURM jobs through submitit) or local (the same, on this "
+                       f"machine)")
     except Stop as e:
         print(f"grid.sh: error: {e}", file=sys.stderr)
         return 2
@@ -125,6 +215,12 @@ def main(argv: List[str]) -> int:
             print(f"skip {d} (done)", flush=True)
         else:
             todo.append((run, d))
+    if env.get("CLUSTER"):
+        try:
+            return on_cluster(task, todo, env, extra, len(runs) - len(todo))
+        except Stop as e:
+            print(f"grid.sh: error: {e}", file=sys.stderr)
+            return 2
     devices, n = (gpus(env) if jobs > 1 else []), int(env.get("NUM_GPUS") or 1)
     groups = [devices[i:i + n] for i in range(0, len(devices) - n + 1, n)]  # NUM_GPUS of them a run
     free = list(range(jobs))  # the slots a run takes (its GPUs: groups[slot % len(groups)])
@@ -145,7 +241,7 @@ def main(argv: List[str]) -> int:
                 if jobs == 1:  # the run's own lines, as they come
                     ok = finetune(task, run, e, extra).returncode == 0
                 else:  # side by side: each line with the run's name
-                    name = os.path.relpath(d, os.path.dirname(os.path.dirname(d)))
+                    name = run_name(d)
                     argv, e = command(task, run, e, extra)
                     proc = subprocess.Popen(argv, env=e, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                                             bufsize=1)

@@ -11,8 +11,10 @@
 # (finetune.sh's). A failed run does not stop the grid: the failures are listed at the end (exit 1).
 # JOBS=N runs N at a time (each line then carries its run's name; on a machine with GPUs one GPU each, from
 # CUDA_VISIBLE_DEVICES or nvidia-smi), with a line after each run: how many ended, run and are left.
+# CLUSTER=slurm sends each run as a SLURM job through submitit (PARTITION, TIME_MIN [240], NUM_GPUS [1],
+# CPUS_PER_RUN [8] a run; requeued on a timeout or a preemption, the run resumes) and waits for them.
 #
-# Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]  JOBS ["1"]
+# Environment: KS ["0.05 0.1 0.2 0.5 1"]  T0S ["100 250 500 1000"]  SEEDS ["1"]  JOBS ["1"]  CLUSTER [none]
 #              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
 #              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
 set -euo pipefail
