@@ -613,6 +613,8 @@ print('2026-01-01 | INFO | valid | {"epoch": 1, "valid_accuracy": "50", "valid_n
 if os.environ.get("FAKE_SLEEP"):  # grid.sh's JOBS: when the run trained, and on which GPUs
     import time
     start = time.time()
+    with open(os.path.join(save, "attempts"), "a") as f:  # (a requeued job trains again)
+        f.write(f"{start}\n")
     time.sleep(float(os.environ["FAKE_SLEEP"]))
     with open(os.path.join(save, "ran.json"), "w") as f:
         json.dump([start, time.time(), os.environ.get("CUDA_VISIBLE_DEVICES")], f)
@@ -1031,6 +1033,60 @@ def test_grid_sends_runs_as_submitit_jobs(fake):
     assert "grid.sh: run failed: " in p.stdout and "ran 1, skipped 0, failed 1" in p.stdout
     p = run([GRID, "RTE"], dict(env, CLUSTER="pbs"), check=2)
     assert "grid.sh: error: CLUSTER=pbs: slurm (SLURM jobs through submitit) or local" in p.stdout
+
+
+def test_grid_on_a_pretend_slurm_cluster(fake, tmp_path):
+    """CLUSTER=slurm with a real submitit against stand-in sbatch / srun / sacct / scancel (tests/helpers/fake_slurm.py):
+    one job array, its sbatch file with the partition, time, GPUs and CPUs asked for and submitit's requeue signal;
+    every run done, its log in SAVE_DIR/TASK/.submitit."""
+    from helpers import fake_slurm
+
+    fake_slurm.install(str(tmp_path / "bin"), str(tmp_path / "slurm-state"))
+    env = dict(fake.env, CLUSTER="slurm", PARTITION="debug", TIME_MIN="30", CPUS_PER_RUN="2", METHODS="adam llrd",
+               SEEDS="1", GRID_POLL_S="0.2", FAKE_SLURM_STATE=str(tmp_path / "slurm-state"),
+               PATH=f"{tmp_path / 'bin'}{os.pathsep}{fake.env['PATH']}")
+    p = run([GRID, "RTE"], env)
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    assert len(glob_done(runs)) == 2 and "grid.sh: RTE: ran 2, skipped 0, failed 0" in p.stdout, p.stdout
+    assert "2 runs sent to slurm (job 1000)" in p.stdout
+    (sbatch,) = glob.glob(f"{runs}/.submitit/*.sh") or glob.glob(f"{runs}/.submitit/**/*.sh", recursive=True)
+    text = open(sbatch).read()
+    for line in ("#SBATCH --array=0-1%2", "#SBATCH --partition=debug", "#SBATCH --time=30", "#SBATCH --gpus-per-node=1",
+                 "#SBATCH --cpus-per-task=2", "#SBATCH --signal=USR2@90"):
+        assert line in text, text
+    assert sorted(n for n in os.listdir(tmp_path / "slurm-state") if "." not in n) == ["1000_0", "1000_1", "next"]
+    assert all(open(tmp_path / "slurm-state" / n).read() == "COMPLETED" for n in ("1000_0", "1000_1"))
+    logs = [open(f"{runs}/.submitit/1000_{i}_0_log.out").read() for i in (0, 1)]  # srun's --output, per task
+    assert all("== done: " + runs in log for log in logs)
+
+
+def test_a_preempted_slurm_job_is_requeued_and_its_run_ends(fake, tmp_path):
+    """The pretend cluster signals a running job as SLURM does before preempting it (USR2): submitit checkpoints the
+    job (FinetuneJob.checkpoint: the same command), requeues it with scontrol, the first attempt's trainer is stopped
+    and the second trains the run to its end; the grid reports it done."""
+    import time
+
+    from helpers import fake_slurm
+
+    state = tmp_path / "slurm-state"
+    fake_slurm.install(str(tmp_path / "bin"), str(state))
+    env = dict(fake.env, CLUSTER="slurm", METHODS="adam", SEEDS="1", GRID_POLL_S="0.2", FAKE_SLEEP="3",
+               FAKE_SLURM_STATE=str(state), PATH=f"{tmp_path / 'bin'}{os.pathsep}{fake.env['PATH']}")
+    grid = subprocess.Popen([GRID, "RTE"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    run_dir = os.path.join(env["SAVE_DIR"], "RTE", "adam", "seed1")
+    attempts = os.path.join(run_dir, "attempts")
+    deadline = time.time() + 60
+    while not (os.path.exists(attempts) and glob.glob(f"{state}/*.task")) and time.time() < deadline:
+        time.sleep(0.1)
+    (task,) = glob.glob(f"{state}/*.task")
+    job = os.path.basename(task)[:-len(".task")]
+    subprocess.run([str(tmp_path / "bin" / "scancel"), "--signal", "USR2", job], env=env, check=True)
+    out, _ = grid.communicate(timeout=60)
+    assert grid.returncode == 0 and "grid.sh: RTE: ran 1, skipped 0, failed 0" in out, out
+    assert open(state / (job + ".requeued")).read() == "1" and open(state / job).read() == "COMPLETED"
+    assert len(open(attempts).read().split()) == 2 and os.path.exists(os.path.join(run_dir, "done"))
+    log = "".join(open(f).read() for f in glob.glob(f"{env['SAVE_DIR']}/RTE/.submitit/*_log.err"))
+    assert "Caught signal SIGUSR2" in log and "this job is preempted" in log, log  # (the requeue: scontrol's count)
 
 
 def tree_state(root):

@@ -17,6 +17,7 @@ CLUSTER=local runs the same jobs through submitit on this machine."""
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import threading
@@ -105,7 +106,14 @@ class FinetuneJob:
                                      if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
 
     def __call__(self) -> int:
-        rc = subprocess.run(self.argv, env={**os.environ, **self.env}).returncode
+        # its own process group: a requeue (submitit's exit from its signal handler) stops the trainer too
+        proc = subprocess.Popen(self.argv, env={**os.environ, **self.env}, start_new_session=True)
+        try:
+            rc = proc.wait()
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGTERM)
+                proc.wait()
         if rc != 0:
             raise RuntimeError(f"finetune.sh exited with {rc}")
         return rc
