@@ -103,7 +103,8 @@ for s in "$@"; do
                --ignore tests/test_forgetting.py ;;
     bench) stage bench bench.log $PY scripts/benchmark.py --device cuda --sizes base large --layouts flat \
                --out-md "$OUT/benchmark.md" --out-json "$OUT/benchmark.json" ;;
-    bench-per-tensor) stage bench-per-tensor bench-pt.log $PY scripts/benchmark.py --device cuda --sizes base \
+    # TORCH_LOGS=recompiles: pass 5 timed recadam-ewc at the eager step's speed; a recompiling program says so here
+    bench-per-tensor) stage bench-per-tensor bench-pt.log env TORCH_LOGS=recompiles $PY scripts/benchmark.py --device cuda --sizes base \
                --layouts per-tensor --impls recadam recadam-cudagraph recadam-cudagraph-all recadam-combo recadam-foreach \
                recadam-bf16-anchor recadam-ewc fairseq-adam torch-adamw-foreach torch-adamw-fused \
                --out-md "$OUT/benchmark-pt.md" --out-json "$OUT/benchmark-pt.json" ;;
