@@ -1033,6 +1033,9 @@ def test_grid_sends_runs_as_submitit_jobs(fake):
     assert "grid.sh: run failed: " in p.stdout and "ran 1, skipped 0, failed 1" in p.stdout
     p = run([GRID, "RTE"], dict(env, CLUSTER="pbs"), check=2)
     assert "grid.sh: error: CLUSTER=pbs: slurm (SLURM jobs through submitit) or local" in p.stdout
+    fresh = os.path.join(fake.tmp, "runs-bad")  # a job's resources are checked before any run directory is made
+    p = run([GRID, "RTE"], dict(env, TIME_MIN="0", SAVE_DIR=fresh), check=2)
+    assert p.stdout.strip() == "grid.sh: error: TIME_MIN=0: a positive whole number" and not os.path.exists(fresh)
 
 
 def test_grid_on_a_pretend_slurm_cluster(fake, tmp_path):

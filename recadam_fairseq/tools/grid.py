@@ -58,11 +58,23 @@ def plan(env: Dict[str, str]) -> List[Dict[str, str]]:
     return runs
 
 
-def jobs_of(env: Dict[str, str]) -> int:
-    value = env.get("JOBS") or "1"
+def positive(env: Dict[str, str], name: str, default: int, what: str = "a positive whole number") -> int:
+    """The environment's ``name``, a whole number of at least 1 (``default`` when unset); Stop naming it if not."""
+    value = env.get(name) or str(default)
     if not value.isdigit() or int(value) < 1:
-        raise Stop(f"JOBS={value}: the number of runs at a time, 1 or more")
+        raise Stop(f"{name}={value}: {what}")
     return int(value)
+
+
+def resources(env: Dict[str, str], task: str) -> dict:
+    """A cluster job's resources (submitit's AutoExecutor parameters) from the environment."""
+    params = dict(timeout_min=positive(env, "TIME_MIN", 240), gpus_per_node=positive(env, "NUM_GPUS", 1), nodes=1,
+                  tasks_per_node=1, cpus_per_task=positive(env, "CPUS_PER_RUN", 8), name=f"grid-{task}")
+    if env.get("PARTITION"):
+        params["slurm_partition"] = env["PARTITION"]
+    if env["CLUSTER"] == "local" and not gpus(env):
+        params["gpus_per_node"] = 0
+    return params
 
 
 def gpus(env: Dict[str, str]) -> List[str]:
@@ -124,35 +136,18 @@ class FinetuneJob:
         return submitit.helpers.DelayedSubmission(self)  # the same command again: finetune.sh resumes
 
 
-def executor(env: Dict[str, str], folder: str, task: str):
-    """submitit's executor for CLUSTER (slurm or local), a job's resources from the environment."""
-    import submitit
-
-    def number(name, default):
-        value = env.get(name) or default
-        if not str(value).isdigit() or int(value) < 1:
-            raise Stop(f"{name}={value}: a positive whole number")
-        return int(value)
-
-    params = dict(timeout_min=number("TIME_MIN", 240), gpus_per_node=number("NUM_GPUS", 1), nodes=1,
-                  tasks_per_node=1, cpus_per_task=number("CPUS_PER_RUN", 8), name=f"grid-{task}")
-    if env.get("PARTITION"):
-        params["slurm_partition"] = env["PARTITION"]
-    ex = submitit.AutoExecutor(folder=folder, cluster=env["CLUSTER"])
-    if env["CLUSTER"] == "local":
-        params["gpus_per_node"] = 0 if not gpus(env) else params["gpus_per_node"]
-    ex.update_parameters(**params)
-    return ex
-
-
-def on_cluster(task, todo, env, extra, skipped) -> int:
-    """The runs as submitit jobs (one array), waited for: a line as each ends, the failures at the end."""
+def on_cluster(task, todo, env, extra, skipped, params: dict) -> int:
+    """The runs as submitit jobs (one array, ``params``: :func:`resources`), waited for: a line as each ends, the
+    failures at the end."""
     import time
+
+    import submitit
 
     failed = []
     if todo:
         folder = os.path.join(os.path.dirname(os.path.dirname(todo[0][1])), ".submitit")
-        ex = executor(env, folder, task)
+        ex = submitit.AutoExecutor(folder=folder, cluster=env["CLUSTER"])
+        ex.update_parameters(**params)
         with ex.batch():
             jobs = [ex.submit(FinetuneJob(*command(task, run, env, extra))) for run, _ in todo]
         print(f"grid.sh: {task}: {len(jobs)} runs sent to {env['CLUSTER']} (job {jobs[0].job_id.split('_')[0]}); "
@@ -163,13 +158,14 @@ def on_cluster(task, todo, env, extra, skipped) -> int:
                 if not job.done():
                     continue
                 del waiting[i]
-                d = todo[i][1]
+                d, state = todo[i][1], "done"
                 try:
                     job.result()
                 except Exception:  # noqa: BLE001 - the job's own log has why
                     failed.append(d)
+                    state = "failed"
                     print(f"grid.sh: run failed: {d} (its log: {job.paths.stderr})", file=sys.stderr, flush=True)
-                print(f"grid.sh: {task}: {run_name(d)} {'failed' if d in failed else 'done'}; "
+                print(f"grid.sh: {task}: {run_name(d)} {state}; "
                       f"{len(jobs) - len(waiting)} of {len(jobs)} ended", flush=True)
             if waiting:
                 time.sleep(float(env.get("GRID_POLL_S") or 10))
@@ -188,11 +184,13 @@ def main(argv: List[str]) -> int:
     # finetune.sh's modes are set per call here: from the caller's environment, every run would exit 0 untrained
     env = {k: v for k, v in os.environ.items() if k not in ("CHECK_RUN", "PRINT_RUN_DIR")}
     restart = env.get("RESTART", "0") == "1"
-    try:
-        runs, jobs = plan(env), jobs_of(env)
+    try:  # every variable checked before finetune.sh is asked anything
+        runs, jobs = plan(env), positive(env, "JOBS", 1, "the number of runs at a time, 1 or more")
+        n_gpus = positive(env, "NUM_GPUS", 1)
         if env.get("CLUSTER") not in (None, "", "slurm", "local"):
             raise Stop(f"CLUSTER={env['CLUSTER']}: slurm (SLURM jobs through submitit) or local (the same, on this "
                        f"machine)")
+        params = resources(env, task) if env.get("CLUSTER") else None
     except Stop as e:
         print(f"grid.sh: error: {e}", file=sys.stderr)
         return 2
@@ -223,23 +221,18 @@ def main(argv: List[str]) -> int:
             print(f"skip {d} (done)", flush=True)
         else:
             todo.append((run, d))
-    if env.get("CLUSTER"):
-        try:
-            return on_cluster(task, todo, env, extra, len(runs) - len(todo))
-        except Stop as e:
-            print(f"grid.sh: error: {e}", file=sys.stderr)
-            return 2
-    devices, n = (gpus(env) if jobs > 1 else []), int(env.get("NUM_GPUS") or 1)
-    groups = [devices[i:i + n] for i in range(0, len(devices) - n + 1, n)]  # NUM_GPUS of them a run
+    if params is not None:
+        return on_cluster(task, todo, env, extra, len(runs) - len(todo), params)
+    devices = gpus(env) if jobs > 1 else []
+    groups = [devices[i:i + n_gpus] for i in range(0, len(devices) - n_gpus + 1, n_gpus)]  # NUM_GPUS of them a run
     free = list(range(jobs))  # the slots a run takes (its GPUs: groups[slot % len(groups)])
     lock = threading.Lock()
-    count = {"done": 0, "running": 0}
+    ended = [0]
 
     def one(run, d):
         def go(say):
             with lock:
                 slot = free.pop(0)
-                count["running"] += 1
             if os.path.exists(os.path.join(d, "train.log")) and not restart:
                 say(f"resume {d} (unfinished)")
             e = dict(env)
@@ -259,9 +252,8 @@ def main(argv: List[str]) -> int:
             finally:
                 with lock:
                     free.append(slot)
-                    count["running"] -= 1
-                    count["done"] += 1
-                    done, running = count["done"], count["running"]
+                    ended[0] += 1
+                    done, running = ended[0], jobs - len(free)
                 if jobs > 1:
                     say(f"grid.sh: {task}: {done} of {len(todo)} ended, {running} running, "
                         f"{len(todo) - done - running} left")

@@ -209,7 +209,7 @@ def check_labels(splits: List[Split], label_column: str, regression: bool, metri
     """The classes (none for a regression); PrepError for what cannot train."""
     train = splits[0]
     for s in splits:  # an empty label would be a class named "" (and an empty target) or no number
-        blank = next((n for n, y in enumerate(s.labels, 1) if y is None or not str(y).strip()), None)
+        blank = next((n for n, y in enumerate(s.labels, 1) if not y), None)  # (labels are stripped)
         if blank is not None:
             raise PrepError(f"{s.path}: example {blank}: column {label_column!r} is empty (every example needs a label)")
     if regression:

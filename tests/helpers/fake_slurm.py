@@ -22,6 +22,13 @@ def _write(name, text):
     os.replace(tmp, os.path.join(STATE, name))
 
 
+def _start(name, path, env):
+    """Job ``name`` (the file ``path``) in the background, a process session of its own."""
+    _write(name, "PENDING")
+    subprocess.Popen([sys.executable, __file__, "run", name, path], env=env, start_new_session=True,
+                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 def sbatch(path):
     text = open(path).read()
     m = re.search(r"^#SBATCH --array=0-(\d+)", text, re.M)
@@ -31,15 +38,13 @@ def sbatch(path):
     _write("next", str(job + 1))
     for i in indices:
         name = str(job) if i is None else f"{job}_{i}"
-        _write(name, "PENDING")
         env = dict(os.environ, SLURM_JOB_ID=str(job if i is None else job * 100 + i), SLURM_NTASKS="1",
                    SLURM_JOB_NUM_NODES="1",
                    SLURM_NODEID="0", SLURM_JOB_NODELIST="localhost", SLURM_PROCID="0", SLURM_LOCALID="0")
         if i is not None:
             env.update(SLURM_ARRAY_JOB_ID=str(job), SLURM_ARRAY_TASK_ID=str(i))
         _write(name + ".script", os.path.abspath(path))
-        subprocess.Popen([sys.executable, __file__, "run", name, path], env=env, start_new_session=True,
-                         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        _start(name, path, env)
     print(f"Submitted batch job {job}")
 
 
@@ -90,12 +95,8 @@ def scontrol(args):
     name = args[1]
     requeued = os.path.join(STATE, name + ".requeued")
     _write(name + ".requeued", str(int(open(requeued).read()) + 1 if os.path.exists(requeued) else 1))
-    job, _, i = name.partition("_")
-    env = dict(os.environ)  # the job's own SLURM_* variables: the same job again
-    path = open(os.path.join(STATE, name + ".script")).read()
-    _write(name, "PENDING")
-    subprocess.Popen([sys.executable, __file__, "run", name, path], env=env, start_new_session=True,
-                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # called from inside the job: its own SLURM_* variables start the same job again
+    _start(name, open(os.path.join(STATE, name + ".script")).read(), dict(os.environ))
 
 
 def install(bin_dir, state_dir):
