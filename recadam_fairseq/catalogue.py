@@ -5,15 +5,18 @@ Pure Python (no torch, no fairseq import). A method is a set of the plug-in's fl
 flag, a default and the variable the task scripts read it from). Its consumers:
 
 - the task scripts (``scripts/glue/finetune.sh``, ``grid.sh``, ``multitask.sh``, through
-  ``scripts/glue/prelaunch.py``): METHOD names, variables, flags, run-directory names, run.json;
+  ``recadam_fairseq/launch``): METHOD names, variables, flags, run-directory names, run.json;
 - the comparison (``recadam_fairseq.engine.methods``: ``--methods NAME:VALUES``);
 - the benchmarks (``scripts/bench_methods.py``) and the GPU pass (``scripts/gpu/e2e_overhead.py``);
 - the docs' method tables (``python -m recadam_fairseq methods --markdown``) and the command line
   (``python -m recadam_fairseq methods [NAME]``).
 
-The records also say which consumers take a method (the task scripts, the comparisons, the benchmarks' rows and
-the GPU pass's), what an update costs, and how its run directories are named (:func:`parse_run_name` reads
-them back); the order of the records is every list's.
+A record says what the method is: its flags, its knobs with their bounds, its family (the figures' panel), its
+base, where it runs (the task scripts, the multi-task setting), and how its run directories are named
+(:func:`parse_run_name` reads them back); the order of the records is every list's. What a consumer does with a
+method is in that consumer's own table, keyed by its name: the benchmarks' and the GPU pass's rows
+(``tools/bench_rows.py``), the translation comparison's methods (``compare/seq2seq.py``), the forgetting
+comparison's update costs (``compare/runner.py``).
 
 RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with
 RecAdam's optimizer and knobs. ``recadam+X``, the comparison's old spelling, is still taken for it.
@@ -59,6 +62,7 @@ class Knob:
     render: Optional[Callable[[str], List[str]]] = None  # flags for a value, when not [flag, value]
     name_part: Optional[Callable[[str], str]] = None  # its value in run names, when not the value itself
     checks: Optional[Callable[[str], Optional[str]]] = None  # why a value (of the right type) cannot be used, or None
+    choices: Tuple[str, ...] = ()  # a word knob's values (its run-name part is then one of them)
 
     def flags(self, value: str) -> List[str]:
         return self.render(value) if self.render else [self.flag, value]
@@ -71,6 +75,8 @@ class Knob:
             except ValueError:
                 raise ValueError(f"{self.var}={value!r} is not {'an integer' if self.type is int else 'a number'}") from None
         why = self.checks(value) if self.checks else None
+        if self.choices and value not in self.choices:
+            why = f"not one of {', '.join(self.choices)}"
         if why:
             raise ValueError(f"{self.var}={value}: {why}")
         return value
@@ -112,13 +118,13 @@ def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
 
 KNOBS: Dict[str, Knob] = {k.key: k for k in (
     Knob("anneal_fun", "ANNEAL_FUN", "sigmoid", str, "--recadam-anneal-fun", "λ(t)'s schedule: sigmoid, linear "
-         "or constant", tag="", tag_if_changed=True, off_default="linear"),
+         "or constant", tag="", tag_if_changed=True, off_default="linear", choices=("sigmoid", "linear", "constant")),
     Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k", off_default="0.3"),
     Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t", off_default="77"),
     Knob("gamma", "GAMMA", "5000", float, "--recadam-pretrain-cof", "γ: the pull toward θ*", tag="g",
          tag_if_changed=True, off_default="123", label="γ"),
     Knob("lambda", "R3F_LAMBDA", "0.7", float, "--r3f-lambda", "the weight of R3F's consistency term",
-         json="r3f_lambda", group="criterion", off_default="0.2", label="λ"),
+         tag="lambda", tag_if_changed=True, json="r3f_lambda", group="criterion", off_default="0.2", label="λ"),
     Knob("eps", "R3F_EPS", "1e-05", float, "--eps", "the range of R3F's noise on the embeddings", json="r3f_eps",
          implicit=True, group="criterion", off_default="2e-05"),
     Knob("rho", "RHO", "0.05", float, "--rho", "SAM's radius ρ", tag="rho", group="optimizer", off_default="0.11",
@@ -166,19 +172,6 @@ MODELS = {"roberta_ft": "--arch roberta_ft_* (fairseq's RoBERTa with re-init, Lo
 
 
 @dataclass(frozen=True)
-class Variant:
-    """One row a method gives a benchmark: a set of scripts/bench_methods.py (``sam``, ``baselines``,
-    ``regularisers``) or the GPU pass (``gpu``: scripts/gpu/e2e_overhead.py)."""
-
-    where: str
-    label: str = ""  # the row's name (default: the method's)
-    values: Tuple[Tuple[str, str], ...] = ()  # knob values other than the benchmark's own
-    extra: Tuple[str, ...] = ()  # flags after the method's
-    base: str = ""  # the row it is timed against (default: its base method's row; its own label: none)
-    default: bool = True  # the GPU pass times it when --methods does not say
-
-
-@dataclass(frozen=True)
 class Method:
     """One method: what it adds to the shared command. Flags come in three groups that each consumer
     places on its command: ``optimizer`` (``--optimizer`` and its flags), ``criterion`` (the criterion's
@@ -201,15 +194,12 @@ class Method:
     multitask: bool = False  # runs in the multi-task setting (--task glue_multitask, every task at once)
     refuses: Tuple[Tuple[str, str], ...] = ()  # (method, why): combinations it stops with one line
     page: str = ""  # its page in docs/
+    family: str = ""  # the figures' panel it is drawn in, with its kin (RecAdam + X: X's); default: its name
+    # where RecAdam's knobs go: the optimizer (the decoupled pull), or the criterion (the coupled objective)
+    recadam_in: str = "optimizer"
     scripts: bool = True  # a METHOD of finetune.sh and grid.sh
     aliases: Tuple[str, ...] = ()  # old spellings of its name, still taken (recadam+r3f)
     composed_of: Optional[str] = None  # X when this is RecAdam + X (built by with_recadam)
-    cost: float = 1.0  # the time of an update, relative to Adam's (the comparison starts the dearest runs first)
-    comparison: bool = True  # a method of the forgetting comparison (scripts/forgetting/run.py --methods)
-    translation: bool = False  # a method of the translation comparison (scripts/seq2seq/compare.py)
-    # what it runs as there, where scripts/seq2seq/finetune.sh lacks it: (METHOD, its extra flags)
-    translation_as: Optional[Tuple[str, Tuple[str, ...]]] = None
-    bench: Tuple[Variant, ...] = ()  # its rows in the benchmarks and the GPU pass
 
     @property
     def needs_ft(self) -> bool:
@@ -234,9 +224,10 @@ class Method:
         """RecAdam's λ(t) and pull, with its knobs (k, t0, γ)."""
         return "k" in self.knobs
 
-    def variants(self, where: str) -> List[Variant]:
-        """Its benchmark rows of set ``where``, each with its label."""
-        return [replace(v, label=v.label or self.name) for v in self.bench if v.where == where]
+    @property
+    def panel(self) -> str:
+        """Its family: the figures' panel it is drawn in."""
+        return self.family or self.name
 
     def defaults(self) -> Dict[str, str]:
         """The knobs' values when no variable is set: the flags the scripts pass (an implicit knob's none)."""
@@ -250,7 +241,7 @@ class Method:
         :attr:`criterion`; ``criterion`` here holds the flags that follow it."""
         out = {"optimizer": list(OPTIMIZERS[self.optimizer]), "criterion": list(self.criterion_head), "extra": []}
         fixed = {"optimizer": self.optimizer_fixed, "criterion": self.criterion_fixed, "extra": self.extra_fixed}
-        recadam_group = "criterion" if self.criterion == "sentence_prediction_recadam" else "optimizer"
+        recadam_group = self.recadam_in
         own = {"optimizer": [], "criterion": [], "extra": []}
         for key in self.knobs:
             if key in values:
@@ -264,17 +255,26 @@ class Method:
         f = self.flags(values)
         return f["optimizer"] + (["--criterion", self.criterion] if self.criterion else []) + f["criterion"] + f["extra"]
 
-    def run_name(self, values: Mapping[str, str]) -> str:
-        """The task scripts' run directory name: ``recadam-k0.1-t1000``, ``sam-rho0.05``, ``lora-r8-a8``."""
+    def run_name(self, values: Mapping[str, str], explicit: bool = False) -> str:
+        """A run directory's name (:func:`parse_run_name` reads it back): the method, then each named knob as its tag
+        and value, RecAdam's first: ``recadam-k0.1-t1000``, ``sam-rho0.05``, ``lora-r8-a8``. The task scripts name
+        every knob but those left out at their default (γ, λ(t)'s schedule, R3F's λ); ``explicit`` (the
+        comparison's): exactly the knobs of ``values``, at whatever value."""
         name = self.name
-        recadam = [k for k in _RECADAM_NAME_ORDER if k in self.knobs]
-        for key in recadam + [k for k in self.knobs if k not in recadam]:
+        for key in self.name_order():
             k = KNOBS[key]
-            value = str(values.get(key, k.default))
-            if k.tag is None or (k.tag_if_changed and value == k.default):
+            if k.tag is None or (explicit and key not in values):
+                continue
+            value = str(values[key] if explicit else values.get(key, k.default))
+            if not explicit and k.tag_if_changed and value == k.default:
                 continue
             name += f"-{k.tag}{k.name_part(value) if k.name_part and not value.startswith('$') else value}"
         return name
+
+    def name_order(self) -> List[str]:
+        """Its knobs in the order of its run names: RecAdam's first (k, t0, γ, λ(t)'s schedule), then its own."""
+        recadam = [k for k in _RECADAM_NAME_ORDER if k in self.knobs]
+        return recadam + [k for k in self.knobs if k not in recadam]
 
     def settings(self, values: Mapping[str, str]) -> Dict[str, str]:
         """run.json's settings of the method: each knob under its json key, and the fixed choices."""
@@ -296,123 +296,90 @@ SEQ2SEQ_CRITERIA = {None: "label_smoothed_cross_entropy_recadam",
                     "sentence_prediction_rdrop": "label_smoothed_cross_entropy_rdrop"}
 
 SAM_KNOBS = ("rho", "keep_ratio", "mask_iter_e")
-GPU = Variant("gpu")  # the GPU pass at its own settings
-
-
-def _sam_types(label: str, types: Tuple[str, ...]) -> Tuple[Variant, ...]:
-    """The SAM benchmark's rows of a method and of its --sam-type variants (the last --sam-type counts)."""
-    return (Variant("sam", label),) + tuple(Variant("sam", t, extra=("--sam-type", t)) for t in types)
 
 
 @dataclass(frozen=True)
 class WithRecAdam:
-    """RecAdam + an earlier record (:func:`with_recadam`) at this place in the order; ``changes``: its own facts
-    (its benchmark rows)."""
+    """RecAdam + an earlier record (:func:`with_recadam`) at this place in the order."""
 
     of: str
-    changes: Tuple[Tuple[str, object], ...] = ()
-
-
-def _plus(of: str, **changes) -> WithRecAdam:
-    return WithRecAdam(of, tuple(changes.items()))
 
 
 # the records, in the catalogue's order (the scripts' --help, the tables, the comparison's figures)
 _RECORDS: List[object] = [
-    Method("adam", "fairseq's Adam (AdamW): the baseline", "adam", base="", multitask=True, page="glue.md",
-           translation=True, bench=(GPU,)),
+    Method("adam", "fairseq's Adam (AdamW): the baseline", "adam", base="", multitask=True, page="glue.md"),
     Method("recadam", "RecAdam: Adam with λ(t) and a decoupled pull toward the pretrained weights θ*", "recadam",
-           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md", translation=True,
-           bench=(GPU, Variant("gpu", "recadam-bf16-anchor", extra=("--recadam-anchor-dtype", "bf16")),
-                  # a per-tensor layout's program as a CUDA graph (--precision fp32: the layout it is for)
-                  Variant("gpu", "recadam-cudagraph", extra=("--recadam-fused", "cuda-graph"), base="recadam",
-                          default=False))),
+           knobs=RECADAM_KNOBS, multitask=True, page="recadam.md"),
     Method("recadam-coupled", "the authors' coupled objective λ(t)·L + (1−λ(t))·γ/2·‖θ−θ*‖² in the loss, over "
            "fairseq's adam", "adam", knobs=RECADAM_KNOBS, criterion="sentence_prediction_recadam",
-           criterion_head=("--recadam-objective", "coupled"), base="recadam", page="recadam.md", translation=True,
-           bench=(Variant("gpu", values=(("gamma", "5"),), base="adam"),)),
+           criterion_head=("--recadam-objective", "coupled"), recadam_in="criterion", base="recadam",
+           page="recadam.md", family="recadam"),
     Method("recadam-random-init", "RecAdam from random weights (no --restore-file): the pull recalls θ* (the "
            "paper's choice)", "recadam", knobs=RECADAM_KNOBS, restore=False, base="recadam", scripts=False,
-           page="recadam.md"),
-    # EWC's F from the task: 1,024 per-example gradients before update 1, outside the GPU pass's timed intervals
+           page="recadam.md", family="recadam"),
     Method("ewc", "EWC: the coupled objective with the penalty weighted by the task's diagonal Fisher at θ*, "
            "γ/2·Σ F·(θ−θ*)² (Kirkpatrick et al. 2017), over fairseq's adam", "adam", knobs=RECADAM_KNOBS + ("fisher",),
            criterion="sentence_prediction_recadam", criterion_head=("--recadam-objective", "coupled"),
-           base="recadam-coupled", multitask=True, page="ewc.md",  # its update at its base's cost (docs/ewc.md)
-           translation=True, translation_as=("recadam-coupled", ("--ewc-fisher", "{fisher}")),
-           bench=(Variant("gpu", values=(("gamma", "5"),)),)),
+           recadam_in="criterion", base="recadam-coupled", multitask=True, page="ewc.md"),
     Method("recadam-ewc", "RecAdam with EWC's Fisher: the decoupled pull weighted per element by the task's "
            "diagonal Fisher at θ*", "recadam", knobs=RECADAM_KNOBS + ("fisher",), base="recadam", multitask=True,
-           page="ewc.md", bench=(Variant("gpu", values=(("gamma", "500"),)),)),
+           page="ewc.md", family="ewc"),
     Method("r3f", "R3F: a consistency term under noise on the embeddings (Aghajanyan et al. 2021)", "adam",
            knobs=("lambda", "eps"), criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
-           refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md",
-           cost=2, translation=True, bench=(GPU,)),
+           refuses=(("rdrop", "R3F and R-Drop each add a consistency term on a second forward"),), page="r3f.md"),
     Method("r4f", "R4F: R3F with a spectrally normalised classification head", "adam", knobs=("lambda", "eps"),
            criterion="sentence_prediction_r3f", criterion_fixed=("--noise-type", "uniform"),
-           extra_fixed=("--spectral-norm-classification-head",), page="r3f.md", cost=2,
-           bench=(Variant("gpu", default=False),)),
-    _plus("r3f", bench=(Variant("gpu", default=False),)),
-    Method("sam", "SAM: sharpness-aware minimisation over Adam (Foret et al. 2021); --sam-type esam, gsam: ESAM, GSAM", "samsgd", knobs=("rho",),
-           optimizer_fixed=("--sam-type", "sam"), page="sam.md", cost=2,
-           bench=(GPU,) + _sam_types("sam", ("esam", "gsam"))),
+           extra_fixed=("--spectral-norm-classification-head",), page="r3f.md", family="r3f"),
+    WithRecAdam("r3f"),
+    Method("sam", "SAM: sharpness-aware minimisation over Adam (Foret et al. 2021); --sam-type esam, gsam: ESAM, GSAM",
+           "samsgd", knobs=("rho",), optimizer_fixed=("--sam-type", "sam"), page="sam.md"),
     Method("fsam", "FSAM: SAM perturbing the top weights by Fisher information (Zhong et al. 2022); fisher-esam, "
-           "fisher-gsam", "samsgd",
-           knobs=SAM_KNOBS, optimizer_fixed=("--sam-type", "fisher-sam"), page="sam.md", cost=2,
-           bench=(GPU,) + _sam_types("fisher-sam", ("fisher-esam", "fisher-gsam"))),
-    _plus("fsam", bench=(GPU, Variant("sam", "recadam+fisher-sam"))),
+           "fisher-gsam", "samsgd", knobs=SAM_KNOBS, optimizer_fixed=("--sam-type", "fisher-sam"), page="sam.md",
+           family="sam"),
+    WithRecAdam("fsam"),
     Method("freeze", "the embeddings and encoder layers 0..N-1 frozen (through --task glue_multitask)", "adam",
-           knobs=("layers",), task="glue_multitask", multitask=True, scripts=False, page="ca-mtl.md", cost=0.5,
-           # plain RoBERTa through --task glue_multitask: CA-MTL's base
-           bench=(Variant("gpu", "mt-roberta", values=(("layers", "0"),), base="mt-roberta"),)),
+           knobs=("layers",), task="glue_multitask", multitask=True, scripts=False, page="ca-mtl.md",
+           family="ca-mtl"),
     Method("ca-mtl", "CA-MTL's task-conditioned encoder, encoder layers 0..N-1 frozen (Pilault et al. 2021)",
            "adam", knobs=("freeze",), model="ca_mtl_roberta", task="glue_multitask", base="freeze", multitask=True,
-           scripts=False, page="ca-mtl.md", cost=1.2, bench=(GPU,)),
-    _plus("ca-mtl"),
+           scripts=False, page="ca-mtl.md"),
+    WithRecAdam("ca-mtl"),
     # recadam at w = 0: Adam's update, no θ*
     Method("llrd", "layer-wise lr decay: each layer's lr the one above it times the decay", "recadam-w0",
-           knobs=("decay",), page="llrd.md", translation=True,
-           bench=(GPU, Variant("baselines", "llrd 0.9"))),
-    _plus("llrd", bench=(GPU, Variant("baselines", "recadam+llrd 0.9"))),
+           knobs=("decay",), page="llrd.md"),
+    WithRecAdam("llrd"),
     Method("reinit", "the top encoder layers re-initialised (Zhang et al. 2021)", "adam", knobs=("reinit",),
-           model="roberta_ft", page="reinit.md", bench=(GPU, Variant("baselines", "reinit 1", (("reinit", "1"),)))),
-    _plus("reinit", bench=(Variant("baselines", "recadam+reinit 1", (("reinit", "1"),)),)),
+           model="roberta_ft", page="reinit.md"),
+    WithRecAdam("reinit"),
     Method("lora", "LoRA on attention q and v, the encoder frozen (Hu et al. 2021)", "adam",
            knobs=("rank", "lora_alpha"), model="roberta_ft", lr="5e-4",
            refuses=(("recadam", "LoRA freezes the pretrained weights: there is nothing for the pull to hold"),),
-           page="lora.md", bench=(GPU, Variant("baselines", "lora r=8 (q, v)"), Variant(
-               "baselines", "lora r=8 (all six)", extra=("--lora-modules", "q,k,v,out,fc1,fc2")))),
+           page="lora.md"),
     Method("mixout", "Mixout toward θ* on the encoder's linear layers (Lee et al. 2020)", "adam", knobs=("p",),
-           model="roberta_ft", page="mixout.md", bench=(GPU, Variant("regularisers", "mixout 0.9"))),
-    # the targets are θ*: one copy
-    _plus("mixout", bench=(GPU, Variant("regularisers", "recadam+mixout 0.9"))),
-    # D: its Fisher pass (in the first update's time) costs about 0.6 of an update over the run
+           model="roberta_ft", page="mixout.md"),
+    WithRecAdam("mixout"),  # the targets are θ*: one copy
     Method("childtune-d", "ChildTuning-D: the gradient masked to its top Fisher entries (Xu et al. 2021)",
            "recadam-w0", knobs=("ratio",), optimizer_fixed=("--child-tuning", "D"), page="child-tuning.md",
-           cost=1.6, bench=(GPU, Variant("regularisers", "childtune-d 0.3"))),
+           family="child-tuning"),
     Method("childtune-f", "ChildTuning-F: the gradient masked at random each update", "recadam-w0",
-           knobs=("ratio",), optimizer_fixed=("--child-tuning", "F"), page="child-tuning.md",
-           bench=(Variant("regularisers", "childtune-f 0.3"),)),
-    _plus("childtune-d", bench=(GPU, Variant("regularisers", "recadam+childtune-d 0.3"))),
+           knobs=("ratio",), optimizer_fixed=("--child-tuning", "F"), page="child-tuning.md", family="child-tuning"),
+    WithRecAdam("childtune-d"),
     Method("rdrop", "R-Drop: two dropout passes and their symmetric KL (Liang et al. 2021)", "adam",
-           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md", cost=2, translation=True,
-           bench=(GPU, Variant("regularisers", "rdrop 1", (("alpha", "1"),)))),
-    _plus("rdrop", translation=True,
-          bench=(GPU, Variant("regularisers", "recadam+rdrop 1", (("alpha", "1"),)))),
+           knobs=("alpha",), criterion="sentence_prediction_rdrop", page="rdrop.md"),
+    WithRecAdam("rdrop"),
 ]
 
 
 def with_recadam(m: Method) -> Method:
-    """RecAdam + ``m``: ``m``'s flags on RecAdam's optimizer (λ(t) and the pull), RecAdam's knobs first; its place
-    in the benchmarks and the translation comparison is its own."""
+    """RecAdam + ``m``: ``m``'s flags on RecAdam's optimizer (λ(t) and the pull), RecAdam's knobs first, drawn in
+    ``m``'s panel."""
     why = dict(m.refuses).get("recadam")
     if why:
         raise UnknownMethod(f"recadam-{m.name}: {m.name} does not combine with RecAdam ({why})")
     return replace(m, name=f"recadam-{m.name}", summary=f"RecAdam with {m.name}", optimizer="recadam",
                    knobs=RECADAM_KNOBS + m.knobs, base="recadam", aliases=(f"recadam+{m.name}",),
-                   composed_of=m.name,
-                   multitask=m.multitask and m.name != "freeze", translation=False, translation_as=None,
-                   bench=())
+                   composed_of=m.name, family=m.panel, recadam_in="optimizer",
+                   multitask=m.multitask and m.name != "freeze")
 
 
 METHODS: Dict[str, Method] = {}
@@ -423,7 +390,7 @@ def register(*records) -> None:
     """Add records (a :class:`Method`, or :class:`WithRecAdam` of one already in) after the others: the
     package's own at import, a throwaway one in the tests."""
     for r in records:
-        m = replace(with_recadam(METHODS[r.of]), **dict(r.changes)) if isinstance(r, WithRecAdam) else r
+        m = with_recadam(METHODS[r.of]) if isinstance(r, WithRecAdam) else r
         if m.name in METHODS:
             raise ValueError(f"method {m.name!r} is in the catalogue twice")
         METHODS[m.name] = m
@@ -467,23 +434,24 @@ _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
 
 
 def _name_pattern(m: Method) -> "re.Pattern":
-    """What follows ``m``'s name in its run names (:meth:`Method.run_name`), each knob a named group."""
-    recadam = [k for k in _RECADAM_NAME_ORDER if k in m.knobs]
+    """What follows ``m``'s name in its run names (:meth:`Method.run_name`), each knob a named group that a name may
+    leave out (the task scripts' names leave out γ at its default, the comparison's the knobs it pins)."""
     parts = []
-    for key in recadam + [k for k in m.knobs if k not in recadam]:
+    for key in m.name_order():
         k = KNOBS[key]
         if k.tag is None:
             continue
-        value = ".+" if k.name_part else "[^-]+" if k.type is str else _NUMBER
-        part = f"-{re.escape(k.tag)}(?P<{key}>{value})"
-        parts.append(f"(?:{part})?" if k.tag_if_changed else part)
+        value = ("|".join(map(re.escape, k.choices)) if k.choices else ".+" if k.name_part
+                 else "[^-]+" if k.type is str else _NUMBER)
+        parts.append(f"(?:-{re.escape(k.tag)}(?P<{key}>{value}))?")
     return re.compile("".join(parts))
 
 
 def parse_run_name(name: str) -> Tuple[str, Dict[str, str]]:
-    """A task script's run directory name -> (method, {knob: its value as named}): ``recadam-fsam-k0.1-t1000-rho0.05``
-    -> (``recadam-fsam``, {k: 0.1, t0: 1000, rho: 0.05}); the knobs a name leaves out are absent. A name whose
-    settings do not parse keeps its longest method (and no settings); a name of no method is its own."""
+    """A run directory's name, a user's grid's or the comparison's -> (method, {knob: its value as named}):
+    ``recadam-fsam-k0.1-t1000-rho0.05`` -> (``recadam-fsam``, {k: 0.1, t0: 1000, rho: 0.05}); the knobs a name
+    leaves out are absent. A name whose settings do not parse keeps its longest method (and no settings); a name of
+    no method is its own."""
     first = None
     for m in sorted(METHODS.values(), key=lambda m: -len(m.name)):
         if name == m.name:

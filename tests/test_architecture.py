@@ -44,9 +44,9 @@ def _field_declarations():
     imports no fairseq): how = "field" for a declaration with its own metadata, "redefault" for one taken
     from another dataclass, "II" for a value read from another config node."""
     for path, tree in sources():
-        if path.startswith(tuple(os.path.join("recadam_fairseq", d) for d in ("core", "compare", "tools", "bench"))) or \
+        if path.startswith(tuple(os.path.join("recadam_fairseq", d) for d in ("core", "compare", "tools", "bench", "launch"))) or \
                 path == os.path.join("recadam_fairseq", "catalogue.py"):
-            continue  # the core has no flags; compare/, tools/, bench/ and the catalogue are no fairseq component
+            continue  # the core has no flags; compare/, tools/, bench/, launch/ and the catalogue are no fairseq component
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
             for stmt in cls.body:
                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:

@@ -114,7 +114,8 @@ def test_run_names_keep_their_old_form():
     assert m.run_name({**v, "gamma": "1000", "anneal_fun": "linear", "mask_iter_e": "5"}) == \
         "recadam-fsam-k0.1-t1000-g1000-linear-rho0.05"
     assert METHODS["lora"].run_name(at_defaults(METHODS["lora"])) == "lora-r8-a8"
-    assert METHODS["r3f"].run_name({"lambda": "0.2"}) == "r3f"
+    # R3F's λ named off its default (two λs shared one directory before), so a default run keeps its name
+    assert (METHODS["r3f"].run_name({"lambda": "0.7"}), METHODS["r3f"].run_name({"lambda": "0.2"})) == ("r3f", "r3f-lambda0.2")
     # read back (scripts/glue/summarize.py): each method's knobs as named, at the defaults and off them
     for m in METHODS.values():
         for values in (at_defaults(m), {k: KNOBS[k].off_default for k in m.knobs}):
@@ -206,7 +207,9 @@ def test_benchmarks_and_gpu_pass_read_the_catalogue():
 
 def e2e_methods():
     """The GPU pass's rows: each catalogue method's (its table's rows)."""
-    return [v.label for m in METHODS.values() for v in m.variants("gpu")]
+    from recadam_fairseq.tools import bench_rows
+
+    return [v.label for m in METHODS for v in bench_rows.variants(m, "gpu")]
 
 
 def comparison_values(s):
@@ -261,10 +264,11 @@ THROWAWAY = """\
 from recadam_fairseq import catalogue as c
 c.KNOBS["throw"] = c.Knob("throw", "THROW", "0.5", float, "--throw", "a test's knob", tag="x", group="optimizer",
                           off_default="0.25", label="θ", bounds=("(0, 1)", "the throw"))
-c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("throw",), multitask=True, cost=3,
-                    page="throwaway.md", translation=True,
-                    bench=(c.Variant("gpu"), c.Variant("regularisers", "throwaway 0.5"))),
-           c.WithRecAdam("throwaway", (("bench", (c.Variant("gpu"),)),)))
+c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("throw",), multitask=True,
+                    page="throwaway.md"), c.WithRecAdam("throwaway"))
+# the consumers' own tables: the benchmarks' and the GPU pass's rows, the comparisons' routing
+from recadam_fairseq.tools import bench_rows as b
+b.ROWS.update({"throwaway": (b.GPU, b.Variant("regularisers", "throwaway 0.5")), "recadam-throwaway": (b.GPU,)})
 """
 # what the comparisons and the docs' tables make of it, in one interpreter
 PROBE = """\
@@ -272,15 +276,17 @@ import json
 from recadam_fairseq.__main__ import RENDER
 from recadam_fairseq.compare import plan, seq2seq
 from recadam_fairseq.engine import methods
+plan.COST["throwaway"] = 3
+seq2seq.TRANSLATION["throwaway"] = None
 grid = plan.make_grid(["throwaway:0.25", "recadam-throwaway:k=0.2,t0=30,throw=0.25"], 5000.0)
 try:
     methods.flags(methods.parse("throwaway:1"), 12)
     refused = None
 except methods.MethodError as e:
     refused = str(e)
-print(json.dumps({"settings": [[methods.setting_name(s), methods.label(s), methods.method_of(s).cost,
+print(json.dumps({"settings": [[methods.setting_name(s), methods.label(s), plan.cost(s["method"]),
                                 methods.flags(s, 12, multitask=True)] for s in grid],
-                  "refused": refused, "multitask": methods.MULTITASK_METHODS, "seq2seq": seq2seq.METHODS,
+                  "refused": refused, "multitask": methods.MULTITASK_METHODS, "seq2seq": seq2seq.methods(),
                   "tables": {k: r() for k, r in RENDER.items()}}))
 """
 
@@ -350,9 +356,19 @@ def test_a_new_record_reaches_every_consumer(tmp_path):
 
 def test_no_module_but_the_catalogue_lists_methods():
     """The catalogue is the only list of methods: no module of the package or scripts/ holds more than three of
-    their names as string literals (prose that mentions them aside; the comparison's plan of settings holds two)."""
+    their names as string literals (prose that mentions them aside; the comparison's plan of settings holds two),
+    but a consumer's own routing table, keyed by the catalogue's names (each key one of its methods: a renamed
+    method cannot drop out of a benchmark or a comparison unseen)."""
+    from recadam_fairseq.compare import plan, seq2seq
+    from recadam_fairseq.tools import bench_rows
+
     names = set(METHODS)
-    allowed = {os.path.join("recadam_fairseq", "catalogue.py")}
+    tables = {os.path.join("recadam_fairseq", "tools", "bench_rows.py"): bench_rows.ROWS,
+              os.path.join("recadam_fairseq", "compare", "seq2seq.py"): seq2seq.TRANSLATION,
+              os.path.join("recadam_fairseq", "compare", "plan.py"): plan.COST}
+    for path, table in tables.items():
+        assert set(table) <= names, (path, set(table) - names)
+    allowed = {os.path.join("recadam_fairseq", "catalogue.py"), *tables}
     found = {}
     for top in ("recadam_fairseq", "scripts", "data-prep"):
         for dirpath, _, files in os.walk(os.path.join(ROOT, top)):

@@ -430,6 +430,6 @@ def test_wise_ft_points_score_as_the_run_scored_itself(runs, tmp_path, monkeypat
     # the run was trained with a budget: its checkpoint_best.pt holds the validation the summary picks
     assert saved["identity"]["checkpoint"] == "checkpoint_best.pt" and point["alpha"] == 0.5
     md = (tmp_path / "runs" / "summary.md").read_text()
-    assert (f"| adam | 0.5 | 1 | {point['metrics']['accuracy']:.2f} ± 0.00 | {point['forgetting']:+.4f} ± 0.0000 |"
+    assert (f"| adam | 0.5 | 1 | {point['metrics']['accuracy']:.2f} (1 seed) | {point['forgetting']:+.4f} (1 seed) |"
             in md), md
     assert (tmp_path / "runs" / "forgetting-SST-2.png").is_file()

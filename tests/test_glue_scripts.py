@@ -28,6 +28,9 @@ from helpers import (ROOT, USER_DIR, anchors, assert_same_run, base_env, code_ca
 from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
 
 from recadam_fairseq import catalogue
+from recadam_fairseq.launch import command as launch_command, glue as launch_glue
+from recadam_fairseq.launch.spec import Stop
+from recadam_fairseq.launch.variables import Variables
 
 GLUE = os.path.join(ROOT, "scripts", "glue")
 FINETUNE = os.path.join(GLUE, "finetune.sh")
@@ -101,7 +104,12 @@ def last(fl, name):
 
 def command_sh_argv(path, train_words):
     """The argv a command.sh runs, parsed with shlex (a bash round trip is checked separately)."""
-    text = open(path).read().replace("\\\n", " ")
+    return rendered_argv(open(path).read(), train_words)
+
+
+def rendered_argv(text, train_words):
+    """The argv of a rendered command (command.sh's text), parsed with shlex."""
+    text = text.replace("\\\n", " ")
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.startswith("#")]
     assert lines[0].startswith("cd "), lines[0]
     argv = shlex.split(lines[1])
@@ -644,14 +652,20 @@ def fake(tmp_path):
         run_dir = re.search(r"^== done: (\S+)", p.stdout, re.M).group(1)
         return p, run_dir, json.loads(open(os.path.join(run_dir, "argv.json")).read())
 
-    finetune.env, finetune.tmp = env, tmp_path
+    def plan(task, method, *extra, **kw):
+        """(run directory, argv, run.json) finetune.sh would give fairseq-train, built in-process (nothing written)."""
+        e = dict(env, **{k: str(v) for k, v in kw.items()})
+        s = launch_glue.build(Variables(e, "finetune.sh", say=lambda msg: None), task, method, list(extra))
+        return s.run_dir, s.argv[s.lead:], s.run_json
+
+    finetune.env, finetune.tmp, finetune.plan = env, tmp_path, plan
     return finetune
 
 
 @pytest.mark.parametrize("task", list(RECIPE))
 def test_recipe_per_task(fake, task):
     lr, bsz, total, warmup, ncls, metric = RECIPE[task]
-    _, run_dir, argv = fake(task.lower(), "adam")  # task names are case-insensitive
+    run_dir, argv, _ = fake.plan(task.lower(), "adam")  # task names are case-insensitive
     assert run_dir == os.path.join(fake.env["SAVE_DIR"], task, "adam", "seed1")
     fl, pos = flags(argv)
     assert pos == [os.path.join(fake.env["DATA_DIR"], f"{task}-bin")]
@@ -676,13 +690,12 @@ def test_recipe_per_task(fake, task):
         ("valid,valid1" if task == "MNLI" else None)
     assert "--distributed-world-size" not in fl and not any(f.startswith("--report") for f in fl)
     assert not any(f.startswith("--recadam") for f in fl)
-    assert os.path.exists(os.path.join(run_dir, "done"))
 
 
 def test_method_flags(fake):
-    _, _, adam = fake("RTE", "adam")
-    _, run_dir, rec = fake("RTE", "recadam")
-    _, run_dir_c, coupled = fake("RTE", "recadam-coupled")
+    _, adam, _ = fake.plan("RTE", "adam")
+    run_dir, rec, _ = fake.plan("RTE", "recadam")
+    run_dir_c, coupled, _ = fake.plan("RTE", "recadam-coupled")
     assert run_dir.endswith(os.path.join("RTE", "recadam-k0.1-t1000", "seed1"))
     assert run_dir_c.endswith(os.path.join("RTE", "recadam-coupled-k0.1-t1000", "seed1"))
     # what each method adds to adam's command line
@@ -713,11 +726,11 @@ def test_sam_method_flags(fake):
 def test_baseline_method_flags(fake):
     """The baselines' one-line errors, grid.sh and summarize.py (their flags, run directories and run.json
     per METHOD: test_every_method_through_finetune_is_the_catalogue_s)."""
-    p, _, _ = fake("RTE", "rdrop", check=2, CRITERION="sentence_prediction_r3f")
-    assert "METHOD rdrop uses CRITERION=sentence_prediction_rdrop" in p.stdout
+    with pytest.raises(Stop, match="METHOD rdrop uses CRITERION=sentence_prediction_rdrop"):
+        fake.plan("RTE", "rdrop", CRITERION="sentence_prediction_r3f")
     # an arch without a roberta_ft twin stops in one line naming ARCH
-    p, _, _ = fake("RTE", "lora", check=2, ARCH="transformer")
-    assert "has no roberta_ft twin" in p.stdout and "ARCH=roberta_ft_base" in p.stdout
+    with pytest.raises(Stop, match="has no roberta_ft twin.*ARCH=roberta_ft_base"):
+        fake.plan("RTE", "lora", ARCH="transformer")
     # grid.sh takes them (recadam-* once per (k, t0))
     env = dict(fake.env, KS="0.1", T0S="100", SEEDS="1", METHODS="llrd recadam-reinit lora recadam-rdrop",
                SAVE_DIR=os.path.join(fake.tmp, "grid-baselines"))
@@ -732,7 +745,7 @@ def test_baseline_method_flags(fake):
 def test_every_method_through_finetune_is_the_catalogue_s(fake):
     """Each METHOD (recadam_fairseq/catalogue.py), its knobs off their defaults through their variables:
     what finetune.sh adds to adam's command, its run directory and run.json settings are the catalogue's."""
-    _, _, adam = fake("MRPC", "adam")
+    _, adam, _ = fake.plan("MRPC", "adam")
     base = flags(adam)[0]
     off = {k: knob.off_default for k, knob in catalogue.KNOBS.items()}
     assert all(v and v != catalogue.KNOBS[k].default for k, v in off.items()), off
@@ -741,17 +754,15 @@ def test_every_method_through_finetune_is_the_catalogue_s(fake):
     for name in catalogue.names(scripts=True):
         m = catalogue.get(name)
         values = {k: off[k] for k in m.knobs}
-        _, run_dir, argv = fake("MRPC", name, SAVE_DIR=fake.tmp / "every",
-                                **{catalogue.KNOBS[k].var: v for k, v in values.items()})
+        run_dir, argv, meta = fake.plan("MRPC", name, **{catalogue.KNOBS[k].var: v for k, v in values.items()})
         got = {k: v for k, v in flags(argv)[0].items() if k not in ("--save-dir", "--arch", "--lr") and base.get(k) != v}
         want = {k: v for k, v in flags(m.all_flags(values))[0].items() if base.get(k) != v}
         assert got == want, name
         assert last(flags(argv)[0], "--arch") == ("roberta_ft_large" if m.needs_ft else "roberta_large")
         assert flags(argv)[0]["--lr"] == [[m.lr or RECIPE["MRPC"][0]]]
         assert os.path.basename(os.path.dirname(run_dir)) == m.run_name(values)
-        meta = json.load(open(os.path.join(run_dir, "run.json")))
         assert {k: meta[k] for k in m.settings(values)} == m.settings(values) and meta["method"] == name
-    _, run_dir, _ = fake("MRPC", "recadam+r3f")  # the old spelling, still taken: the same method and directory
+    run_dir, _, _ = fake.plan("MRPC", "recadam+r3f")  # the old spelling, still taken: the same method and directory
     assert os.path.basename(os.path.dirname(run_dir)) == "recadam-r3f-k0.1-t1000"
 
 
@@ -760,9 +771,9 @@ R3F_FLAGS = {"--criterion": [["sentence_prediction_r3f"]], "--noise-type": [["un
 
 def test_r3f_method_flags(fake):
     """r3f / r4f / recadam-r3f: the seed's R3F flags on fairseq's recipe; R3F's own RTE recipe."""
-    _, _, adam = fake("MRPC", "adam")
-    got = {m: fake("MRPC", m)[1:] for m in ("r3f", "r4f", "recadam-r3f")}
-    assert {m: os.path.relpath(d, fake.env["SAVE_DIR"]) for m, (d, _) in got.items()} == {
+    _, adam, _ = fake.plan("MRPC", "adam")
+    got = {m: fake.plan("MRPC", m) for m in ("r3f", "r4f", "recadam-r3f")}
+    assert {m: os.path.relpath(d, fake.env["SAVE_DIR"]) for m, (d, _, _) in got.items()} == {
         "r3f": "MRPC/r3f/seed1", "r4f": "MRPC/r4f/seed1", "recadam-r3f": "MRPC/recadam-r3f-k0.1-t1000/seed1"}
 
     def diff(a, b):
@@ -773,16 +784,16 @@ def test_r3f_method_flags(fake):
     assert diff(adam, got["r4f"][1]) == {**R3F_FLAGS, "--spectral-norm-classification-head": [[]]}
     assert diff(adam, got["recadam-r3f"][1]) == {**R3F_FLAGS, "--optimizer": [["recadam"]],
                                                  **{k: [[v]] for k, v in RECADAM_DEFAULTS.items()}}
-    meta = json.load(open(os.path.join(got["recadam-r3f"][0], "run.json")))
+    meta = got["recadam-r3f"][2]
     assert meta["r3f_lambda"] == "0.7" and meta["noise_type"] == "uniform" and meta["k"] == "0.1"
-    assert "k" not in json.load(open(os.path.join(got["r3f"][0], "run.json")))
+    assert "k" not in got["r3f"][2]
     # RTE: the R3F example's recipe (lr 1e-5, batch 8, 3120 updates, 187 warmup); adam keeps RoBERTa's
-    _, _, rte = fake("RTE", "r4f")
+    _, rte, _ = fake.plan("RTE", "r4f")
     fl = flags(rte)[0]
     assert {k: last(fl, k) for k in ("--lr", "--batch-size", "--total-num-update", "--warmup-updates")} == {
         "--lr": "1e-5", "--batch-size": "8", "--total-num-update": "3120", "--warmup-updates": "187"}
-    p, _, _ = fake("RTE", "r3f", check=2, CRITERION="sentence_prediction")
-    assert "METHOD r3f uses CRITERION=sentence_prediction_r3f" in p.stdout
+    with pytest.raises(Stop, match="METHOD r3f uses CRITERION=sentence_prediction_r3f"):
+        fake.plan("RTE", "r3f", CRITERION="sentence_prediction")
 
 
 def test_grid_and_summarize_carry_r3f_methods(fake):
@@ -801,7 +812,7 @@ def test_grid_and_summarize_carry_r3f_methods(fake):
 
 
 def test_env_overrides(fake):
-    _, run_dir, argv = fake("MNLI", "recadam", "--max-tokens", "1000", "--lr", "7e-6", LR="3e-5", BATCH=8, SEED=3,
+    run_dir, argv, _ = fake.plan("MNLI", "recadam", "--max-tokens", "1000", "--lr", "7e-6", LR="3e-5", BATCH=8, SEED=3,
                             FP16=0, NUM_GPUS=4, ARCH="roberta_base", K=0.5, T0=250, GAMMA=1000, ANNEAL_FUN="linear",
                             MAX_UPDATE=1000, USER_DIR="/some/user_dir", CRITERION="my_crit")
     assert run_dir == os.path.join(fake.env["SAVE_DIR"], "MNLI", "recadam-k0.5-t250-g1000-linear", "seed3")
@@ -817,7 +828,7 @@ def test_env_overrides(fake):
         "--recadam-anneal-fun": "linear", "--user-dir": "/some/user_dir", "--criterion": "my_crit",
         "--total-num-update": "1000", "--max-update": "1000", "--warmup-updates": "60"}  # 7432 * 1000 / 123873
     assert "--fp16" not in fl and "--fp16-init-scale" not in fl
-    _, _, argv = fake("QQP", "adam", MAX_UPDATE=1000)
+    _, argv, _ = fake.plan("QQP", "adam", MAX_UPDATE=1000)
     assert last(flags(argv)[0], "--warmup-updates") == "250"  # 28318 * 1000 / 113272
 
 
@@ -825,7 +836,7 @@ def test_env_overrides(fake):
                                        ("QQP", "--report-acc-and-f1"), ("STS-B", "--report-pearson-and-spearman"),
                                        ("RTE", None)])
 def test_sentence_prediction_gets_its_metric_flag(fake, task, flag):
-    _, _, argv = fake(task, "adam", CRITERION="sentence_prediction")
+    _, argv, _ = fake.plan(task, "adam", CRITERION="sentence_prediction")
     assert [f for f in flags(argv)[0] if f.startswith("--report")] == ([flag] if flag else [])
 
 
@@ -895,14 +906,17 @@ def test_failed_training_leaves_no_done_marker(fake):
     (["RTE", "adam"], {"MAX_POSITIONS": "x"}, "MAX_POSITIONS must be a positive integer"),
     (["RTE", "adam"], {"MAX_UPDATE": "0"}, "MAX_UPDATE must be a positive integer"),
 ])
-def test_finetune_errors(fake, args, env, message):
+def test_finetune_errors(fake, args, env, message, capsys):
+    """finetune.sh's command line in-process (launch/command.py: the script's one line runs it): exit 2 and the
+    error as the last line, before anything is written."""
     e = {k: v for k, v in fake.env.items() if not (k in env and env[k] is None)}
     e.update({k: v for k, v in env.items() if v is not None})
     if message is None:
-        run([FINETUNE, *args], e, check=0)
+        fake.plan(*args, **{k: v for k, v in env.items() if v is not None})
         return
-    p = run([FINETUNE, *args], e)
-    assert p.returncode == 2 and p.stdout.strip().splitlines()[-1].startswith(f"finetune.sh: error: {message}"), p.stdout
+    rc = launch_command.main(["finetune", FINETUNE, *args], env=e)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err[-1].startswith(f"finetune.sh: error: {message}"), err
     assert not os.path.exists(fake.env["SAVE_DIR"]), "nothing written"
 
 
@@ -932,8 +946,8 @@ def test_ewc_from_the_scripts(fake):
     fisher = fake.tmp / "rte-fisher.pt"
     torch.save({"fisher": {"w": torch.ones(2)}}, fisher)  # read for its form; its tensors are the plug-in's to check
     for method in ("ewc", "recadam-ewc"):
-        _, task_dir, task_argv = fake("RTE", method)
-        _, file_dir, file_argv = fake("RTE", method, EWC_FISHER=str(fisher))
+        task_dir, task_argv, _ = fake.plan("RTE", method)
+        file_dir, file_argv, _ = fake.plan("RTE", method, EWC_FISHER=str(fisher))
         assert os.path.basename(os.path.dirname(task_dir)) == f"{method}-k0.1-t1000"
         assert os.path.basename(os.path.dirname(file_dir)) == f"{method}-k0.1-t1000-Frte-fisher"
         assert (last(flags(task_argv)[0], "--ewc-fisher"), last(flags(file_argv)[0], "--ewc-fisher")) == ("task", str(fisher))
@@ -964,9 +978,8 @@ def test_grid_resumes_and_reports_failures(fake):
         f"grid.sh: error: {d} was started with another command (was: --extra x; now: nothing): RESTART=1 starts it "
         f"over with this one, or choose another SAVE_DIR" for d in order] + ["grid.sh: RTE: nothing trained"], p.stdout
     assert tree_state(env["SAVE_DIR"]) == before
-    # the same command; finetune.sh's modes in the caller's environment are not the grid's runs' (they would exit 0
-    # untrained: no done marker below)
-    p = run([GRID, "RTE", "--extra", "x"], dict(env, CHECK_RUN="1", PRINT_RUN_DIR="1"), check=0)
+    # the same command: the finished runs are skipped, the unfinished one resumes
+    p = run([GRID, "RTE", "--extra", "x"], env, check=0)
     assert p.stdout.count("skip ") == 5 and f"resume {unfinished} (unfinished)" in p.stdout
     assert "checkpoint_last.pt: an empty file; set aside as checkpoint_last.pt.bad-" in p.stdout
     assert f"no complete checkpoint in {unfinished}: starting from the pretrained model" in p.stdout
@@ -1013,7 +1026,7 @@ def test_grid_sends_runs_as_submitit_jobs(fake):
     """CLUSTER=local: every run a job through submitit's own executor (the SLURM path's code but the scheduler), a
     line as each ends, all done; a job's checkpoint() (submitit's call on a timeout or a preemption) requeues the same
     command, which resumes the run; a failed job is listed with its log."""
-    from recadam_fairseq.tools import grid  # (submitit: make's set-up installs it)
+    from recadam_fairseq.launch import grid  # (submitit: make's set-up installs it)
 
     env = dict(fake.env, CLUSTER="local", METHODS="adam llrd", SEEDS="1", GRID_POLL_S="0.2")
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -1165,9 +1178,9 @@ def test_hydra_config_matches_finetune(name, tmp_path):
     task, method = STEMS[stem], method.replace("_", "-")
     recadam_criterion_registered()  # the user-dir, as --user-dir imports it
     env = base_env(ROBERTA_PATH="/x/model.pt", DATA_DIR="/x/glue-bin", SAVE_DIR=tmp_path, DRY_RUN=1, FP16=1)
-    run([FINETUNE, task, method], env, check=0)
-    run_dir = run([FINETUNE, task, method], dict(env, PRINT_RUN_DIR="1"), check=0).stdout.strip()
-    argv = command_sh_argv(os.path.join(run_dir, "command.sh"), ["fairseq-train"])
+    spec = launch_glue.build(Variables(env, "finetune.sh", say=lambda msg: None), task, method, [])  # in-process: the plan
+    argv = rendered_argv(spec.command, ["fairseq-train"])
+    assert argv == spec.argv[spec.lead:], "command.sh runs the argv"
     args = options.parse_args_and_arch(options.get_training_parser(), input_args=argv)
     cli = convert_namespace_to_omegaconf(args)
 

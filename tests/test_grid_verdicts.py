@@ -401,3 +401,22 @@ def test_a_one_seed_answer_says_only_the_floors_stand_for_the_noise(grid):
     assert "within the seed noise" in md2 and "only the floors" not in md2
     assert "within the seed noise" not in md1
     assert "within the floors and forget" in md1 and "one seed a setting: only the floors stand for the noise" in md1
+    assert "(1 seed)" in md1 and " ± 0.00 " not in md1, "one seed has no spread: not ± 0"
+    assert "81.00 ± 0.00" not in md1 and "± 0.71" in md2
+
+
+def test_a_diverged_run_leaves_the_scale_of_a_metric_logged_x100(grid):
+    """A grid's metrics are logged x100: a setting near chance (50) is drawn off the panels' scale, as the comparison
+    draws one below 0.6 of its fractions (before, 0.6 was applied to 50 and the run squeezed the rest into a corner);
+    BLEU has no chance level."""
+    from recadam_fairseq.engine import plot
+
+    root, _ = grid
+    diverged = {1: [(12, 50.0, 0.02)], 2: [(12, 51.0, 0.02)]}
+    d = write_grid(str(root) + "-diverged", grid={**GRID, "reinit-n2": diverged})
+    (a,) = verdicts.answer([r for x in find_runs(d) for r in read_runs(x, d)], d).values()
+    text = verdicts.figure_text(a)
+    assert text["min_accuracy"] == 60.0
+    _, ylim, off = plot.chart_limits(a["rows"], text["min_accuracy"])
+    assert [r["name"] for r in off] == ["reinit-n2"] and ylim[0] > 70
+    assert verdicts.figure_text(dict(a, metric="bleu"))["min_accuracy"] is None

@@ -1,6 +1,7 @@
 """Which (setting, seed) one invocation runs: the default grids of each task, the third seeds, the
 intermediate points measured along a run, and the rule that picks each method's setting for the other tasks."""
 
+from recadam_fairseq import catalogue
 from recadam_fairseq.engine import methods
 
 DEFAULT_METHODS = (
@@ -43,6 +44,9 @@ MULTITASK_SETTINGS = ("adam", "recadam:0.1:25", "ca-mtl:0", "ca-mtl:3", "recadam
                       "recadam-ca-mtl:k=0.1,t0=25,freeze=3", "recadam:0.1:75", "ewc:0.1:50:5", "recadam-ewc:0.1:50:500")
 # WiSE-FT: each run's final checkpoint interpolated with θ* at these α (costs measuring only)
 DEFAULT_ALPHAS = (0.25, 0.5, 0.75)
+# the time of an update relative to Adam's where it is not about 1 (RecAdam + X: X's): the dearest runs start first
+COST = {"r3f": 2, "r4f": 2, "sam": 2, "fsam": 2, "freeze": 0.5, "ca-mtl": 1.2, "rdrop": 2,
+        "childtune-d": 1.6}  # D: its Fisher pass (in the first update's time) costs about 0.6 of an update
 
 
 def best_on_movie(rows):
@@ -82,3 +86,9 @@ def early_points(opts, setting):
     if not opts.early_every or setting["method"] not in opts.early_methods:
         return []
     return list(range(opts.early_every, opts.updates, opts.early_every))
+
+
+def cost(method: str) -> float:
+    """An update of ``method`` relative to Adam's (COST)."""
+    m = catalogue.get(method)
+    return COST.get(m.name, COST.get(m.composed_of, 1.0))

@@ -9,7 +9,7 @@ from recadam_fairseq.compare import plan
 from recadam_fairseq.compare.files import write_json
 from recadam_fairseq.engine import methods, plot
 from recadam_fairseq.engine.settings import fmt
-from recadam_fairseq.engine.stats import beats_adam, compute_seconds, summarize, wise_beats_adam
+from recadam_fairseq.engine.stats import beats_adam, compute_seconds, mean_std_text, summarize, wise_beats_adam
 from recadam_fairseq.tools import readme_block
 
 # the table goes between these lines of RESULTS.md (and of --readme): the rest of the file is kept
@@ -41,12 +41,6 @@ def report(opts, runs, total, base, conversion, info, command, wall, final):
     if opts.readme:
         write_table(opts.readme, md, "--readme")
     return result, md
-
-
-def mean_std_text(mean, std, seeds: int, spec: str) -> str:
-    """``mean ± std`` over seeds (``spec``: the mean's format, e.g. ``+.4f``); one seed has no spread,
-    which ``± 0`` would misreport as agreement."""
-    return f"{mean:{spec}} " + (f"± {std:{spec.lstrip('+')}}" if seeds > 1 else "(1 seed)")
 
 
 def rounding_bound(x):

@@ -10,7 +10,7 @@ import time
 
 from recadam_fairseq.compare import measure
 from recadam_fairseq.compare.files import ROOT, SCRIPTS, USER_DIR, read_json, rel, write_json
-from recadam_fairseq.compare.plan import early_points, planned_runs
+from recadam_fairseq.compare.plan import cost, early_points, planned_runs
 from recadam_fairseq.engine import methods
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.engine.fairseq_log import read_log
@@ -265,7 +265,7 @@ def run_all(ctx, grid, on_done=None):
     results in grid order. ``on_done(results so far, planned)`` after each run."""
     todo = planned_runs(ctx.opts, grid)
     order = sorted(range(len(todo)), key=lambda i: (todo[i][1] not in ctx.opts.seeds, todo[i][1],
-                                                    -methods.method_of(todo[i][0]).cost))
+                                                    -cost(todo[i][0]["method"])))
     results = [None] * len(todo)
 
     def done(i, res, say):

@@ -39,11 +39,22 @@ from recadam_fairseq.engine.fairseq_log import parse_log
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
 FINETUNE = os.path.join(ROOT, "scripts", "seq2seq", "finetune.sh")
-# (label, the METHOD it runs as, extra fairseq-train flags): the catalogue's methods of this comparison; EWC is the
-# coupled objective with F from a file (its runs in WORK/runs-ewc: finetune.sh names a run by the method and its
-# knobs, the same as recadam-coupled's)
-METHODS = tuple((m.name, *(m.translation_as or (m.name, ()))) for m in catalogue.METHODS.values() if m.translation)
-RUNS_DIR = {label: f"runs-{label}" for label, method, _ in METHODS if method != label}  # WORK/runs otherwise
+# the catalogue's methods this comparison runs -> what each runs as where scripts/seq2seq/finetune.sh lacks it (the
+# METHOD, its extra flags; None: itself): EWC is the coupled objective with F from a file (its runs in WORK/runs-ewc:
+# finetune.sh names a run by the method and its knobs, the same as recadam-coupled's)
+TRANSLATION = {"adam": None, "recadam": None, "recadam-coupled": None,
+               "ewc": ("recadam-coupled", ("--ewc-fisher", "{fisher}")), "r3f": None, "llrd": None, "rdrop": None,
+               "recadam-rdrop": None}
+
+
+def methods():
+    """(label, the METHOD it runs as, extra fairseq-train flags) of each, in the catalogue's order."""
+    return tuple((n, *(TRANSLATION[n] or (n, ()))) for n in catalogue.METHODS if n in TRANSLATION)
+
+
+def runs_dir(label: str) -> str:
+    """WORK/runs, or WORK/runs-LABEL for a label that runs as another METHOD (its run names would be that one's)."""
+    return "runs" if dict((x[0], x[1]) for x in methods()).get(label, label) == label else f"runs-{label}"
 WISE = ("adam", "recadam")  # the runs WiSE-FT mixes with θ*
 # fairseq-train's flags for every run: one CPU core's worth, a validation only at the end
 COMMON_EXTRA = ("--num-workers", "0", "--validate-interval", "1000", "--save-interval", "1000")
@@ -54,7 +65,7 @@ def parse_args(argv=None):
     p.add_argument("--work", default=os.path.join(ROOT, "seq2seq-out"), help="data, pretraining and runs")
     p.add_argument("--sdist-dir", help="where vaderSentiment's sdist is (default WORK/sdists; fetched when missing)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2])
-    p.add_argument("--methods", nargs="+", default=[m[0] for m in METHODS], help="labels of METHODS")
+    p.add_argument("--methods", nargs="+", default=[m[0] for m in methods()], help="labels of methods()")
     p.add_argument("--max-update", type=int, default=400)
     p.add_argument("--lr", default="3e-3")
     p.add_argument("--k", default="0.1")
@@ -154,7 +165,7 @@ def validate(args, data, checkpoint, logfile):
 
 def finetune_env(args, data, seed, label):
     return {"PRETRAINED": rel(os.path.join(data, "pretrained.pt")), "DATA": rel(os.path.join(data, "b-bin")),
-            "SAVE_DIR": rel(os.path.join(args.work, RUNS_DIR.get(label, "runs"))), "MAX_UPDATE": str(args.max_update),
+            "SAVE_DIR": rel(os.path.join(args.work, runs_dir(label))), "MAX_UPDATE": str(args.max_update),
             "MAX_TOKENS": "2048", "LR": args.lr, "K": args.k, "T0": args.t0, "GAMMA": args.gamma, "BEAM": "1",
             "SEED": str(seed), "SAVE_INTERVAL_UPDATES": str(args.max_update), "LOG_INTERVAL": "100",
             "FAIRSEQ_TRAIN": os.path.join(bindir(), "fairseq-train"), "PYTHON": env_python()}
@@ -250,7 +261,7 @@ def compare(args):
     res["fisher_command"] = fisher_cmd and portable(fisher_cmd)
     runs = {(r["label"], r["seed"]): r for r in res.get("runs", [])}
     wise = {(w["label"], w["seed"], w["alpha"]): w for w in res.get("wise", [])}
-    plan = [(label, method, extra, seed) for seed in args.seeds for label, method, extra in METHODS
+    plan = [(label, method, extra, seed) for seed in args.seeds for label, method, extra in methods()
             if label in args.methods]
     recorded, recorded_wise = dict(runs), dict(wise)  # what the runs read (record() changes the others)
 
@@ -284,7 +295,7 @@ def compare(args):
 
 
 def order_key(key):
-    labels = [m[0] for m in METHODS]
+    labels = [m[0] for m in methods()]
     return (labels.index(key[0]) if key[0] in labels else len(labels), key[1])
 
 
@@ -328,7 +339,7 @@ def knobs(label, s):
 
 
 def describe(label, res):
-    m = catalogue.get(dict((x[0], x[1]) for x in METHODS).get(label, label))
+    m = catalogue.get(dict((x[0], x[1]) for x in methods()).get(label, label))
     shown = ", ".join(f"{k}={v}" for k, v in knob_values(m, res["settings"]).items())
     if label == "ewc":
         return f"EWC: `recadam-coupled` + `--ewc-fisher` F of domain A ({shown})"

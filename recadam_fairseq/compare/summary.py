@@ -30,7 +30,7 @@ from recadam_fairseq.compare import plan, prepare
 from recadam_fairseq.compare.files import ROOT, read_json, write_json
 from recadam_fairseq.engine import methods
 from recadam_fairseq.engine.plot import overview_plot
-from recadam_fairseq.compare.report import mean_std_text
+from recadam_fairseq.engine.stats import mean_std_text
 from recadam_fairseq.engine.stats import (NOISE_FLOOR, forgets_less_beyond_noise, keeps_accuracy_within_noise,
                                            pareto_ranks, spread)
 from recadam_fairseq.tools import readme_block

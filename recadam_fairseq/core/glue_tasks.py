@@ -2,7 +2,7 @@
 
 Pure Python (no torch, no fairseq), read by ``--task glue_multitask`` and its criterion (which also
 take a user's own tasks: ``head_primary_metric``),
-``data-prep/prepare_glue.py``, ``scripts/glue/*`` (through ``scripts/glue/prelaunch.py``) and
+``data-prep/prepare_glue.py``, ``scripts/glue/*`` (through ``recadam_fairseq/launch``) and
 ``summarize.py``.
 """
 

@@ -8,6 +8,7 @@ from collections import defaultdict
 from recadam_fairseq import catalogue
 from recadam_fairseq.core import glue_tasks
 from recadam_fairseq.core.forgetting import BUDGET, forgetting, within_budget
+from recadam_fairseq.engine.stats import mean_std
 
 TASKS = glue_tasks.RECIPE_TASKS
 METHODS = catalogue.names()  # the run directories' methods, in the catalogue's order
@@ -51,11 +52,6 @@ def best_of(entries, metric, budget=None):
         if x is not None and (best is None or x >= best):
             best, at = x, e
     return best, at
-
-
-def mean_std(xs):
-    m = statistics.fmean(xs)
-    return m, (statistics.stdev(xs) if len(xs) > 1 else None)
 
 
 def aggregate(runs):

@@ -48,15 +48,14 @@ from recadam_fairseq.engine.settings import METHODS, SPEC_EXCLUDED, fmt
 PINNED = {"anneal_fun": "sigmoid", "eps": "1e-05", "lora_alpha": "8", "fisher": "task"}
 DEFAULTS = {"t0": 40.0, "lambda": 1.0}  # the comparison's own, for its 200-update runs
 INT_KNOBS = tuple(k for k, knob in catalogue.KNOBS.items() if knob.type is int and k not in SPEC_EXCLUDED)
-# knob: (default, its prefix in run names); gamma None: --gamma
-KNOBS = {k: (None if k == "gamma" else DEFAULTS.get(k, (int if k in INT_KNOBS else float)(knob.default)),
-             knob.tag or k)
+# knob: its default in a spec (gamma: --gamma)
+KNOBS = {k: None if k == "gamma" else DEFAULTS.get(k, (int if k in INT_KNOBS else float)(knob.default))
          for k, knob in catalogue.KNOBS.items() if k not in SPEC_EXCLUDED}
 RECADAM = ("k", "t0", "gamma")
 # the target task's slot for --task glue_multitask (freeze, ca-mtl): binary sentiment, SST-2's format
 MT_TASK = "SST-2"
 # what the multi-task setting compares: plain RoBERTa and CA-MTL, each with and without RecAdam
-MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask and m.comparison)
+MULTITASK_METHODS = tuple(n for n, m in catalogue.METHODS.items() if m.multitask)
 
 
 class MethodError(ValueError):
@@ -87,7 +86,7 @@ def parse(spec: str, gamma: float = 5000.0) -> dict:
             given = dict(zip(knobs, values))
     out = {"method": name}
     for key in knobs:
-        default = KNOBS[key][0] if key != "gamma" else gamma
+        default = KNOBS[key] if key != "gamma" else gamma
         try:
             value = (int if key in INT_KNOBS else float)(given[key]) if key in given else default
         except ValueError:
@@ -105,8 +104,9 @@ def task_fisher_at(args: List[str]) -> Optional[int]:
 
 
 def setting_name(s: dict) -> str:
-    """A run's directory name: the method and its knobs (``recadam-k0.1-t40-g5000``, ``sam-rho0.05``)."""
-    return "-".join([s["method"]] + [f"{KNOBS[k][1]}{fmt(s[k])}" for k in METHODS[s["method"]]])
+    """A run's directory name in the catalogue's grammar (Method.run_name, read back by catalogue.parse_run_name as
+    a user's grid's): the method and every knob the spec varies (``recadam-k0.1-t40-g5000``, ``sam-rho0.05``)."""
+    return method_of(s).run_name({k: fmt(s[k]) for k in METHODS[s["method"]]}, explicit=True)
 
 
 def label(s: dict) -> str:

@@ -29,8 +29,8 @@ LABEL_OFFSETS = ((4, 3), (4, -3), (-4, 3), (-4, -3), (10, 0), (-10, 0), (4, 14),
 
 
 def family(method: str) -> str:
-    """The panel a method is drawn in: its page in docs/ without .md (RecAdam + X has X's page)."""
-    return catalogue.get(method).page.rsplit(".", 1)[0]
+    """The panel a method is drawn in: its family in the catalogue (RecAdam + X is in X's)."""
+    return catalogue.get(method).panel
 
 
 def families(names):
@@ -50,17 +50,19 @@ def far_out(values):
     return q1 - FENCE * iqr, q3 + FENCE * iqr
 
 
-def chart_limits(rows):
+def chart_limits(rows, min_accuracy=CHART_MIN_ACCURACY):
     """The panels' (xlim, ylim) (x = −forgetting, y = target accuracy) and the final settings drawn
     as off-scale markers at their edge instead of at their place. Settings that ended near chance
-    (accuracy below CHART_MIN_ACCURACY: a diverged run) would squeeze the rest into a corner: they
+    (accuracy below ``min_accuracy``, in the rows' units: CHART_MIN_ACCURACY of a fraction, 60 of a metric logged
+    x100; None for a metric without a chance level, BLEU: a diverged run) would squeeze the rest into a corner: they
     are off the scale when the settings above the threshold outnumber them, and the limits fit the
     points above it (WiSE-FT points included; a curve that goes below is cut at the edge).
     Otherwise (a short smoke run, where most or all are near chance) every point and its error bars
     is on the chart. So is every setting's forgetting, but for those far outside the bulk (far_out:
     re-initialised layers), off the scale too. None for no rows."""
     final = [r for r in rows if not r.get("stopped_at")]
-    low = [r for r in final if r["target_accuracy"] < CHART_MIN_ACCURACY]
+    floor = -math.inf if min_accuracy is None else min_accuracy
+    low = [r for r in final if r["target_accuracy"] < floor]
     low = low if len(final) - len(low) > len(low) else []
     kept = [r for r in final if all(r is not o for o in low)]
     lo, hi = far_out([r["forgetting"] for r in kept]) if kept else (-math.inf, math.inf)
@@ -69,7 +71,7 @@ def chart_limits(rows):
     wise = [p for r in inside for p in r.get("interpolated", [])]
     shown = inside + wise  # the WiSE-FT curves' points too
     if low:
-        shown = [r for r in shown if r["target_accuracy"] >= CHART_MIN_ACCURACY]
+        shown = [r for r in shown if r["target_accuracy"] >= floor]
         xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
         x_lo, x_hi, y_lo, y_hi = min(xs), max(xs), min(ys), max(ys)
     elif shown:
@@ -201,7 +203,8 @@ def draw_curves(ax, rs, color, off, lims, labels):
                               ([f"drop {x:.3f}"] if not lims[0][0] <= x <= lims[0][1] else []))
             off_scale(ax, x, y, color, (text + ": " if text else "") + value, *lims, labels)
             continue
-        ax.errorbar(-r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"], yerr=r["target_accuracy_std"],
+        ax.errorbar(-r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"] or 0.0,
+                    yerr=r["target_accuracy_std"] or 0.0,
                     fmt="o", color=color, ms=5, capsize=2, alpha=0.9)
         if text:
             labels.append((-r["forgetting"], r["target_accuracy"], text, color))
@@ -252,12 +255,12 @@ def adam_panel(ax, rows, updates, text):
     """Adam's accuracy and forgetting along its runs (its intermediate checkpoints), two y axes."""
     pts = by_update(rows)
     ups = [update_of(r, updates) for r in pts]
-    ax.errorbar(ups, [r["target_accuracy"] for r in pts], yerr=[r["target_accuracy_std"] for r in pts],
+    ax.errorbar(ups, [r["target_accuracy"] for r in pts], yerr=[r["target_accuracy_std"] or 0.0 for r in pts],
                 color="black", marker="o", capsize=2)
     ax.set_xlabel("updates")
     ax.set_ylabel(text["y"])
     tw = ax.twinx()
-    tw.errorbar(ups, [-r["forgetting"] for r in pts], yerr=[r["forgetting_std"] for r in pts], color="tab:red",
+    tw.errorbar(ups, [-r["forgetting"] for r in pts], yerr=[r["forgetting_std"] or 0.0 for r in pts], color="tab:red",
                 marker="s", capsize=2)
     tw.set_ylabel(text["drop"], color="tab:red")
     ax.set_title("adam: accuracy (black) and forgetting (red) along its runs", fontsize=9)
@@ -304,7 +307,8 @@ def comparison_text(base):
 
 def figure(rows, base, updates, text=None):
     """The task's figure: one panel per family present (Adam in each, if any), Adam along its runs, the key.
-    ``text``: the axes' and title's (comparison_text(base) by default). Returns the figure, {family: its panel}
+    ``text``: the axes' and title's (comparison_text(base) by default), and ``min_accuracy`` (chart_limits's, in the
+    rows' units: a grid's summary passes its own, engine/verdicts.py). Returns the figure, {family: its panel}
     and the panels' (xlim, ylim); None without matplotlib."""
     text = text or comparison_text(base)
     plt = pyplot()
@@ -313,7 +317,7 @@ def figure(rows, base, updates, text=None):
     final = [r for r in rows if not r.get("stopped_at")]
     adam = by_update(rows)
     fams = families(r["method"] for r in final)
-    xlim, ylim, off = chart_limits(rows)
+    xlim, ylim, off = chart_limits(rows, text.get("min_accuracy", CHART_MIN_ACCURACY))
     fig, gs = grid(plt, len(fams) + 1 + (len(adam) > 1))
     panels, labels, first = {}, {}, None
     for i, (name, names) in enumerate(fams.items()):

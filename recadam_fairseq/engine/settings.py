@@ -9,7 +9,7 @@ from recadam_fairseq import catalogue
 SPEC_EXCLUDED = ("anneal_fun", "eps", "keep_ratio", "mask_iter_e", "lora_alpha", "fisher")
 METHODS: Dict[str, Tuple[str, ...]] = {  # name -> its knobs, in positional order
     n: tuple(k for k in m.knobs if k not in SPEC_EXCLUDED)
-    for n, m in catalogue.METHODS.items() if m.comparison}
+    for n, m in catalogue.METHODS.items()}
 KNOB_NAMES = tuple(k for k in catalogue.KNOBS if k not in SPEC_EXCLUDED)
 
 

@@ -22,10 +22,18 @@ NOISE_FLOOR = 0.005  # accuracy and ΔAUC gaps below this are never read as diff
 
 
 def mean_std(values):
+    """(mean, standard deviation over seeds) of the values given (None: not measured); one value has no spread
+    (None, not 0: only the noise floors stand for the noise then); (None, None) for none. Every table's."""
     v = np.asarray([x for x in values if x is not None], dtype=float)
     if not len(v):
         return None, None
-    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0
+    return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else None
+
+
+def mean_std_text(mean, std, seeds: int, spec: str) -> str:
+    """``mean ± std`` over seeds (``spec``: the mean's format, e.g. ``+.4f``); one seed has no spread,
+    which ``± 0`` would misreport as agreement."""
+    return f"{mean:{spec}} " + (f"± {std:{spec.lstrip('+')}}" if seeds > 1 else "(1 seed)")
 
 
 STATS = ("target_accuracy", "snli_auc", "forgetting", "dist", "train_seconds")
@@ -131,7 +139,7 @@ def wise_beats_adam(rows, adam):
 def noise(row, adam, key, floor=NOISE_FLOOR):
     """Twice the standard error of the gap between a setting's mean and Adam's (at least ``floor``: NOISE_FLOOR
     in the comparison's units; a grid's summary passes it in its metric's, engine/verdicts.py)."""
-    se = np.sqrt(row[key + "_std"] ** 2 / len(row["seeds"]) + adam[key + "_std"] ** 2 / len(adam["seeds"]))
+    se = np.sqrt((row[key + "_std"] or 0.0) ** 2 / len(row["seeds"]) + (adam[key + "_std"] or 0.0) ** 2 / len(adam["seeds"]))
     return max(2 * float(se), floor)
 
 

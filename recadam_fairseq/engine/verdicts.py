@@ -17,6 +17,7 @@ from recadam_fairseq.core.glue_tasks import TASKS as GLUE_TASKS, head_name
 from recadam_fairseq.engine import stats
 from recadam_fairseq.engine.aggregate import order, run_forgetting, to_float
 from recadam_fairseq.engine.fairseq_log import parse_log
+from recadam_fairseq.engine.plot import CHART_MIN_ACCURACY  # (matplotlib is imported when drawing)
 from recadam_fairseq.engine.read import MTL
 from recadam_fairseq.engine.settings import METHODS
 
@@ -165,6 +166,11 @@ def yes(x):
     return "" if x is None else "yes" if x else "no"
 
 
+def text(x, spec):
+    """A figure in ``spec``, or empty when there is none (one seed's spread)."""
+    return "" if x is None else f"{x:{spec}}"
+
+
 def csv_rows(answers):
     """verdicts.csv's lines: one per (task, setting); forgetting positive = forgot, as runs.csv's."""
     out = []
@@ -172,8 +178,8 @@ def csv_rows(answers):
         for r in a["rows"]:
             out.append({"task": a["task"], "setting": r["name"], "method": r["method"], "config": r["config"],
                         "seeds": " ".join(map(str, r["seeds"])), "metric": a["metric"],
-                        "mean": f"{r['target_accuracy']:.4f}", "std": f"{r['target_accuracy_std']:.4f}",
-                        "forgetting": f"{-r['forgetting']:.5f}", "forgetting_std": f"{r['forgetting_std']:.5f}",
+                        "mean": f"{r['target_accuracy']:.4f}", "std": text(r["target_accuracy_std"], ".4f"),
+                        "forgetting": f"{-r['forgetting']:.5f}", "forgetting_std": text(r["forgetting_std"], ".5f"),
                         "forgetting_metric": a["forgetting_metric"],
                         "d_metric": "" if "d_accuracy" not in r else f"{r['d_accuracy']:+.4f}",
                         "d_forgetting": "" if "d_forgetting" not in r else f"{r['d_forgetting']:+.5f}",
@@ -217,8 +223,9 @@ WISE_TEXT = ("each run's weights at that validation mixed with θ* (summarize.py
 
 def _against_adam(p):
     """A point's cells from its metric to its gaps to Adam (the settings' table and the WiSE-FT one)."""
-    return (f"{p['target_accuracy']:.2f} ± {p['target_accuracy_std']:.2f} | "
-            f"{0.0 - p['forgetting']:+.4f} ± {p['forgetting_std']:.4f} | "
+    n = len(p["seeds"])
+    return (f"{stats.mean_std_text(p['target_accuracy'], p['target_accuracy_std'], n, '.2f')} | "
+            f"{stats.mean_std_text(0.0 - p['forgetting'], p['forgetting_std'], n, '+.4f')} | "
             + ("" if "d_accuracy" not in p else f"{p['d_accuracy']:+.2f}") + " | "
             + ("" if "d_forgetting" not in p else f"{p['d_forgetting']:+.4f}"))
 
@@ -283,4 +290,6 @@ def figure_text(a):
     return {"x": f"forgetting: {a['forgetting_metric']} since θ*, positive = forgot (each setting at "
                  f"{a['at']})", "y": f"dev {a['metric']}",
             "drop": f"forgetting ({a['forgetting_metric']})",
-            "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods"}
+            "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods",
+            # a diverged run leaves the panels' scale in the metric's units (x100); BLEU has no chance level
+            "min_accuracy": None if a["metric"] == "bleu" else CHART_MIN_ACCURACY * SCALE}

@@ -22,7 +22,7 @@ import sys
 import tempfile
 
 from recadam_fairseq import catalogue
-from recadam_fairseq.tools import make_tiny_roberta, tiny_train
+from recadam_fairseq.tools import bench_rows, make_tiny_roberta, tiny_train
 
 SAM_EXTRA = ["--beta", "0.5", "--gamma", "0.5"]  # ESAM's β and γ, for the --sam-type variants
 REC = {"gamma": "500"}  # RecAdam at the catalogue's defaults, γ small enough for --lr 1e-4
@@ -59,7 +59,7 @@ def rows_of(where):
     after their bases (Adam's first, RecAdam's before the methods on it)."""
     rows, bases = [], {}
     for m in catalogue.METHODS.values():
-        for v in m.variants(where):
+        for v in bench_rows.variants(m.name, where):
             label, *base = base_row(m)
             bases[label] = base
             extra = (SAM_EXTRA if "--sam-type" in m.optimizer_fixed else []) + list(v.extra)

@@ -1,5 +1,5 @@
 """The architecture a fairseq checkpoint was trained with, as the fairseq-train flags that build it again: read
-by the task scripts (scripts/glue/prelaunch.py: ARCH unset) and scripts/fisher.py (no --arch), so a command on
+by the task scripts (recadam_fairseq/launch: ARCH unset) and scripts/fisher.py (no --arch), so a command on
 another model needs no architecture flags, and a wrong ``--arch`` is one line, not a size-mismatch traceback."""
 
 import argparse

@@ -34,7 +34,7 @@ from typing import Dict, List, Optional
 from recadam_fairseq import catalogue  # its GPU rows
 from recadam_fairseq.engine import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta, readme_block, tiny_train
+from recadam_fairseq.tools import bench_rows, make_tiny_roberta as tiny_roberta, readme_block, tiny_train
 from recadam_fairseq.tools.text_data import glue_layout
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
@@ -61,7 +61,7 @@ def gpu_rows():
     out = {}
     label = {}  # a method's own row: the row of those it is the base of
     for m in catalogue.METHODS.values():
-        for v in m.variants("gpu"):
+        for v in bench_rows.variants(m.name, "gpu"):
             label.setdefault(m.name, v.label)
             values = {**(RECADAM if m.uses_recadam else {}), **dict(v.values)}
             spec = m.name + (":" + ",".join(f"{k}={x}" for k, x in values.items()) if values else "")

@@ -1,55 +1,15 @@
-"""What the GLUE task scripts (finetune.sh, grid.sh, multitask.sh) ask Python before fairseq-train.
+"""What the task scripts ask before fairseq-train (recadam_fairseq/launch builds the run with the answers): the
+method's part of the command (the catalogue), the task's recipe, the checkpoint's architecture, the training set's
+size, whether there is a GPU; and ``resume``, which prepares a run directory for fairseq to continue from.
 
-    prelaunch.py plan [--method M] [--multitask | --seq2seq] [--task T] [--tasks T1,T2] [--checkpoint PATH] [--arch A]
-                      [--freeze SPEC] [--cuda] [--steps DATA_DIR BATCH GPUS]
-    prelaunch.py resume RUN_DIR
-    prelaunch.py follow LOG [--offset BYTES] [--metric M] [--pid PID]
-    prelaunch.py methods [--multitask | --seq2seq]
-    prelaunch.py grid TASK [extra fairseq-train args...]   (grid.sh's runs: recadam_fairseq/tools/grid.py)
+Every question's failure is a :class:`Stop`: one line naming the input. Reading a checkpoint needs torch: the
+Python that runs fairseq-train (:func:`need` says so when this one lacks it)."""
 
-``plan`` prints shell assignments (``KEY=value``, quoted for ``eval``):
-  --method     METHOD (its name in the catalogue, recadam_fairseq/catalogue.py), METHOD_NAME (the run
-               directory's name), METHOD_CRITERION (the criterion it needs, or empty), METHOD_FLAGS (an
-               array: its optimizer, model and criterion flags), METHOD_FT (1: the roberta_ft model),
-               METHOD_RECADAM (1: RecAdam's knobs), METHOD_LR (its own lr, or empty), METHOD_SETTINGS
-               (its variables, for command.sh), METHOD_JSON (its run.json fields) and each knob's variable
-               with its value; the knobs' values come from their environment variables (K, T0, RHO, ...: `python -m recadam_fairseq
-               methods NAME` lists them). --multitask: only the methods of the multi-task setting; --seq2seq:
-               only those of translation (scripts/seq2seq/finetune.sh), METHOD_CRITERION its seq2seq criterion
-  --task       TASK (GLUE's spelling of a name in any case), RECIPE_LR, RECIPE_BATCH, RECIPE_TOTAL,
-               RECIPE_WARMUP, NUM_CLASSES, METRIC, TASK_FLAGS (an array: the task's own fairseq-train flags):
-               fairseq's RoBERTa recipe (recadam_fairseq/core/glue_tasks.py); a name of the user's (with --data
-               DATA_DIR holding NAME-bin/labels.json, data-prep/prepare_task.py) the small-task recipe over its data
-  --tasks      TASKS: a comma list in GLUE's spelling
-  --checkpoint CKPT_ARCH, CKPT_ARCH_FLAGS (the sizes that differ from the arch's defaults), CKPT_MAX_POSITIONS,
-               CKPT_LAYERS: the architecture the checkpoint was trained with (--seq2seq: an encoder-decoder's sizes)
-  --arch       the model's layers are --arch A's (fairseq's defaults), not the checkpoint's
-  --ft         the architecture (CKPT_ARCH, or ARCH for --arch) as the roberta_ft model's twin of it (re-init, LoRA)
-  --freeze     checks FREEZE (the layer syntax of recadam_fairseq/core/layers.py) against the model's layers
-  --cuda       HAS_CUDA: 1 when torch sees a CUDA device
-  --steps      PER_EPOCH: updates per epoch of --tasks on GPUS workers, batches of BATCH examples (about: with
-               --max-tokens a batch may hold fewer examples)
-Errors are one line on stderr (exit 2), naming the input.
-
-``methods`` prints the METHODs of the script (finetune.sh's; --multitask: multitask.sh's, --seq2seq:
-scripts/seq2seq/finetune.sh's) and their knobs' variables, from the catalogue: the end of the scripts' --help.
-
-``follow`` prints the progress lines of fairseq's log LOG as it grows (recadam_fairseq/tools/progress.py)
-until SIGTERM or until process PID (the calling script) is gone.
-
-``resume`` prepares RUN_DIR for fairseq to continue from: a checkpoint_last.pt that does not load (a
-kill during fairseq's non-atomic copy leaves it empty or truncated) is set aside as
-checkpoint_last.pt.bad-<time>, and the newest checkpoint that loads (numbered, epoch or best, by the
-update it holds) is copied in its place. It prints one line saying what the run continues from.
-"""
-
-import argparse
 import glob
 import json
 import math
 import os
 import re
-import shlex
 import shutil
 import struct
 import sys
@@ -206,7 +166,7 @@ def method_plan(name: str, env, multitask: bool = False, seq2seq: bool = False) 
             "METHOD_CRITERION": m.seq2seq_criterion if seq2seq else m.criterion or "", "METHOD_FLAGS": f["optimizer"] + f["extra"] + f["criterion"],
             "METHOD_FT": int(m.needs_ft), "METHOD_RECADAM": int(m.uses_recadam), "METHOD_LR": m.lr or "",
             "METHOD_SETTINGS": " ".join(f"{knobs[k].var}={v}" for k, v in values.items()),
-            "METHOD_JSON": "".join(f", {json.dumps(k)}: {json.dumps(v)}" for k, v in m.settings(values).items())}
+            "METHOD_JSON": m.settings(values)}
 
 
 def script_methods(multitask: bool = False, seq2seq: bool = False) -> List[str]:
@@ -230,61 +190,38 @@ def methods_help(multitask: bool = False, seq2seq: bool = False) -> str:
     return "\n".join(lines)
 
 
-def plan(args) -> dict:
-    out = {}
-    if args.method is not None:
-        out.update(method_plan(args.method, os.environ, args.multitask, args.seq2seq))
-        fisher = out.get(catalogue.KNOBS["fisher"].var, "task")
-        if fisher != "task":  # read before the run directory is made: refused, cut short, not a Fisher file
-            need("torch")
-            try:
-                need("recadam_fairseq.core.ewc").load(fisher, mmap=True, what=f"EWC_FISHER={fisher}")
-            except ConfigError as e:
-                raise Stop(str(e)) from None
-    if args.task:
-        out.update(task_plan(args.task, args.data))
-    if args.tasks is not None:
-        data = args.data or (args.steps[0] if args.steps else None)
-        names = []
-        for n in (x.strip() for x in args.tasks.split(",") if x.strip()):
-            try:
-                names.append(glue_tasks.canonical(n))
-            except glue_tasks.UnknownTask as e:
-                if not (data and os.path.isfile(os.path.join(data, f"{n}-bin", "labels.json"))):  # not one of yours
-                    raise Stop(f"TASKS={args.tasks}: {e}") from None
-                names.append(n)
-        if not names:
-            raise Stop("TASKS is empty")
-        if len(set(names)) != len(names):
-            raise Stop(f"TASKS={args.tasks}: a task is named twice")
-        out["TASKS"] = ",".join(names)
-        if args.steps:
-            data, batch, gpus = args.steps[0], int(args.steps[1]), int(args.steps[2])
-            steps = sum(math.ceil(train_examples(data, n) / batch) for n in names)
-            out["PER_EPOCH"] = max(1, math.ceil(steps / gpus))
-    if args.checkpoint:
-        what = f"{'PRETRAINED' if args.seq2seq else 'ROBERTA_PATH'}={args.checkpoint}"
-        from recadam_fairseq.tools.checkpoint_arch import SEQ2SEQ_SIZE_KEYS
-
-        out.update(arch_of(args.checkpoint, what, args.arch or "", SEQ2SEQ_SIZE_KEYS if args.seq2seq else None))
-    if args.ft:
-        if args.arch:
-            out["ARCH"] = ft_arch(args.arch, "ARCH")
-        elif "CKPT_ARCH" in out:
-            out["CKPT_ARCH"] = ft_arch(out["CKPT_ARCH"], f"ROBERTA_PATH={args.checkpoint}")
-    layers = out.get("CKPT_LAYERS")
-    if args.arch:
-        layers = arch_defaults(args.arch).get("encoder_layers", layers)
-    if args.freeze is not None:
-        if not layers:
-            raise Stop(f"FREEZE={args.freeze}: cannot tell how many layers the model has (set ROBERTA_PATH)")
+def task_names(tasks: str, data: str = None) -> List[str]:
+    """TASKS (a comma list, any case) in GLUE's spelling; a name of the user's kept when DATA holds its labels.json."""
+    names = []
+    for n in (x.strip() for x in tasks.split(",") if x.strip()):
         try:
-            parse_layers(args.freeze, int(layers), "FREEZE")
-        except ConfigError as e:
-            raise Stop(str(e)) from None
-    if args.cuda:
-        out["HAS_CUDA"] = has_cuda()
-    return out
+            names.append(glue_tasks.canonical(n))
+        except glue_tasks.UnknownTask as e:
+            if not (data and os.path.isfile(os.path.join(data, f"{n}-bin", "labels.json"))):  # not one of yours
+                raise Stop(f"TASKS={tasks}: {e}") from None
+            names.append(n)
+    if not names:
+        raise Stop("TASKS is empty")
+    if len(set(names)) != len(names):
+        raise Stop(f"TASKS={tasks}: a task is named twice")
+    return names
+
+
+def per_epoch(data: str, names: List[str], batch: int, gpus: int) -> int:
+    """Updates per epoch of ``names`` on ``gpus`` workers, batches of ``batch`` examples (about: with --max-tokens a
+    batch may hold fewer examples)."""
+    steps = sum(math.ceil(train_examples(data, n) / batch) for n in names)
+    return max(1, math.ceil(steps / gpus))
+
+
+def check_freeze(freeze: str, layers: int) -> None:
+    """FREEZE (the layer syntax of core/layers.py) against the model's ``layers``."""
+    if not layers:
+        raise Stop(f"FREEZE={freeze}: cannot tell how many layers the model has (set ROBERTA_PATH)")
+    try:
+        parse_layers(freeze, int(layers), "FREEZE")
+    except ConfigError as e:
+        raise Stop(str(e)) from None
 
 
 def task_plan(name: str, data: str = None) -> dict:
@@ -334,57 +271,3 @@ def ft_arch(arch: str, what: str) -> str:
         raise Stop(f"{what}: --arch {arch} has no roberta_ft twin (re-init and LoRA need fairseq's RoBERTa: "
                    f"roberta, roberta_base, roberta_large): set ARCH=roberta_ft_base or roberta_ft_large")
     return name
-
-
-def main(argv=None) -> int:
-    argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["grid"]:  # its args are fairseq-train's: not parsed here
-        from recadam_fairseq.tools import grid
-
-        return grid.main(argv[1:])
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    p = sub.add_parser("plan")
-    p.add_argument("--method")
-    p.add_argument("--multitask", action="store_true")
-    p.add_argument("--seq2seq", action="store_true")
-    p.add_argument("--task")
-    p.add_argument("--data", help="DATA_DIR: where a task of the user's lies (NAME-bin/labels.json)")
-    p.add_argument("--tasks")
-    p.add_argument("--checkpoint")
-    p.add_argument("--arch")
-    p.add_argument("--freeze")
-    p.add_argument("--ft", action="store_true")
-    p.add_argument("--cuda", action="store_true")
-    p.add_argument("--steps", nargs=3, metavar=("DATA_DIR", "BATCH", "GPUS"))
-    r = sub.add_parser("resume")
-    r.add_argument("run_dir")
-    m = sub.add_parser("methods")
-    m.add_argument("--multitask", action="store_true")
-    m.add_argument("--seq2seq", action="store_true")
-    f = sub.add_parser("follow")
-    f.add_argument("log")
-    f.add_argument("--offset", type=int, default=0)
-    f.add_argument("--metric")
-    f.add_argument("--pid", type=int)
-    args = ap.parse_args(argv)
-    try:
-        if args.cmd == "follow":
-            from recadam_fairseq.tools import progress
-
-            return progress.follow(args.log, args.offset, args.metric, args.pid)
-        if args.cmd == "methods":
-            print(methods_help(args.multitask, args.seq2seq))
-        elif args.cmd == "resume":
-            print(resume(args.run_dir))
-        else:
-            for k, v in plan(args).items():  # a list as a bash array
-                print(f"{k}=({' '.join(map(shlex.quote, v))})" if isinstance(v, list) else f"{k}={shlex.quote(str(v))}")
-    except Stop as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -10,7 +10,7 @@ import os
 import signal
 import sys
 import time
-from typing import Optional
+from typing import Callable, Optional
 
 from ..core.forgetting import BLEU_DELTA, BUDGET, forgetting, moved, within_budget
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
@@ -103,11 +103,14 @@ def alive(pid: Optional[int]) -> bool:
 
 
 def follow(path: str, offset: int = 0, metric: Optional[str] = None, pid: Optional[int] = None,
-           poll: float = 0.5) -> int:
-    """Print the progress lines of ``path`` from byte ``offset`` until SIGTERM or until process ``pid`` is
-    gone (then the rest); a closed stdout or Ctrl-C ends it quietly."""
-    stop = []
-    signal.signal(signal.SIGTERM, lambda *_: stop.append(1))
+           poll: float = 0.5, stop: Optional[Callable[[], bool]] = None) -> int:
+    """Print the progress lines of ``path`` from byte ``offset`` until ``stop()`` (in a thread of the launcher's),
+    SIGTERM (as a process of its own) or process ``pid`` is gone, then the rest; a closed stdout or Ctrl-C ends it
+    quietly."""
+    if stop is None:
+        stopped = []
+        signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
+        stop = lambda: bool(stopped)  # noqa: E731
     pending = ""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -121,7 +124,7 @@ def follow(path: str, offset: int = 0, metric: Optional[str] = None, pid: Option
                         shown = progress_line(line, metric)
                         if shown is not None:
                             print(shown, flush=True)
-                elif stop or not alive(pid):
+                elif stop() or not alive(pid):
                     return 0
                 else:
                     time.sleep(poll)

@@ -18,9 +18,4 @@
 #              METHODS ["recadam"]; any of finetune.sh's METHODs (python -m recadam_fairseq methods)
 #              everything finetune.sh reads (ROBERTA_PATH, DATA_DIR, SAVE_DIR, MAX_UPDATE, ...)
 set -euo pipefail
-SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-source "$SCRIPT_DIR/common.sh"  # usage, python_of
-case "${1:-}" in -h|--help) usage; exit 0 ;; esac
-[ $# -ge 1 ] || { usage >&2; echo "grid.sh: error: expected TASK" >&2; exit 2; }
-read -r -a TRAIN <<< "${FAIRSEQ_TRAIN:-fairseq-train}"
-exec "${PYTHON:-$(python_of "${TRAIN[0]}")}" "$SCRIPT_DIR/prelaunch.py" grid "$@"  # recadam_fairseq/tools/grid.py
+exec "${PYTHON:-python3}" "$(dirname "${BASH_SOURCE[0]}")/../launch.py" grid "$0" "$@"  # recadam_fairseq/launch

@@ -2,13 +2,13 @@
 T0S, each a ``finetune.sh TASK METHOD`` run; ``JOBS`` of them at a time (engine/execute.py), each with GPUs of
 its own where there are GPUs (NUM_GPUS of them, from CUDA_VISIBLE_DEVICES's list or nvidia-smi's).
 
-    scripts/glue/grid.sh TASK [extra fairseq-train args...]     (grid.sh runs: prelaunch.py grid TASK ...)
+    scripts/glue/grid.sh TASK [extra fairseq-train args...]
 
-Before training anything, every run's directory is asked of finetune.sh (PRINT_RUN_DIR=1) and each one started
-with another command is refused in finetune.sh's own line (CHECK_RUN=1): nothing trains then (exit 2). A finished
-run is skipped, an unfinished one resumes (RESTART=1 starts every run over); a failed run does not stop the others,
-the failures are listed at the end (exit 1). With JOBS > 1 each run's lines carry its name and a line after each
-run says how many are done, running and left.
+Before training anything, every run is built here as finetune.sh builds it (recadam_fairseq/launch: its directory
+and command), and each directory started with another command is refused in finetune.sh's words: nothing trains
+then (exit 2). A finished run is skipped, an unfinished one resumes (RESTART=1 starts every run over); a failed run
+does not stop the others, the failures are listed at the end (exit 1). With JOBS > 1 each run's lines carry its name
+and a line after each run says how many are done, running and left.
 
 CLUSTER=slurm sends each run as a SLURM job through submitit (PARTITION, TIME_MIN [240] a job, NUM_GPUS GPUs and
 CPUS_PER_RUN [8] CPUs a run; its logs in SAVE_DIR/TASK/.submitit/): a job that times out or is preempted is
@@ -21,9 +21,12 @@ import signal
 import subprocess
 import sys
 import threading
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from recadam_fairseq.engine.execute import RunError, execute
+from recadam_fairseq.launch import glue
+from recadam_fairseq.launch.spec import Conflict, RunSpec, Stop as SpecStop
+from recadam_fairseq.launch.variables import Variables
 
 SCRIPT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
                           "scripts", "glue")
@@ -88,18 +91,20 @@ def gpus(env: Dict[str, str]) -> List[str]:
     return [str(i) for i, ln in enumerate(out.stdout.splitlines()) if ln.startswith("GPU ")] if out.returncode == 0 else []
 
 
-def command(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str], mode: Optional[str] = None):
-    """(argv, environment) of finetune.sh TASK METHOD for ``run``; ``mode``: PRINT_RUN_DIR or CHECK_RUN (its two
-    questions)."""
+def command(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str]):
+    """(argv, environment) of finetune.sh TASK METHOD for ``run``."""
     e = {**env, **{k: v for k, v in run.items() if k != "METHOD"}}
-    if mode:
-        e[mode] = "1"
-    args = [] if mode == "PRINT_RUN_DIR" else extra
-    return ["bash", os.path.join(SCRIPT_DIR, "finetune.sh"), task, run["METHOD"], *args], e
+    return ["bash", os.path.join(SCRIPT_DIR, "finetune.sh"), task, run["METHOD"], *extra], e
 
 
-def finetune(task, run, env, extra, mode=None, **kw) -> subprocess.CompletedProcess:
-    argv, e = command(task, run, env, extra, mode)
+def spec(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str]) -> RunSpec:
+    """The run finetune.sh makes of ``run``, built here (its notes are the run's to say when it trains)."""
+    _, e = command(task, run, env, extra)
+    return glue.build(Variables(e, "finetune.sh", say=lambda msg: None), task, run["METHOD"], extra)
+
+
+def finetune(task, run, env, extra, **kw) -> subprocess.CompletedProcess:
+    argv, e = command(task, run, env, extra)
     return subprocess.run(argv, env=e, **kw)
 
 
@@ -181,46 +186,36 @@ def main(argv: List[str]) -> int:
         print("grid.sh: error: expected TASK", file=sys.stderr)
         return 2
     task, extra = argv[0], argv[1:]
-    # finetune.sh's modes are set per call here: from the caller's environment, every run would exit 0 untrained
-    env = {k: v for k, v in os.environ.items() if k not in ("CHECK_RUN", "PRINT_RUN_DIR")}
+    env = dict(os.environ)
     restart = env.get("RESTART", "0") == "1"
-    try:  # every variable checked before finetune.sh is asked anything
+    try:  # every variable checked, every run built, before any is trained
         runs, jobs = plan(env), positive(env, "JOBS", 1, "the number of runs at a time, 1 or more")
         n_gpus = positive(env, "NUM_GPUS", 1)
         if env.get("CLUSTER") not in (None, "", "slurm", "local"):
             raise Stop(f"CLUSTER={env['CLUSTER']}: slurm (SLURM jobs through submitit) or local (the same, on this "
                        f"machine)")
         params = resources(env, task) if env.get("CLUSTER") else None
-    except Stop as e:
-        print(f"grid.sh: error: {e}", file=sys.stderr)
+        specs = [spec(task, run, env, extra) for run in runs]
+    except (Stop, SpecStop) as e:
+        for line in str(e).splitlines():
+            print(f"grid.sh: error: {line}", file=sys.stderr)
         return 2
 
-    dirs, conflicts = [], 0
-    for run in runs:
-        p = finetune(task, run, env, extra, "PRINT_RUN_DIR", stdout=subprocess.PIPE, text=True)
-        if p.returncode != 0:  # a bad TASK: finetune.sh said why
-            return p.returncode
-        d = p.stdout.strip()
-        dirs.append(d)
-        if not os.path.isfile(os.path.join(d, "command.sh")) or restart:
-            continue
-        p = finetune(task, run, env, extra, "CHECK_RUN", stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        if p.returncode != 0:
-            lines = p.stderr.strip().splitlines()
-            msg = next((ln[len("finetune.sh: error: "):] for ln in reversed(lines)
-                        if ln.startswith("finetune.sh: error: ")), lines[-1] if lines else "")
-            print(f"grid.sh: error: {msg}", file=sys.stderr, flush=True)
+    todo, conflicts = [], 0
+    for run, s in zip(runs, specs):
+        try:
+            state = s.state(restart)
+        except Conflict as e:
+            print(f"grid.sh: error: {e}", file=sys.stderr, flush=True)
             conflicts += 1
+            continue
+        if state == "done":
+            print(f"skip {s.run_dir} (done)", flush=True)
+        else:
+            todo.append((run, s.run_dir))
     if conflicts:
         print(f"grid.sh: {task}: nothing trained", file=sys.stderr)
         return 2
-
-    todo = []
-    for run, d in zip(runs, dirs):
-        if os.path.isfile(os.path.join(d, "done")) and not restart:
-            print(f"skip {d} (done)", flush=True)
-        else:
-            todo.append((run, d))
     if params is not None:
         return on_cluster(task, todo, env, extra, len(runs) - len(todo), params)
     devices = gpus(env) if jobs > 1 else []

@@ -1,0 +1,119 @@
+"""What the task scripts' commands share: fp16 or not, the model's architecture from the checkpoint, the forgetting
+meter's flags, the warnings for a run that cannot learn and the method's part (catalogue.py through prelaunch.py)."""
+
+import os
+from typing import List, Optional, Tuple
+
+from recadam_fairseq import catalogue
+from recadam_fairseq.tools import prelaunch
+
+from .spec import Stop
+from .variables import Variables
+
+ADAM = ["--adam-betas", "(0.9, 0.98)"]
+FP16_FLAGS = ["--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1", "--fp16-scale-window", "128"]
+
+
+def ask(fn, *args):
+    """A question to prelaunch.py (the catalogue, the checkpoint, the data, the machine); its Stop is the script's."""
+    try:
+        return fn(*args)
+    except prelaunch.Stop as e:
+        raise Stop(str(e)) from None
+
+
+def method(v: Variables, name: str, multitask: bool = False, seq2seq: bool = False) -> dict:
+    """The method's part of the command (prelaunch.method_plan), its knobs from their variables; an EWC_FISHER file
+    read for its form before any run directory is made."""
+    plan = ask(prelaunch.method_plan, name, v.env, multitask, seq2seq)
+    fisher = plan.get(catalogue.KNOBS["fisher"].var, "task")
+    if fisher != "task":
+        ask(prelaunch.need, "torch")
+        from recadam_fairseq.core.errors import ConfigError
+
+        try:
+            ask(prelaunch.need, "recadam_fairseq.core.ewc").load(fisher, mmap=True, what=f"EWC_FISHER={fisher}")
+        except ConfigError as e:
+            raise Stop(str(e)) from None
+    return plan
+
+
+def checkpoint_arch(v: Variables, path: Optional[str], what: str, seq2seq: bool = False) -> dict:
+    """The checkpoint's architecture (CKPT_ARCH, CKPT_ARCH_FLAGS, CKPT_MAX_POSITIONS, CKPT_LAYERS); ARCH checked
+    against it. A dry run goes on without it (a warning) when the checkpoint cannot be read."""
+    from recadam_fairseq.tools.checkpoint_arch import SEQ2SEQ_SIZE_KEYS
+
+    try:
+        return prelaunch.arch_of(path, f"{what}={path}", v.get("ARCH", ""), SEQ2SEQ_SIZE_KEYS if seq2seq else None)
+    except prelaunch.Stop as e:
+        if not (v.dry_run and str(e).startswith(f"{what}=")):  # an ARCH the checkpoint does not hold stops a dry run too
+            raise Stop(str(e)) from None
+        v.say(f"warning: {e}")  # a checkpoint not read: a dry run only writes the command
+        return {}
+
+
+def fp16(v: Variables, choice: str) -> bool:
+    """FP16 auto|0|1 -> fp16 or not; fp16 is never asked of a machine without CUDA."""
+    if choice == "0" or (choice == "1" and v.dry_run):
+        return choice == "1"
+    cuda = bool(ask(prelaunch.has_cuda))
+    if choice == "auto":
+        if not cuda:
+            v.say("no CUDA device here: training in fp32 (FP16=0)")
+        return cuda
+    if not cuda:
+        raise Stop("FP16=1 needs a CUDA device and torch sees none here: use FP16=0 (fp32)")
+    return True
+
+
+def arch_flags(v: Variables, ckpt: dict, default: str, arch: Optional[str] = None) -> Tuple[List[str], int]:
+    """(--arch and its sizes, MAX_POSITIONS): ``arch`` (ARCH) if given, else the checkpoint's, else (a dry run
+    without a readable checkpoint) --arch ``default``."""
+    arch = arch or v.get("ARCH")
+    if arch:
+        flags = ["--arch", arch]
+    elif ckpt.get("CKPT_ARCH"):
+        flags = ["--arch", ckpt["CKPT_ARCH"]] + ckpt["CKPT_ARCH_FLAGS"].split()
+    else:
+        flags = ["--arch", default]
+    positions = v.get("MAX_POSITIONS", str(ckpt.get("CKPT_MAX_POSITIONS", 512)))
+    if not positions.isdigit() or int(positions) < 1:
+        raise Stop(f"MAX_POSITIONS must be a positive integer, got '{positions}'")
+    return flags, int(positions)
+
+
+def schedule_warnings(v: Variables, end: int, warmup: int, lr: str, recadam: bool) -> None:
+    """A line each for a run that cannot learn: a warmup not shorter than the run, RecAdam's T0 at or past its end."""
+    if warmup >= end:
+        v.say(f"warning: the warmup ({warmup} updates) is not shorter than the run ({end} updates): the lr never "
+              f"reaches LR={lr}")
+    t0 = v.get("T0", catalogue.KNOBS["t0"].default)
+    if recadam and float(t0) >= end:
+        v.say(f"warning: T0={t0} is not before the run's end ({end} updates): λ(t) stays below 1/2, so RecAdam "
+              f"barely moves the encoder; give T0 < {end}")
+
+
+def forgetting(v: Variables, metric: str) -> Tuple[List[str], str]:
+    """(the meter's flags, the --best-checkpoint-metric): FORGETTING_PROBE=DIR and FORGETTING_METER [mlm] | pairs;
+    FORGETTING_BUDGET=X: the best validation among those that forgot at most X (fgt_budget_METRIC)."""
+    probe, meter, budget = v.get("FORGETTING_PROBE"), v.get("FORGETTING_METER"), v.get("FORGETTING_BUDGET")
+    if not probe:
+        for name, value in (("FORGETTING_METER", meter), ("FORGETTING_BUDGET", budget)):
+            if value:
+                raise Stop(f"{name}={value} needs FORGETTING_PROBE=DIR (scripts/binarize_probe.py)")
+        return [], metric
+    meter = v.choice("FORGETTING_METER", "mlm", ["mlm", "pairs"], "FORGETTING_METER must be mlm or pairs, got '{value}'")
+    if not v.dry_run and not os.path.isdir(probe):
+        raise Stop(f"FORGETTING_PROBE={probe}: no such directory (write it with scripts/binarize_probe.py)")
+    flags = ["--forgetting-probe", probe, "--forgetting-meter", meter]
+    if not budget:
+        return flags, metric
+    v.number("FORGETTING_BUDGET", "the most a validation may forget")
+    return flags + ["--forgetting-budget", budget], f"fgt_budget_{metric}"
+
+
+def tail(v: Variables, run_dir: str, seed: int, save_interval: int, best: str, log_interval: str = "100") -> List[str]:
+    """The flags every task script ends with: the checkpoint rule, the seed, the run directory and the log."""
+    return ["--best-checkpoint-metric", best, "--maximize-best-checkpoint-metric", "--seed", str(seed),
+            "--save-dir", run_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(save_interval),
+            "--keep-interval-updates", "1", "--log-format", "json", "--log-interval", log_interval]

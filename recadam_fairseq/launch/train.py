@@ -1,0 +1,76 @@
+"""A run trained: continued from its newest complete checkpoint, fairseq-train's whole output appended to train.log
+(by the trainer itself: a pipe the user closes, ``| head``, loses nothing and does not stop the run), one line per log
+interval and validation on the terminal (tools/progress.py), ``done`` written once it ended well, then its best dev
+score (engine/write.run_line)."""
+
+import os
+import re
+import subprocess
+import sys
+import threading
+import time
+
+from recadam_fairseq.tools import prelaunch
+
+from .spec import RunSpec, Stop
+
+_ERROR = re.compile(r"^(fairseq-train: error: |[A-Za-z_.]*(Error|Exception): )")
+
+
+def echo(text: str) -> None:
+    """A line on stdout; once the reader is gone (``| head``), the rest goes nowhere and the run goes on."""
+    try:
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+
+
+def score(spec: RunSpec) -> str:
+    """The run's best dev score, where, and the file holding it; or why there is none."""
+    from recadam_fairseq.engine.write import run_line
+
+    try:
+        return run_line(spec.run_dir, spec.end_metric)
+    except Exception:  # noqa: BLE001 - a log without a validation, or none
+        return "no dev score in its log"
+
+
+def train(spec: RunSpec, say) -> int:
+    """Train ``spec`` in its directory (its command.sh written); the exit status (fairseq-train's when it failed)."""
+    log = os.path.join(spec.run_dir, "train.log")
+    if spec.has_checkpoints():
+        try:
+            msg = prelaunch.resume(spec.run_dir)
+        except prelaunch.Stop as e:
+            raise Stop(str(e)) from None
+        say(msg)
+        with open(log, "a", encoding="utf-8") as f:
+            f.write(f"{os.path.basename(spec.script)}: {msg}\n")
+    with open(log, "a", encoding="utf-8") as out:
+        offset = out.tell()
+        stop = threading.Event()
+        from recadam_fairseq.tools import progress
+
+        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric),
+                                    kwargs=dict(stop=stop.is_set, poll=0.1), daemon=True)
+        follower.start()
+        proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd)
+        try:
+            rc = proc.wait()
+        except KeyboardInterrupt:  # the trainer got the same Ctrl-C: its end is the run's
+            rc = proc.wait()
+        stop.set()
+        follower.join()
+    if rc != 0:
+        rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
+        with open(log, encoding="utf-8", errors="replace") as f:
+            errors = [ln.rstrip("\n") for ln in f if _ERROR.match(ln)]
+        print(f"{os.path.basename(spec.script)}: error: fairseq-train failed (exit {rc})"
+              f"{': ' + errors[-1] if errors else ''}; see {log}", file=sys.stderr, flush=True)
+        return rc
+    with open(os.path.join(spec.run_dir, "done"), "w") as f:
+        f.write(time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
+    echo(f"== done: {spec.run_dir} ({score(spec)})")
+    if spec.after:
+        echo(spec.after)
+    return 0

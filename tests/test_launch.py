@@ -1,0 +1,146 @@
+"""recadam_fairseq/launch in-process: a run's spec (its command.sh, the rules for a directory that holds a run), the
+scripts' variables, and the one grammar of run names that a user's grid, the task scripts and the comparison write
+and the engine reads back. (The scripts themselves, end to end: tests/test_glue_scripts.py.)"""
+
+import glob
+import json
+import os
+import re
+import subprocess
+
+import pytest
+
+from helpers import ROOT
+from recadam_fairseq import catalogue
+from recadam_fairseq.engine import methods
+from recadam_fairseq.launch import spec as run_spec
+from recadam_fairseq.launch.spec import Conflict, RunSpec, Stop
+from recadam_fairseq.launch.variables import Variables
+
+
+def make(tmp_path, *flags, lead=1):
+    argv = ["fairseq-train", "data dir", "--lr", "2e-5", "--adam-betas", "(0.9, 0.98)", *flags]
+    return RunSpec(argv, lead, str(tmp_path / "RTE" / "adam" / "seed1"), "RTE adam seed 1", "LR=2e-5",
+                   "scripts/glue/finetune.sh", {"seed": 1})
+
+
+def test_command_sh_runs_the_argv_through_bash(tmp_path):
+    """command.sh, as bash reads it, runs the spec's argv word for word (quotes, spaces, a lone quote), from its cwd."""
+    s = make(tmp_path, "--note", "it's", "--empty", "")
+    s.argv[0] = "printf"
+    s.argv[1:1] = ["%s\\n"]
+    s.lead = 2
+    s.write()
+    out = subprocess.run(["bash", os.path.join(s.run_dir, "command.sh")], capture_output=True, text=True, check=True)
+    assert out.stdout.split("\n")[:-1] == s.argv[2:]
+    assert json.load(open(os.path.join(s.run_dir, "run.json"))) == {"seed": 1}
+
+
+def test_a_run_directory_s_state(tmp_path):
+    """new -> unfinished (a log) -> done; the same flags in another order are the same command; another value is a
+    Conflict naming what changed, before and after a run finished; RESTART=1 makes it new and clears what ran."""
+    s = make(tmp_path)
+    assert s.state() == "new"
+    s.write()
+    open(os.path.join(s.run_dir, "train.log"), "w").close()
+    assert s.state() == "unfinished"
+    open(os.path.join(s.run_dir, "checkpoint_last.pt"), "w").close()
+    reordered = make(tmp_path)
+    reordered.argv = reordered.argv[:2] + reordered.argv[4:] + reordered.argv[2:4]
+    assert reordered.state() == "unfinished"
+    other = make(tmp_path)
+    other.argv[3] = "3e-5"
+    with pytest.raises(Conflict, match=r"was started with another command \(was: --lr 2e-5; now: --lr 3e-5\): "
+                                       r"RESTART=1 starts it over"):
+        other.state()
+    open(os.path.join(s.run_dir, "done"), "w").close()
+    assert s.state() == "done" and other.state(restart=True) == "new"
+    with pytest.raises(Conflict):
+        other.state()
+    s.clear()
+    assert sorted(os.listdir(s.run_dir)) == ["command.sh", "run.json"]
+
+
+@pytest.mark.parametrize("env,call,message", [
+    ({"SEED": "-1"}, ("whole", "SEED", 1, 0), "SEED must be a non-negative integer, got '-1'"),
+    ({"BATCH": "0"}, ("whole", "BATCH", 16), "BATCH must be a positive integer, got '0'"),
+    ({"BATCH": "1.5"}, ("whole", "BATCH", 16), "BATCH must be a positive integer, got '1.5'"),
+    ({"FP16": "yes"}, ("fp16",), "FP16 must be 0, 1 or auto, got 'yes'"),
+    ({"FORGETTING_BUDGET": "lots"}, ("number", "FORGETTING_BUDGET", "the most"),
+     "FORGETTING_BUDGET must be a number (the most), got 'lots'"),
+])
+def test_bad_variables_are_one_line(env, call, message):
+    v = Variables(env, "finetune.sh")
+    with pytest.raises(Stop) as e:
+        getattr(v, call[0])(*call[1:])
+    assert str(e.value) == message
+
+
+def test_an_empty_variable_is_an_unset_one():
+    v = Variables({"SEED": "", "LR": ""}, "finetune.sh")
+    assert v.whole("SEED", 1, 0) == 1 and v.get("LR", "2e-5") == "2e-5" and v.fp16() == "auto"
+
+
+def committed_runs():
+    for path in sorted(glob.glob(os.path.join(ROOT, "docs", "forgetting*.json"))):
+        with open(path) as f:
+            record = json.load(f)
+        for r in record.get("runs", []):
+            yield os.path.basename(path), r
+
+
+def test_the_comparison_s_committed_runs_read_back_in_the_grid_s_grammar():
+    """Every run of the committed comparison pages (docs/forgetting*.json) is named in the catalogue's grammar: the
+    engine's reader (catalogue.parse_run_name, as for a user's grid) gives its method and the knobs its spec set, and
+    writing those back gives the name. R3F's λ and LoRA's rank were outside the grammar, and recadam-r3f's λ was read
+    as λ(t)'s schedule."""
+    n = 0
+    for page, r in committed_runs():
+        method, knobs = catalogue.parse_run_name(r["name"])
+        spec = methods.parse(r["method"] + (":" + ",".join(f"{k}={v}" for k, v in knobs.items()) if knobs else ""))
+        assert method == r["method"] and set(knobs) == set(methods.METHODS[method]), (page, r["name"], knobs)
+        assert methods.setting_name(spec) == r["name"], (page, r["name"])
+        n += 1
+    assert n > 200
+    assert catalogue.parse_run_name("recadam-r3f-k0.1-t50-g5000-lambda1") == (
+        "recadam-r3f", {"k": "0.1", "t0": "50", "gamma": "5000", "lambda": "1"})
+    assert catalogue.parse_run_name("recadam-k0.5-t250-linear") == ("recadam", {"k": "0.5", "t0": "250",
+                                                                                 "anneal_fun": "linear"})
+
+
+def test_the_task_scripts_names_are_the_same_grammar():
+    """A task script's name (knobs at their defaults left out where the catalogue says) reads back to the values
+    that made it, for every method and each knob turned off its default."""
+    for m in catalogue.METHODS.values():
+        for turned in [None, *m.knobs]:
+            values = {k: catalogue.KNOBS[k].default for k in m.knobs}
+            if turned and catalogue.KNOBS[turned].tag is not None and turned != "fisher":
+                values[turned] = catalogue.KNOBS[turned].off_default
+            name = m.run_name(values)
+            method, knobs = catalogue.parse_run_name(name)
+            assert method == m.name, name
+            assert all(values[k] == v for k, v in knobs.items()), (name, knobs)
+            shown = {k for k in m.knobs if catalogue.KNOBS[k].tag is not None and not (
+                catalogue.KNOBS[k].tag_if_changed and values[k] == catalogue.KNOBS[k].default)}
+            assert set(knobs) == shown, (name, knobs)
+
+
+def test_each_task_script_is_a_line_over_the_launcher():
+    """The task scripts hold no logic: at most 25 lines of bash code each (their help is their comment), no eval; the
+    demos name no fairseq-train flag."""
+    for script in ("scripts/glue/finetune.sh", "scripts/glue/grid.sh", "scripts/glue/multitask.sh",
+                   "scripts/seq2seq/finetune.sh", "scripts/demo.sh", "scripts/ewc_demo.sh"):
+        with open(os.path.join(ROOT, script)) as f:
+            code = [ln for ln in f if ln.strip() and not ln.lstrip().startswith("#")]
+        assert not [ln for ln in code if re.search(r"(^|[;&|(]\s*)eval\b", ln)], script
+        if "demo" in script:  # the demos' runs are the launcher's: no fairseq-train flag of their own
+            assert not [ln for ln in code if any(f in ln for f in ("--optimizer", "--recadam", "--task", "--lr"))]
+        else:
+            assert len(code) <= 25, script
+    assert not os.path.exists(os.path.join(ROOT, "scripts", "glue", "common.sh"))
+
+
+def test_quote_is_bash_s():
+    for word in ["plain", "", "a b", "it's", "(0.9, 0.98)", "$HOME", "*"]:
+        out = subprocess.run(["bash", "-c", f"printf %s {run_spec.quote(word)}"], capture_output=True, text=True)
+        assert out.stdout == word
