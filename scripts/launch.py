@@ -30,9 +30,13 @@ def interpreter() -> str:
 
 if __name__ == "__main__":
     python = interpreter()
-    if os.environ.get("PYTHON") is None and os.path.abspath(python) != os.path.abspath(sys.executable):
+    if not os.environ.get("PYTHON") and os.path.abspath(python) != os.path.abspath(sys.executable):
         os.environ["PYTHON"] = python  # (once: the new interpreter keeps itself)
-        os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
+        try:
+            os.execv(python, [python, os.path.abspath(__file__), *sys.argv[1:]])
+        except OSError as e:
+            sys.exit(f"{os.path.basename(sys.argv[2]) if len(sys.argv) > 2 else 'launch.py'}: error: cannot run "
+                     f"{python} ({e.strerror}), FAIRSEQ_TRAIN's Python: set PYTHON")
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # run from a checkout
     from recadam_fairseq.launch.command import main
 

@@ -390,7 +390,7 @@ def test_killed_run_resumes_bit_for_bit(glue):
 def test_resume_sets_aside_only_a_checkpoint_cut_short(tmp_path, monkeypatch):
     """A cut-short checkpoint_last.pt is set aside for the newest complete one; a checkpoint that cannot be
     read for another reason (one that carries code; this Python has no torch) stops, and nothing is moved."""
-    from recadam_fairseq.tools import prelaunch  # scripts/glue/prelaunch.py's code
+    from recadam_fairseq.launch import prelaunch  # what the task scripts ask before a run
 
     for n, name in ((4, "checkpoint_1_4.pt"), (4, "checkpoint_best.pt"), (2, "checkpoint_1_2.pt")):
         torch.save({"optimizer_history": [{"num_updates": n}], "model": {}}, tmp_path / name)
@@ -828,6 +828,8 @@ def test_env_overrides(fake):
         "--recadam-anneal-fun": "linear", "--user-dir": "/some/user_dir", "--criterion": "my_crit",
         "--total-num-update": "1000", "--max-update": "1000", "--warmup-updates": "60"}  # 7432 * 1000 / 123873
     assert "--fp16" not in fl and "--fp16-init-scale" not in fl
+    # a SAVE_DIR ending in / is joined as the shell joined it: a run started by the bash scripts resumes
+    assert fake.plan("RTE", "adam", SAVE_DIR=f"{fake.tmp}/r/")[0] == f"{fake.tmp}/r//RTE/adam/seed1"
     _, argv, _ = fake.plan("QQP", "adam", MAX_UPDATE=1000)
     assert last(flags(argv)[0], "--warmup-updates") == "250"  # 28318 * 1000 / 113272
 

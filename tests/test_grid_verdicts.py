@@ -408,7 +408,7 @@ def test_a_one_seed_answer_says_only_the_floors_stand_for_the_noise(grid):
 def test_a_diverged_run_leaves_the_scale_of_a_metric_logged_x100(grid):
     """A grid's metrics are logged x100: a setting near chance (50) is drawn off the panels' scale, as the comparison
     draws one below 0.6 of its fractions (before, 0.6 was applied to 50 and the run squeezed the rest into a corner);
-    BLEU has no chance level."""
+    only an accuracy has that chance level (a CoLA MCC of 55 is no diverged run; BLEU has none)."""
     from recadam_fairseq.engine import plot
 
     root, _ = grid
@@ -419,4 +419,4 @@ def test_a_diverged_run_leaves_the_scale_of_a_metric_logged_x100(grid):
     assert text["min_accuracy"] == 60.0
     _, ylim, off = plot.chart_limits(a["rows"], text["min_accuracy"])
     assert [r["name"] for r in off] == ["reinit-n2"] and ylim[0] > 70
-    assert verdicts.figure_text(dict(a, metric="bleu"))["min_accuracy"] is None
+    assert all(verdicts.figure_text(dict(a, metric=m))["min_accuracy"] is None for m in ("bleu", "mcc", "f1"))

@@ -144,3 +144,36 @@ def test_quote_is_bash_s():
     for word in ["plain", "", "a b", "it's", "(0.9, 0.98)", "$HOME", "*"]:
         out = subprocess.run(["bash", "-c", f"printf %s {run_spec.quote(word)}"], capture_output=True, text=True)
         assert out.stdout == word
+
+
+def test_a_multitask_dry_run_without_a_readable_checkpoint_writes_its_command(tmp_path):
+    """DRY_RUN=1 only writes the command: a checkpoint it cannot read is a warning, and FREEZE (which needs the
+    checkpoint's layers) is not checked, as the shell script did."""
+    from recadam_fairseq.launch import multitask
+
+    (tmp_path / "model.pt").write_bytes(b"")
+    said = []
+    v = Variables({"DRY_RUN": "1", "ROBERTA_PATH": str(tmp_path / "model.pt"), "DATA_DIR": str(tmp_path / "none"),
+                   "SAVE_DIR": str(tmp_path / "runs"), "FP16": "0"}, "multitask.sh", say=said.append)
+    s = multitask.build(v, [])
+    assert s.run_dir == f"{tmp_path}/runs/MTL/roberta_base-uncertainty-adam/seed1"
+    assert "--freeze-encoder-layers" in s.argv and s.argv[s.argv.index("--max-update") + 1] == "5000"
+    assert said[0] == f"warning: no {tmp_path / 'none'}; assuming 1000 updates per epoch"
+    assert said[1].startswith(f"warning: ROBERTA_PATH={tmp_path / 'model.pt'}: ")
+
+
+def test_a_trainer_that_cannot_run_is_one_line(tmp_path, capsys):
+    """FAIRSEQ_TRAIN naming no command: the script's one line (exit 2), no traceback, no done marker."""
+    from recadam_fairseq.launch import command
+
+    data = tmp_path / "glue-bin" / "RTE-bin" / "input0"
+    data.mkdir(parents=True)
+    (tmp_path / "model.pt").write_bytes(b"")
+    env = {"ROBERTA_PATH": str(tmp_path / "model.pt"), "DATA_DIR": str(tmp_path / "glue-bin"), "ARCH": "roberta_base",
+           "MAX_POSITIONS": "512", "FP16": "0", "SAVE_DIR": str(tmp_path / "runs"),
+           "FAIRSEQ_TRAIN": str(tmp_path / "no-such-trainer")}
+    rc = command.main(["finetune", os.path.join(ROOT, "scripts", "glue", "finetune.sh"), "RTE", "adam"], env=env)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and err == [f"finetune.sh: error: cannot run {tmp_path / 'no-such-trainer'} (No such file or "
+                               f"directory): set FAIRSEQ_TRAIN"]
+    assert not os.path.exists(tmp_path / "runs" / "RTE" / "adam" / "seed1" / "done")

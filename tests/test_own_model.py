@@ -76,7 +76,7 @@ def test_pairs_regression_and_the_recipe_of_a_task_of_yours(hf, converted, tmp_p
     """Sentence pairs (input1) and a regression target (label/<split>.label) from a CSV; the task scripts' plan of a
     name of the user's: its classes and metric from labels.json, the small-task recipe over its 96 examples (10
     epochs of 6 batches of 16), --regression-target for a regression."""
-    from recadam_fairseq.tools import prelaunch
+    from recadam_fairseq.launch import prelaunch
 
     data = hf["data"]
     assert prepare_task.main(["--model", converted["xlmr"], "--task-name", "Similar", "--train", f"{data}/train.csv",

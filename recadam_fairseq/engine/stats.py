@@ -33,7 +33,7 @@ def mean_std(values):
 def mean_std_text(mean, std, seeds: int, spec: str) -> str:
     """``mean ± std`` over seeds (``spec``: the mean's format, e.g. ``+.4f``); one seed has no spread,
     which ``± 0`` would misreport as agreement."""
-    return f"{mean:{spec}} " + (f"± {std:{spec.lstrip('+')}}" if seeds > 1 else "(1 seed)")
+    return f"{mean:{spec}} " + (f"± {std:{spec.lstrip('+')}}" if seeds > 1 and std is not None else "(1 seed)")
 
 
 STATS = ("target_accuracy", "snli_auc", "forgetting", "dist", "train_seconds")
@@ -156,7 +156,8 @@ def forgets_less_beyond_noise(row, adam, floor=NOISE_FLOOR):
 def spread(row, key):
     """The largest difference between two seeds' values, from the std over n seeds (n = 2: |a − b|)."""
     n = len(row["seeds"])
-    return row[key + "_std"] * np.sqrt(2) if n == 2 else 0.0 if n < 2 else 2 * row[key + "_std"]
+    std = row[key + "_std"] or 0.0  # (one value measured: no spread)
+    return std * np.sqrt(2) if n == 2 else 0.0 if n < 2 else 2 * std
 
 
 def compute_seconds(runs):

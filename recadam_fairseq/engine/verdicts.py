@@ -291,5 +291,6 @@ def figure_text(a):
                  f"{a['at']})", "y": f"dev {a['metric']}",
             "drop": f"forgetting ({a['forgetting_metric']})",
             "title": f"{a['task']}: dev {a['metric']} vs forgetting, one panel per family of methods",
-            # a diverged run leaves the panels' scale in the metric's units (x100); BLEU has no chance level
-            "min_accuracy": None if a["metric"] == "bleu" else CHART_MIN_ACCURACY * SCALE}
+            # a diverged run leaves the panels' scale, in the metric's units (x100): an accuracy's; a correlation's
+            # chance is 0, a diverged F1 can be high (every example positive), BLEU has none
+            "min_accuracy": CHART_MIN_ACCURACY * SCALE if a["metric"] == "accuracy" else None}

@@ -4,4 +4,4 @@ run.json, and the rules for a directory that already holds a run), how each scri
 (:mod:`.command`). ``scripts/glue/finetune.sh`` and its siblings are a few lines that call :mod:`.command`.
 
 Importing this package imports nothing beyond the standard library; torch and fairseq load only when a run's
-checkpoint or machine is asked about (:mod:`recadam_fairseq.tools.prelaunch`)."""
+checkpoint or machine is asked about (:mod:`recadam_fairseq.launch.prelaunch`)."""

@@ -13,7 +13,7 @@ import os
 import sys
 from typing import Dict, List, Optional
 
-from recadam_fairseq.tools import prelaunch
+from recadam_fairseq.launch import prelaunch
 
 from . import glue, multitask, translation
 from .spec import RunSpec, Stop
@@ -83,13 +83,18 @@ def main(argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None)
         return demo.main([script, *args])
     v = Variables(os.environ if env is None else env, prog)
     extra = args[len(expects.split()):]
-    if "-h" in extra or "--help" in extra:  # fairseq-train's own help: no run directory, no done marker
-        os.execvp(v.trainer()[0], v.trainer() + ["--help"])
     try:
+        if "-h" in extra or "--help" in extra:  # fairseq-train's own help: no run directory, no done marker
+            try:
+                os.execvp(v.trainer()[0], v.trainer() + ["--help"])
+            except OSError as e:
+                raise Stop(f"cannot run {v.trainer()[0]} ({e.strerror}): set FAIRSEQ_TRAIN") from None
         return launch(build(kind, v, args), v)
     except Stop as e:
         say_error(prog, e)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C before training (reading the checkpoint): nothing more to say
+        return 130
 
 
 def say_error(prog: str, e: Stop) -> None:

@@ -52,7 +52,10 @@ def run(cmd: List[str], log: str) -> None:
     """``cmd`` with its whole output in ``log``; on failure the log's end, and a RunError."""
     os.makedirs(os.path.dirname(log), exist_ok=True)
     with open(log, "w") as f:
-        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        try:
+            rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+        except OSError as e:
+            raise RunError(f"cannot run {cmd[0]} ({e.strerror})") from None
     if rc != 0:
         with open(log, errors="replace") as f:
             print("".join(f.readlines()[-30:]), end="", file=sys.stderr)

@@ -5,7 +5,7 @@ import math
 import os
 from typing import List
 
-from recadam_fairseq.tools import prelaunch
+from recadam_fairseq.launch import prelaunch
 
 from . import recipe
 from .spec import RunSpec, Stop, default_save_interval
@@ -40,9 +40,10 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str]) -> Run
     if max_update:  # the warmup in proportion, rounded, at least 1
         warmup, total = max(1, (warmup * max_update + total // 2) // total), max_update
     save_interval = v.whole("SAVE_INTERVAL_UPDATES", default_save_interval(total))
-    run_dir = os.path.join(v.get("SAVE_DIR", "runs"), task, m["METHOD_NAME"], f"seed{seed}")
+    # joined as the shell scripts joined them (SAVE_DIR=runs/: runs//RTE/...), so that their runs resume
+    run_dir = f"{v.get('SAVE_DIR', 'runs')}/{task}/{m['METHOD_NAME']}/seed{seed}"
 
-    data = os.path.join(data_dir, f"{task}-bin")
+    data = f"{data_dir}/{task}-bin"
     path = v.get("ROBERTA_PATH")
     problems = []
     if not path:

@@ -39,7 +39,7 @@ class Stop(Exception):
 
 def plan(env: Dict[str, str]) -> List[Dict[str, str]]:
     """The grid's runs in the order they run: each the variables its finetune.sh call gets (SEED, METHOD, K, T0)."""
-    from recadam_fairseq.tools.prelaunch import Stop as PlanStop, method_plan
+    from recadam_fairseq.launch.prelaunch import Stop as PlanStop, method_plan
 
     words = {k: env.get(k) or v for k, v in DEFAULTS.items()}
     recadam = {}
@@ -97,10 +97,11 @@ def command(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str
     return ["bash", os.path.join(SCRIPT_DIR, "finetune.sh"), task, run["METHOD"], *extra], e
 
 
-def spec(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str]) -> RunSpec:
-    """The run finetune.sh makes of ``run``, built here (its notes are the run's to say when it trains)."""
+def spec(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str], cuda=None) -> RunSpec:
+    """The run finetune.sh makes of ``run``, built here (its notes are the run's to say when it trains); ``cuda``:
+    whether the machine that trains it has CUDA (None: this one)."""
     _, e = command(task, run, env, extra)
-    return glue.build(Variables(e, "finetune.sh", say=lambda msg: None), task, run["METHOD"], extra)
+    return glue.build(Variables(e, "finetune.sh", say=lambda msg: None, cuda=cuda), task, run["METHOD"], extra)
 
 
 def finetune(task, run, env, extra, **kw) -> subprocess.CompletedProcess:
@@ -195,7 +196,9 @@ def main(argv: List[str]) -> int:
             raise Stop(f"CLUSTER={env['CLUSTER']}: slurm (SLURM jobs through submitit) or local (the same, on this "
                        f"machine)")
         params = resources(env, task) if env.get("CLUSTER") else None
-        specs = [spec(task, run, env, extra) for run in runs]
+        # a SLURM job's machine has the GPUs it asks for, whatever this one has (FP16 auto: fp16 there)
+        cuda = bool(params["gpus_per_node"]) if env.get("CLUSTER") == "slurm" else None
+        specs = [spec(task, run, env, extra, cuda) for run in runs]
     except (Stop, SpecStop) as e:
         for line in str(e).splitlines():
             print(f"grid.sh: error: {line}", file=sys.stderr)

@@ -4,7 +4,7 @@ the paper's settings over fairseq's RoBERTa recipe."""
 import os
 from typing import List
 
-from recadam_fairseq.tools import prelaunch
+from recadam_fairseq.launch import prelaunch
 
 from . import recipe
 from .spec import RunSpec, default_save_interval
@@ -41,7 +41,7 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
         per_epoch = recipe.ask(prelaunch.per_epoch, data_dir, names, batch, gpus)
     ckpt = recipe.checkpoint_arch(v, path, "ROBERTA_PATH") if path else {}
     arch = v.get("ARCH")
-    if freeze != "none" and path:
+    if freeze != "none" and ckpt:  # (a dry run that could not read the checkpoint does not know its layers)
         layers = ckpt.get("CKPT_LAYERS")
         if arch:
             layers = recipe.ask(prelaunch.arch_defaults, arch).get("encoder_layers", layers)
@@ -55,7 +55,7 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
     save_interval = v.whole("SAVE_INTERVAL_UPDATES", default_save_interval(total))
     name = f"{arch or arch_flags[1]}-{sampling}-{m['METHOD']}"
     save_dir = v.get("SAVE_DIR", "runs")
-    run_dir = os.path.join(save_dir, "MTL", name, f"seed{seed}")
+    run_dir = f"{save_dir}/MTL/{name}/seed{seed}"  # (as the shell joined them: their runs resume)
 
     train = v.trainer()
     cmd = [*train, data_dir, "--user-dir", v.user_dir(), "--finetune-from-model", path or v.get("ROBERTA_PATH", ""),

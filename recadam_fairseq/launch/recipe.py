@@ -1,11 +1,12 @@
 """What the task scripts' commands share: fp16 or not, the model's architecture from the checkpoint, the forgetting
 meter's flags, the warnings for a run that cannot learn and the method's part (catalogue.py through prelaunch.py)."""
 
+import functools
 import os
 from typing import List, Optional, Tuple
 
 from recadam_fairseq import catalogue
-from recadam_fairseq.tools import prelaunch
+from recadam_fairseq.launch import prelaunch
 
 from .spec import Stop
 from .variables import Variables
@@ -28,23 +29,27 @@ def method(v: Variables, name: str, multitask: bool = False, seq2seq: bool = Fal
     plan = ask(prelaunch.method_plan, name, v.env, multitask, seq2seq)
     fisher = plan.get(catalogue.KNOBS["fisher"].var, "task")
     if fisher != "task":
-        ask(prelaunch.need, "torch")
-        from recadam_fairseq.core.errors import ConfigError
-
-        try:
-            ask(prelaunch.need, "recadam_fairseq.core.ewc").load(fisher, mmap=True, what=f"EWC_FISHER={fisher}")
-        except ConfigError as e:
-            raise Stop(str(e)) from None
+        fisher_file(fisher, os.path.getmtime(fisher))
     return plan
+
+
+@functools.lru_cache(maxsize=None)
+def fisher_file(path: str, mtime: float) -> None:
+    """EWC_FISHER's file read for its form (once a file, for a grid's runs)."""
+    ask(prelaunch.need, "torch")
+    from recadam_fairseq.core.errors import ConfigError
+
+    try:
+        ask(prelaunch.need, "recadam_fairseq.core.ewc").load(path, mmap=True, what=f"EWC_FISHER={path}")
+    except ConfigError as e:
+        raise Stop(str(e)) from None
 
 
 def checkpoint_arch(v: Variables, path: Optional[str], what: str, seq2seq: bool = False) -> dict:
     """The checkpoint's architecture (CKPT_ARCH, CKPT_ARCH_FLAGS, CKPT_MAX_POSITIONS, CKPT_LAYERS); ARCH checked
     against it. A dry run goes on without it (a warning) when the checkpoint cannot be read."""
-    from recadam_fairseq.tools.checkpoint_arch import SEQ2SEQ_SIZE_KEYS
-
     try:
-        return prelaunch.arch_of(path, f"{what}={path}", v.get("ARCH", ""), SEQ2SEQ_SIZE_KEYS if seq2seq else None)
+        return dict(_arch_of(path, os.path.getmtime(path), f"{what}={path}", v.get("ARCH", ""), seq2seq))
     except prelaunch.Stop as e:
         if not (v.dry_run and str(e).startswith(f"{what}=")):  # an ARCH the checkpoint does not hold stops a dry run too
             raise Stop(str(e)) from None
@@ -52,11 +57,19 @@ def checkpoint_arch(v: Variables, path: Optional[str], what: str, seq2seq: bool 
         return {}
 
 
+@functools.lru_cache(maxsize=None)
+def _arch_of(path, mtime, what, arch, seq2seq):
+    """prelaunch.arch_of, once a checkpoint (a grid's runs share it)."""
+    from recadam_fairseq.tools.checkpoint_arch import SEQ2SEQ_SIZE_KEYS
+
+    return tuple(prelaunch.arch_of(path, what, arch, SEQ2SEQ_SIZE_KEYS if seq2seq else None).items())
+
+
 def fp16(v: Variables, choice: str) -> bool:
     """FP16 auto|0|1 -> fp16 or not; fp16 is never asked of a machine without CUDA."""
     if choice == "0" or (choice == "1" and v.dry_run):
         return choice == "1"
-    cuda = bool(ask(prelaunch.has_cuda))
+    cuda = v.cuda if v.cuda is not None else bool(ask(prelaunch.has_cuda))
     if choice == "auto":
         if not cuda:
             v.say("no CUDA device here: training in fp32 (FP16=0)")

@@ -58,6 +58,15 @@ def change(old: str, new: str) -> str:
     return f"was: {' '.join(dict.fromkeys(gone[:3])) or 'nothing'}; now: {' '.join(dict.fromkeys(came[:3])) or 'nothing'}"
 
 
+def here() -> str:
+    """The working directory as the shell names it ($PWD: a symlinked path stays as typed), else getcwd()."""
+    pwd = os.environ.get("PWD")
+    try:
+        return pwd if pwd and os.path.samefile(pwd, ".") else os.getcwd()
+    except OSError:
+        return os.getcwd()
+
+
 def default_save_interval(total: int) -> int:
     """A checkpoint (and a validation) about every tenth of the run, at most every 2000 updates."""
     return min(2000, max(1, (total + 5) // 10))
@@ -78,7 +87,7 @@ class RunSpec:
     end_metric: Optional[str] = None  # the end line's metric, when not the task's (translation's bleu)
     banner: str = ""  # the line before training: "== RTE recadam seed 1 -> runs/RTE/..."
     after: str = ""  # a line after the run's end
-    cwd: str = field(default_factory=os.getcwd)
+    cwd: str = field(default_factory=lambda: here())
 
     @property
     def command(self) -> str:

@@ -10,7 +10,7 @@ import sys
 import threading
 import time
 
-from recadam_fairseq.tools import prelaunch
+from recadam_fairseq.launch import prelaunch
 
 from .spec import RunSpec, Stop
 
@@ -54,13 +54,22 @@ def train(spec: RunSpec, say) -> int:
         follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric),
                                     kwargs=dict(stop=stop.is_set, poll=0.1), daemon=True)
         follower.start()
-        proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd)
         try:
-            rc = proc.wait()
-        except KeyboardInterrupt:  # the trainer got the same Ctrl-C: its end is the run's
-            rc = proc.wait()
+            proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd)
+        except OSError as e:  # as the shell says it: no such command, or not one it can run
+            stop.set()
+            raise Stop(f"cannot run {spec.argv[0]} ({e.strerror}): set FAIRSEQ_TRAIN") from None
+        interrupted = False
+        while True:
+            try:
+                rc = proc.wait()
+                break
+            except KeyboardInterrupt:  # the trainer got the same Ctrl-C (the terminal's group): its end is the run's
+                interrupted = True
         stop.set()
         follower.join()
+    if interrupted:
+        return 130
     if rc != 0:
         rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
         with open(log, encoding="utf-8", errors="replace") as f:

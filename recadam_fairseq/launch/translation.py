@@ -33,14 +33,14 @@ def build(v: Variables, method_arg: str, extra: List[str]) -> RunSpec:
     if not data:
         problems.append("DATA is not set: give the binarized pair (fairseq-preprocess --destdir)")
     else:  # fairseq names a split's files by the pair in either order
-        for split in ["train"] + subsets.split(","):
+        for split in ["train"] + [s for s in subsets.split(",") if s]:
             if not any(os.path.isfile(os.path.join(data, f"{split}.{pair}.{src}.idx"))
                        for pair in (f"{src}-{tgt}", f"{tgt}-{src}")):
                 problems.append(f"DATA={data} has no {split} split for {src}-{tgt} (no {data}/{split}.{src}-{tgt}.{src}.idx;"
                                 f" SRC, TGT, VALID_SUBSETS name them)")
     v.problems(problems)
-    pair = os.path.basename(data or "data")
-    run_dir = os.path.join(v.get("SAVE_DIR", "runs"), pair, m["METHOD_NAME"], f"seed{seed}")
+    pair = os.path.basename(os.path.normpath(data or "data"))
+    run_dir = f"{v.get('SAVE_DIR', 'runs')}/{pair}/{m['METHOD_NAME']}/seed{seed}"  # (as the shell joined them)
 
     fp16_choice = v.fp16()
     ckpt = recipe.checkpoint_arch(v, path, "PRETRAINED", seq2seq=True) \

@@ -14,8 +14,10 @@ _NUMBER = re.compile(r"-?([0-9]+\.?[0-9]*|\.[0-9]+)([eE][-+]?[0-9]+)?")
 class Variables:
     """``env`` as one script reads it: ``script`` (finetune.sh) prefixes its notes, ``dry_run`` is DRY_RUN=1."""
 
-    def __init__(self, env: Mapping[str, str], script: str, say: Optional[Callable[[str], None]] = None):
+    def __init__(self, env: Mapping[str, str], script: str, say: Optional[Callable[[str], None]] = None,
+                 cuda: Optional[bool] = None):
         self.env, self.script = dict(env), script
+        self.cuda = cuda  # whether the machine that trains has CUDA (None: this one, asked of torch)
         self.say = say if say is not None else (lambda msg: print(f"{script}: {msg}", file=sys.stderr, flush=True))
         self.dry_run = self.get("DRY_RUN") == "1"
         self.restart = self.get("RESTART") == "1"
