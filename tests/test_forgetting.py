@@ -332,7 +332,7 @@ def _summary(points, base_auc=0.88):
 
 def _inside(rows, xlim, ylim):
     return [r.get("name", r.get("alpha")) for r in rows
-            if xlim[0] < -r["forgetting"] < xlim[1] and ylim[0] < r["target_accuracy"] < ylim[1]]
+            if xlim[0] < r["forgetting"] < xlim[1] and ylim[0] < r["target_accuracy"] < ylim[1]]
 
 
 @pytest.mark.parametrize("case", ["all near chance", "an early point above", "most near chance"])
@@ -364,7 +364,7 @@ def test_plot_lists_the_few_diverged_runs_apart():
     assert [r["name"] for r in off] == ["sam-rho0.2", "fsam-rho0.2"]
     assert _inside(rows, xlim, ylim) == [r["name"] for r in rows if r["target_accuracy"] >= 0.6]
     shown = [r for r in rows if r["target_accuracy"] >= 0.6]  # the limits as before: the points shown, padded
-    xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
+    xs, ys = [r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
     pad_x, pad_y = 0.05 * (max(xs) - min(xs)), 0.05 * (max(ys) - min(ys))
     assert xlim == pytest.approx((min(xs) - pad_x, max(xs) + 2 * pad_x))
     assert ylim == pytest.approx((min(ys) - pad_y, max(ys) + pad_y))
@@ -584,12 +584,12 @@ def test_every_method_gives_a_row(pipeline):
     for r in res["rows"]:
         assert r["seeds"] == [3]
         assert 0 <= r["target_accuracy"] <= 1 and 0 <= r["snli_auc"] <= 1
-        assert r["forgetting"] == pytest.approx(r["snli_auc"] - base["snli_auc"])
+        assert r["forgetting"] == pytest.approx(base["snli_auc"] - r["snli_auc"])  # positive = forgot
         method = r["method"] + (f", stopped at {r['stopped_at']} updates" if r.get("stopped_at") else "")
         assert md.count(f"\n| {method} | {methods.knob_text(r)}") == 1, method
         # one seed: each measure's mean alone, marked, never "± 0"
         assert md.count(f"\n| {method} | {methods.knob_text(r)} | {r['target_accuracy']:.4f} (1 seed) | "
-                        f"{r['snli_auc']:.4f} (1 seed) | {r['forgetting']:.4f} (1 seed) | {r['dist']:.2f} (1 seed) |") == 1
+                        f"{r['snli_auc']:.4f} (1 seed) | {0.0 - r['forgetting']:.4f} (1 seed) | {r['dist']:.2f} (1 seed) |") == 1
         if not r.get("stopped_at"):
             assert isinstance(r["frontier"], bool) and r["train_seconds"] > 0
     assert any(r["frontier"] for r in res["rows"] if not r.get("stopped_at"))
@@ -610,8 +610,8 @@ def test_every_method_gives_a_row(pipeline):
         assert [p["alpha"] for p in r["interpolated"]] == ALPHAS
         for p, q in zip(r["interpolated"], run["interpolated"]):  # one seed: the mean is the run's value
             assert p["seeds"] == [3] and p["target_accuracy"] == q["target_accuracy"]
-            assert p["forgetting"] == pytest.approx(q["snli_auc"] - base["snli_auc"])
-        cell = " · ".join(f"{a:g}: {p['target_accuracy']:.3f}, {p['forgetting']:+.3f}"
+            assert p["forgetting"] == pytest.approx(base["snli_auc"] - q["snli_auc"])
+        cell = " · ".join(f"{a:g}: {p['target_accuracy']:.3f}, {0.0 - p['forgetting']:+.3f}"
                           for a, p in zip(ALPHAS, r["interpolated"]))
         method = r["method"]
         assert re.search(rf"\n\| {re.escape(method)} \| {re.escape(methods.knob_text(r))}.*\| {re.escape(cell)} \|\n",
@@ -879,17 +879,20 @@ def test_nli_split_leaves_out_probe_sentences():
 def test_task_methods_are_the_movie_best():
     """TASK_METHODS (what the other tasks run) = best_on_movie() of the recorded movie table."""
     with open(os.path.join(ROOT, "docs", "forgetting.json"), encoding="utf-8") as f:
-        rows = json.load(f)["rows"]
+        recorded = json.load(f)
+    rows = recorded["rows"]
+    base = recorded["pretrained"]["snli_auc"]  # the recorded rows' forgetting: the AUC's fall, positive = forgot
+    assert all(r["forgetting"] == pytest.approx(base - r["snli_auc"], abs=1e-12) for r in rows)
     want = {methods.parse(m)["method"]: methods.setting_name(methods.parse(m)) for m in plan.TASK_METHODS}
     assert plan.best_on_movie(rows) == want
     # the rule: least forgetting within BEST_TOLERANCE of Adam's accuracy, else the most accurate
-    synthetic = [{"method": "adam", "name": "adam", "target_accuracy": 0.86, "forgetting": -0.05},
-                 {"method": "x", "name": "x1", "target_accuracy": 0.852, "forgetting": -0.03},
-                 {"method": "x", "name": "x2", "target_accuracy": 0.849, "forgetting": -0.001},
+    synthetic = [{"method": "adam", "name": "adam", "target_accuracy": 0.86, "forgetting": 0.05},
+                 {"method": "x", "name": "x1", "target_accuracy": 0.852, "forgetting": 0.03},
+                 {"method": "x", "name": "x2", "target_accuracy": 0.849, "forgetting": 0.001},
                  {"method": "y", "name": "y1", "target_accuracy": 0.70, "forgetting": 0.0},
-                 {"method": "y", "name": "y2", "target_accuracy": 0.80, "forgetting": -0.2},
+                 {"method": "y", "name": "y2", "target_accuracy": 0.80, "forgetting": 0.2},
                  {"method": "recadam", "name": "r0", "gamma": 0, "target_accuracy": 0.86, "forgetting": 0.0},
-                 {"method": "recadam", "name": "r1", "gamma": 5000, "target_accuracy": 0.80, "forgetting": -0.01}]
+                 {"method": "recadam", "name": "r1", "gamma": 5000, "target_accuracy": 0.80, "forgetting": 0.01}]
     assert plan.best_on_movie(synthetic) == {"adam": "adam", "x": "x1", "y": "y2", "recadam": "r1"}
 
 
@@ -1005,9 +1008,10 @@ def test_summary_across_tasks(tmp_path):
 
     rec = methods.setting_name(methods.parse("recadam:0.1:25"))
     r3f = methods.setting_name(methods.parse("r3f:1"))
-    movie = result([("adam", "adam", 0.86, 0.004, -0.05, 0.004, 100), (rec, "recadam", 0.857, 0.003, -0.02, 0.002, 80),
-                    (r3f, "r3f", 0.80, 0.001, -0.06, 0.001, 200), ("r3f-lambda5", "r3f", 0.9, 0, 0, 0, 1)])
-    tweets = result([("adam", "adam", 0.80, 0.0, -0.03, 0.0, 100), (rec, "recadam", 0.79, 0.0, -0.028, 0.0, 90)],
+    # (forgetting positive = forgot: the AUC's fall)
+    movie = result([("adam", "adam", 0.86, 0.004, 0.05, 0.004, 100), (rec, "recadam", 0.857, 0.003, 0.02, 0.002, 80),
+                    (r3f, "r3f", 0.80, 0.001, 0.06, 0.001, 200), ("r3f-lambda5", "r3f", 0.9, 0, 0, 0, 1)])
+    tweets = result([("adam", "adam", 0.80, 0.0, 0.03, 0.0, 100), (rec, "recadam", 0.79, 0.0, 0.028, 0.0, 90)],
                     complete=False)
     for name, res in (("fg.json", movie), ("fg-tweets.json", tweets)):
         (tmp_path / name).write_text(json.dumps(res))
@@ -1048,9 +1052,10 @@ def test_multitask_table_says_one_seed(tmp_path):
                                          "target_accuracy_std": 0.0, "forgetting": fgt, "forgetting_std": std,
                                          "train_seconds": 1.0, "task_accuracy": {"a": 0.7, "b": 0.9}}
     t75 = methods.setting_name(methods.parse("recadam:0.1:75"))
-    multi = {"rows": [row("adam", [1], -0.1, 0.0), row("ca-mtl-freeze0", [1, 2], -0.2, 0.01),
-                      row(t75, [1, 2], -0.09, 0.02)], "settings": {"updates": 400}}
-    singles = {t: {"rows": [row("adam", seeds, f, 0.0)]} for t, f, seeds in (("a", -0.02, [1, 2]), ("b", -0.04, [1, 2, 3]))}
+    # rows: forgetting positive = forgot; the page prints ΔAUC, the AUC's change (negative = forgot)
+    multi = {"rows": [row("adam", [1], 0.1, 0.0), row("ca-mtl-freeze0", [1, 2], 0.2, 0.01),
+                      row(t75, [1, 2], 0.09, 0.02)], "settings": {"updates": 400}}
+    singles = {t: {"rows": [row("adam", seeds, f, 0.0)]} for t, f, seeds in (("a", 0.02, [1, 2]), ("b", 0.04, [1, 2, 3]))}
     md = summary.multitask_markdown(multi, singles, ["a", "b"])
     assert "| multi-task: adam | 0.700 | 0.900 | 0.800 | -0.1000 (1 seed) | 1 |" in md
     assert "| multi-task: ca-mtl-freeze0 | 0.700 | 0.900 | 0.800 | -0.2000 ± 0.0100 | 2 |" in md

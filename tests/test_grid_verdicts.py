@@ -63,7 +63,7 @@ def test_verdicts_by_hand(grid):
         assert (r["keeps_accuracy"], r["forgets_less"]) == (keeps, less)
         assert r["d_accuracy"] == pytest.approx(d_acc) and r["d_forgetting"] == pytest.approx(-d_fgt)
         assert r["target_accuracy"] == pytest.approx(mean_sd(last(name, 1))[0])
-        assert -r["forgetting"] == pytest.approx(mean_sd(last(name, 2))[0])
+        assert r["forgetting"] == pytest.approx(mean_sd(last(name, 2))[0])
         assert r["forgetting_std"] == pytest.approx(mean_sd(last(name, 2))[1])
     # t10 forgets 0.065 bits less than Adam against a noise of 0.022; llrd 3.5 points below against 2.24
     assert by_hand("recadam-k0.1-t10")[2:] == pytest.approx([0.065, 2 * math.sqrt(0.0001 + 0.000025)])
@@ -73,7 +73,7 @@ def test_verdicts_by_hand(grid):
         "adam": (False, 2), "recadam-k0.1-t10": (True, 1), "recadam-k0.1-t100": (True, 1), "llrd-d0.9": (False, 2)}
     assert [r["name"] for r in verdicts.winners(a)] == ["recadam-k0.1-t10"]
     # Adam's curve: the mean over its seeds at each validation
-    assert [(c["stopped_at"], c["target_accuracy"], round(-c["forgetting"], 6)) for c in a["curve"]] == [
+    assert [(c["stopped_at"], c["target_accuracy"], round(c["forgetting"], 6)) for c in a["curve"]] == [
         (4, 71.0, 0.04), (8, 77.0, 0.08), (12, 81.0, 0.11)]
 
 
@@ -93,7 +93,7 @@ def test_wise_ft_points_join_adam_s_row_over_its_seeds(grid):
     runs = [r for d in find_runs(root) for r in read_runs(d, root)]
     (a,) = verdicts.answer(runs, root).values()
     (p,) = a["adam"]["interpolated"]
-    assert (p["alpha"], p["seeds"], p["target_accuracy"], -p["forgetting"]) == (0.5, [1, 2], 77.0, pytest.approx(0.03))
+    assert (p["alpha"], p["seeds"], p["target_accuracy"], p["forgetting"]) == (0.5, [1, 2], 77.0, pytest.approx(0.03))
     # against Adam (81 ± 1.41, 0.11 ± 0.014): 4 points below, beyond 2·√(1 + 1); 0.08 bits less, beyond 2·√2·0.01
     assert (p["keeps_accuracy"], p["forgets_less"]) == (False, True)
     assert "| adam | 0.5 | 2 | 77.00 ± 1.41 | +0.0300 ± 0.0141 | -4.00 | -0.0800 | no | yes |" in "\n".join(
@@ -231,9 +231,9 @@ def test_translation_forgets_in_bleu(tmp_path):
     (a,) = verdicts.answer(runs, root).values()
     assert a["metric"] == "bleu" and a["forgetting_metric"] == "BLEU on valid1" and a["floors"] == (0.5, 0.5)
     r = a["rows"][1]
-    assert r["name"] == "recadam-k0.1-t10" and -r["forgetting"] == pytest.approx(2.25)
+    assert r["name"] == "recadam-k0.1-t10" and r["forgetting"] == pytest.approx(2.25)
     assert r["keeps_accuracy"] and r["forgets_less"]  # 30.25 against 30.5 (noise 1.58); 4.25 less against 1.27
-    assert [(c["stopped_at"], round(-c["forgetting"], 6)) for c in a["curve"]] == [(20, 6.5)]
+    assert [(c["stopped_at"], round(c["forgetting"], 6)) for c in a["curve"]] == [(20, 6.5)]
     # without Adam's runs: the seq2seq script adds them, one run per seed (grid.sh and its METHODS are GLUE's)
     assert no_adam_line(runs, root) == ("No adam runs with the probe: no verdicts against Adam. To add them: "
                                         "scripts/seq2seq/finetune.sh adam with these runs' DATA, PRETRAINED and other "
@@ -260,7 +260,7 @@ def test_multitask_runs_are_read_at_glue_avg_s_validation(tmp_path):
     runs = [r for d in find_runs(root) for r in read_runs(d, root)]
     assert [(r["task"], r["best"], r["forgetting"]) for r in runs] == [("SST-2", 81.0, 0.10), ("SST-2", 82.0, 0.02)]
     (a,) = verdicts.answer(runs, root).values()
-    assert [round(-c["forgetting"], 6) for c in a["curve"]] == [0.05, 0.10, 0.20]
+    assert [round(c["forgetting"], 6) for c in a["curve"]] == [0.05, 0.10, 0.20]
     assert a["rows"][1]["forgets_less"] and a["rows"][1]["keeps_accuracy"]  # one seed each: the floors alone
     assert no_adam_line(runs, root) == ("No adam runs with the probe: no verdicts against Adam. To add them: "
                                         "METHOD=adam scripts/glue/multitask.sh with these runs' TASKS, FORGETTING_PROBE "
@@ -359,23 +359,23 @@ def test_the_executor_runs_every_job_and_reports_every_failure_at_the_end():
 
 
 # ------------------------------------------------------------------ the judge's edges (ties, the budget's bound)
-def _setting(name, accuracy, kept, method=None):
-    """A final setting as stats.frontier / pareto_ranks take it (``kept``: the rows' forgetting axis, larger = better)."""
-    return {"name": name, "method": method or name, "target_accuracy": accuracy, "forgetting": kept}
+def _setting(name, accuracy, forgot, method=None):
+    """A final setting as stats.frontier / pareto_ranks take it (``forgot``: its forgetting, positive = forgot)."""
+    return {"name": name, "method": method or name, "target_accuracy": accuracy, "forgetting": forgot}
 
 
 def test_ties_on_the_frontier_and_in_the_ranking():
     from recadam_fairseq.engine import stats
 
-    twins = [_setting("a", 90.0, -0.01), _setting("b", 90.0, -0.01)]  # equal on both axes: neither dominates
-    tied_worse = _setting("c", 90.0, -0.02)  # a's accuracy, forgot more: below them
-    other = _setting("d", 89.0, -0.001)  # less accurate, forgot less: on the frontier too
+    twins = [_setting("a", 90.0, 0.01), _setting("b", 90.0, 0.01)]  # equal on both axes: neither dominates
+    tied_worse = _setting("c", 90.0, 0.02)  # a's accuracy, forgot more: below them
+    other = _setting("d", 89.0, 0.001)  # less accurate, forgot less: on the frontier too
     rows = twins + [tied_worse, other]
     stats.frontier(rows)
     assert [r["frontier"] for r in rows] == [True, True, False, True]
     assert stats.pareto_ranks(rows) == {"a": 1, "b": 1, "d": 1, "c": 2}  # (and it ends)
     assert stats.pareto_ranks(twins) == {"a": 1, "b": 1}
-    assert stats.pareto_ranks([tied_worse, _setting("e", 91.0, -0.02)]) == {"e": 1, "c": 2}
+    assert stats.pareto_ranks([tied_worse, _setting("e", 91.0, 0.02)]) == {"e": 1, "c": 2}
 
 
 def test_a_validation_at_the_budget_exactly_is_within_it():

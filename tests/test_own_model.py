@@ -28,12 +28,13 @@ def converted(hf, tmp_path_factory):
 def test_converted_model_is_the_original(hf, converted, name):
     """Hidden states and masked-LM logits against transformers' forward of the original (float64): to fp32 rounding
     (1e-5) with the original's LayerNorm eps set to fairseq's 1e-5; with its own eps (1e-12) 2% of a hidden state
-    at most, the eps being what differs (10 times the rounding); the same top word for every token."""
+    at most, the eps being what differs (10 times the rounding); the same top word for every token with the same eps
+    (with the original's own, a near tie of two words in these random weights may swap: 1 of 252 did once)."""
     v = conv.verify(hf[name], converted[name])
     assert v["layers"] == 3 and v["lm_head"] and v["family"] == ("bert" if name == "bert" else "roberta")
     assert v["abs_same_eps"] < 1e-5 and v["rel_same_eps"] < 1e-5 and v["rel"] < 2e-2, v
     assert v["abs"] > 10 * v["abs_same_eps"] and v["cos"] < 1e-5, v
-    assert v["mlm_abs_same_eps"] < 1e-5 and v["mlm_top1"] == 1.0, v
+    assert v["mlm_abs_same_eps"] < 1e-5 and v["mlm_top1_same_eps"] == 1.0 and v["mlm_top1"] >= 0.98, v
     arch = json.load(open(os.path.join(converted[name], "arch.json")))
     assert arch["lm_head"] and arch["arch_args"][arch["arch_args"].index("--max-positions") + 1] == "64"
 

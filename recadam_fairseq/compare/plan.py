@@ -57,7 +57,7 @@ def best_on_movie(rows):
     for m in dict.fromkeys(r["method"] for r in final):
         cand = [r for r in final if r["method"] == m and not (m == "recadam" and r.get("gamma") == 0)]
         close = [r for r in cand if r["target_accuracy"] >= adam["target_accuracy"] - BEST_TOLERANCE]
-        pick = max(close, key=lambda r: r["forgetting"]) if close else max(cand, key=lambda r: r["target_accuracy"])
+        pick = min(close, key=lambda r: r["forgetting"]) if close else max(cand, key=lambda r: r["target_accuracy"])
         best[m] = pick["name"]
     return best
 

@@ -49,9 +49,15 @@ def rounding_bound(x):
     return 10.0 ** np.ceil(np.log10(max(x, 1e-30)))
 
 
+def delta_auc(p) -> float:
+    """The page's ΔAUC of a point: the SNLI AUC's change since θ*, minus its forgetting (negative = forgot)."""
+    return 0.0 - p["forgetting"]
+
+
 def markdown(rows, base, conversion, info, command, runs, opts):
     def pm(row, key, digits):
-        return mean_std_text(row[key], row[key + "_std"], len(row["seeds"]), f".{digits}f")
+        mean = delta_auc(row) if key == "forgetting" else row[key]
+        return mean_std_text(mean, row[key + "_std"], len(row["seeds"]), f".{digits}f")
 
     wise = any(r.get("interpolated") for r in rows)  # the column only when some run was interpolated
     lines = [
@@ -87,10 +93,10 @@ def markdown(rows, base, conversion, info, command, runs, opts):
            "pass over the weights and one measurement per α. Not part of the frontier." if wise else ""),
         "",
         ("Forget less than Adam at Adam's accuracy or above (means): " + (
-            ", ".join(f"{r['label']} ({r['target_accuracy']:.4f}, ΔAUC {r['forgetting']:+.4f})" for r in better)
-            or "none") + f"; Adam: {adam['target_accuracy']:.4f}, ΔAUC {adam['forgetting']:+.4f}."
+            ", ".join(f"{r['label']} ({r['target_accuracy']:.4f}, ΔAUC {delta_auc(r):+.4f})" for r in better)
+            or "none") + f"; Adam: {adam['target_accuracy']:.4f}, ΔAUC {delta_auc(adam):+.4f}."
          + (" Of the interpolations: " + (", ".join(
-             f"{r['label']} at α {fmt(p['alpha'])} ({p['target_accuracy']:.4f}, ΔAUC {p['forgetting']:+.4f})"
+             f"{r['label']} at α {fmt(p['alpha'])} ({p['target_accuracy']:.4f}, ΔAUC {delta_auc(p):+.4f})"
              for r, p in wise_beats_adam(rows, adam)) or "none") + "." if wise else "")) if adam else "",
         "",
         f"Target: {target_text(info)}. Forgetting probe: {sp['pairs']} SNLI test pairs ({sp['entailment']} "
@@ -126,7 +132,7 @@ def target_text(info):
 
 def wise_cell(row):
     """The table's WiSE-FT cell: ``α: accuracy, ΔAUC`` per α (means over seeds)."""
-    return " · ".join(f"{fmt(p['alpha'])}: {p['target_accuracy']:.3f}, {p['forgetting']:+.3f}"
+    return " · ".join(f"{fmt(p['alpha'])}: {p['target_accuracy']:.3f}, {delta_auc(p):+.3f}"
                       for p in row.get("interpolated", []))
 
 

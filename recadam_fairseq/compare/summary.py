@@ -29,6 +29,7 @@ import numpy as np
 from recadam_fairseq.compare import plan, prepare
 from recadam_fairseq.compare.files import ROOT, read_json, write_json
 from recadam_fairseq.engine import methods
+from recadam_fairseq.compare.report import delta_auc
 from recadam_fairseq.engine.plot import overview_plot
 from recadam_fairseq.engine.stats import mean_std_text
 from recadam_fairseq.engine.stats import (NOISE_FLOOR, forgets_less_beyond_noise, keeps_accuracy_within_noise,
@@ -83,9 +84,11 @@ def compare(result, settings, specs=None):
         r = rows.get(name)
         if r is None:
             continue
-        d_acc, d_fgt = r["target_accuracy"] - adam["target_accuracy"], r["forgetting"] - adam["forgetting"]
+        # the page's figures: ΔAUC (the change since θ*), ΔΔAUC (its gap to Adam's, positive = forgets less)
+        d_acc, d_fgt = r["target_accuracy"] - adam["target_accuracy"], adam["forgetting"] - r["forgetting"]
         out[method] = {
-            "name": name, "spec": specs.get(method, name), "label": r["label"], "accuracy": r["target_accuracy"], "forgetting": r["forgetting"],
+            "name": name, "spec": specs.get(method, name), "label": r["label"], "accuracy": r["target_accuracy"],
+            "forgetting": delta_auc(r),
             "d_accuracy": d_acc, "d_forgetting": d_fgt, "seeds": len(r["seeds"]), "rank": ranks[name],
             "keeps_accuracy": keeps_accuracy_within_noise(r, adam),
             "forgets_less": forgets_less_beyond_noise(r, adam),
@@ -162,7 +165,7 @@ def multitask_markdown(multi, singles, tasks):
                 for t in tasks]
         if any(r is None for r in rows):
             continue
-        f = [r["forgetting"] for r in rows]
+        f = [delta_auc(r) for r in rows]
         lines.append(f"| single-task runs ({label}), one model per task | "
                      + " | ".join(f"{r['target_accuracy']:.3f}" for r in rows)
                      + f" | {np.mean([r['target_accuracy'] for r in rows]):.3f} | {np.mean(f):+.4f} "
@@ -172,7 +175,7 @@ def multitask_markdown(multi, singles, tasks):
         per = r.get("task_accuracy", {})
         lines.append(f"| multi-task: {r['label']} | " + " | ".join(f"{per.get(t, float('nan')):.3f}" for t in tasks)
                      + f" | {r['target_accuracy']:.3f} | "
-                     + mean_std_text(r["forgetting"], r["forgetting_std"], len(r["seeds"]), "+.4f")
+                     + mean_std_text(delta_auc(r), r["forgetting_std"], len(r["seeds"]), "+.4f")
                      + f" | {len(r['seeds'])} |")
     updates = multi["settings"]["updates"] if multi else None
     lines += ["", "Single-task runs: each task's own table (200 updates each, so "

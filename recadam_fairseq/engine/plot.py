@@ -72,11 +72,11 @@ def chart_limits(rows, min_accuracy=CHART_MIN_ACCURACY):
     shown = inside + wise  # the WiSE-FT curves' points too
     if low:
         shown = [r for r in shown if r["target_accuracy"] >= floor]
-        xs, ys = [-r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
+        xs, ys = [r["forgetting"] for r in shown], [r["target_accuracy"] for r in shown]
         x_lo, x_hi, y_lo, y_hi = min(xs), max(xs), min(ys), max(ys)
     elif shown:
-        x_lo = min(-r["forgetting"] - (r["forgetting_std"] or 0) for r in shown)
-        x_hi = max(-r["forgetting"] + (r["forgetting_std"] or 0) for r in shown)
+        x_lo = min(r["forgetting"] - (r["forgetting_std"] or 0) for r in shown)
+        x_hi = max(r["forgetting"] + (r["forgetting_std"] or 0) for r in shown)
         y_lo = min(r["target_accuracy"] - (r["target_accuracy_std"] or 0) for r in shown)
         y_hi = max(r["target_accuracy"] + (r["target_accuracy_std"] or 0) for r in shown)
     else:
@@ -198,23 +198,23 @@ def draw_curves(ax, rs, color, off, lims, labels):
     and its knobs written; a setting in ``off`` marked at the edge instead."""
     for r, text in zip(rs, knob_labels(rs)):
         if any(r is o for o in off):
-            x, y = -r["forgetting"], r["target_accuracy"]
+            x, y = r["forgetting"], r["target_accuracy"]
             value = ", ".join(([f"acc {y:.3f}"] if not lims[1][0] <= y <= lims[1][1] else []) +
                               ([f"drop {x:.3f}"] if not lims[0][0] <= x <= lims[0][1] else []))
             off_scale(ax, x, y, color, (text + ": " if text else "") + value, *lims, labels)
             continue
-        ax.errorbar(-r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"] or 0.0,
+        ax.errorbar(r["forgetting"], r["target_accuracy"], xerr=r["forgetting_std"] or 0.0,
                     yerr=r["target_accuracy_std"] or 0.0,
                     fmt="o", color=color, ms=5, capsize=2, alpha=0.9)
         if text:
-            labels.append((-r["forgetting"], r["target_accuracy"], text, color))
-    front = sorted((r for r in rs if r["method_frontier"]), key=lambda r: -r["forgetting"])
+            labels.append((r["forgetting"], r["target_accuracy"], text, color))
+    front = sorted((r for r in rs if r["method_frontier"]), key=lambda r: r["forgetting"])
     if len(front) > 1:
-        ax.plot([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], color=color, lw=1)
+        ax.plot([r["forgetting"] for r in front], [r["target_accuracy"] for r in front], color=color, lw=1)
     for r in rs:  # WiSE-FT: from the smallest α measured to the run itself (α = 1)
         pts = r.get("interpolated", []) + [r]
         if len(pts) > 1:
-            ax.plot([-p["forgetting"] for p in pts], [p["target_accuracy"] for p in pts], color=color, ls=":",
+            ax.plot([p["forgetting"] for p in pts], [p["target_accuracy"] for p in pts], color=color, ls=":",
                     lw=1, marker="x", ms=3, alpha=0.8)
 
 
@@ -225,10 +225,10 @@ def draw_reference(ax, rows, final):
         ax.axvline(0, color="grey", lw=0.8, ls="-.", alpha=0.6)
     adam = by_update(rows)
     if len(adam) > 1:
-        ax.plot([-r["forgetting"] for r in adam], [r["target_accuracy"] for r in adam], color="grey", ls=":",
+        ax.plot([r["forgetting"] for r in adam], [r["target_accuracy"] for r in adam], color="grey", ls=":",
                 marker=".")
-    front = sorted((r for r in final if r["frontier"]), key=lambda r: -r["forgetting"])
-    ax.step([-r["forgetting"] for r in front], [r["target_accuracy"] for r in front], where="post", color="red",
+    front = sorted((r for r in final if r["frontier"]), key=lambda r: r["forgetting"])
+    ax.step([r["forgetting"] for r in front], [r["target_accuracy"] for r in front], where="post", color="red",
             ls="--", lw=0.8, alpha=0.5)
 
 
@@ -260,7 +260,7 @@ def adam_panel(ax, rows, updates, text):
     ax.set_xlabel("updates")
     ax.set_ylabel(text["y"])
     tw = ax.twinx()
-    tw.errorbar(ups, [-r["forgetting"] for r in pts], yerr=[r["forgetting_std"] or 0.0 for r in pts], color="tab:red",
+    tw.errorbar(ups, [r["forgetting"] for r in pts], yerr=[r["forgetting_std"] or 0.0 for r in pts], color="tab:red",
                 marker="s", capsize=2)
     tw.set_ylabel(text["drop"], color="tab:red")
     ax.set_title("adam: accuracy (black) and forgetting (red) along its runs", fontsize=9)

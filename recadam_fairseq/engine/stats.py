@@ -12,6 +12,11 @@ Two comparisons with Adam, each where the committed pages use it:
 
 The second is the reading the docs draw conclusions from; the first states what the means show and says
 so ("(means)"). Changing a task's table to the second would change the recorded pages, so both stay.
+
+A row (a point: a setting's mean over its seeds, or a WiSE-FT mix) holds ``target_accuracy`` in its metric's units
+and ``forgetting`` in its probe's, positive = forgot (the comparison's: the SNLI AUC's fall since θ*, whose pages
+print its change, ΔAUC; a grid's: what its meter measured, engine/verdicts.py), each with its ``_std`` over
+``seeds`` (None for one).
 """
 
 import numpy as np
@@ -41,7 +46,7 @@ STATS = ("target_accuracy", "snli_auc", "forgetting", "dist", "train_seconds")
 
 def point_stats(row, points, base):
     for key in STATS:
-        vals = [p["snli_auc"] - base["snli_auc"] if key == "forgetting" else p.get(key) for p in points]
+        vals = [base["snli_auc"] - p["snli_auc"] if key == "forgetting" else p.get(key) for p in points]
         row[key], row[key + "_std"] = mean_std(vals)
     if all("task_accuracy" in p for p in points):  # the multi-task setting: each task's accuracy, mean over seeds
         row["task_accuracy"] = {t: float(np.mean([p["task_accuracy"][t] for p in points]))
@@ -78,7 +83,7 @@ def interpolated(runs, base):
         ps = [(r["seed"], p) for r in runs for p in r.get("interpolated", []) if p["alpha"] == alpha]
         point = {"alpha": alpha, "seeds": sorted(seed for seed, _ in ps)}
         for key in INTERPOLATED_STATS:
-            vals = [p["snli_auc"] - base["snli_auc"] if key == "forgetting" else p[key] for _, p in ps]
+            vals = [base["snli_auc"] - p["snli_auc"] if key == "forgetting" else p[key] for _, p in ps]
             point[key], point[key + "_std"] = mean_std(vals)
         out.append(point)
     return out
@@ -95,8 +100,8 @@ def frontier(rows):
 
 def dominates(q, r):
     """``q`` is at least as good as ``r`` on both axes (accuracy up, forgetting down) and better on one."""
-    return (q["target_accuracy"] >= r["target_accuracy"] and q["forgetting"] >= r["forgetting"]
-            and (q["target_accuracy"] > r["target_accuracy"] or q["forgetting"] > r["forgetting"]))
+    return (q["target_accuracy"] >= r["target_accuracy"] and q["forgetting"] <= r["forgetting"]
+            and (q["target_accuracy"] > r["target_accuracy"] or q["forgetting"] < r["forgetting"]))
 
 
 def dominated(r, among):
@@ -119,7 +124,7 @@ def pareto_ranks(rows):
 def better_than_adam_on_means(p, adam):
     """``p`` (a setting's row or a WiSE-FT point) at Adam's mean accuracy or above, forgetting less than
     Adam's mean: a task's own table (no noise rule: see the module's docstring)."""
-    return p["target_accuracy"] >= adam["target_accuracy"] and p["forgetting"] > adam["forgetting"]
+    return p["target_accuracy"] >= adam["target_accuracy"] and p["forgetting"] < adam["forgetting"]
 
 
 def beats_adam(rows):
@@ -150,7 +155,7 @@ def keeps_accuracy_within_noise(row, adam, floor=NOISE_FLOOR):
 
 def forgets_less_beyond_noise(row, adam, floor=NOISE_FLOOR):
     """The setting's mean forgetting is below Adam's by more than the seed noise: the summary's reading."""
-    return row["forgetting"] - adam["forgetting"] > noise(row, adam, "forgetting", floor)
+    return adam["forgetting"] - row["forgetting"] > noise(row, adam, "forgetting", floor)
 
 
 def spread(row, key):

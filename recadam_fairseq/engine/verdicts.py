@@ -4,9 +4,9 @@ the original domain): per task, each setting (method and config) at the validati
 metric, within a forgetting budget where one applies: the one summary.md's tables show), mean ± std over seeds;
 Adam's curve along its validations; the frontier; and the comparison's verdicts against Adam, by its rule
 (``engine/stats.py``, docs/forgetting.md): keeps Adam's accuracy within the seed noise, forgets less beyond it,
-on the frontier. The rows are the comparison's (``target_accuracy``, ``forgetting`` as a change with higher =
-less forgotten), so ``engine/plot.py`` draws them: summarize.py writes forgetting-<TASK>.png, verdicts.csv and
-summary.md's section. Runs without a probe give nothing here."""
+on the frontier. The rows are the comparison's points (engine/stats.py: ``target_accuracy`` in the metric's units,
+``forgetting`` in the probe's, positive = forgot), so ``engine/plot.py`` draws them: summarize.py writes
+forgetting-<TASK>.png, verdicts.csv and summary.md's section. Runs without a probe give nothing here."""
 
 import os
 import re
@@ -47,11 +47,10 @@ def knobs(method, config):
 
 
 def setting_row(name, method, rs, **extra):
-    """One point: the mean ± std over ``rs`` ([(seed, metric, forgetting)], forgetting positive = forgot) in the
-    comparison's row shape (its ``forgetting``: minus ours, higher = less forgotten)."""
+    """One point: the mean ± std over ``rs`` ([(seed, metric, forgetting)], forgetting positive = forgot)."""
     row = dict(extra, name=name, label=name, method=method, seeds=sorted(s for s, _, _ in rs))
     row["target_accuracy"], row["target_accuracy_std"] = stats.mean_std([a for _, a, _ in rs])
-    row["forgetting"], row["forgetting_std"] = stats.mean_std([-f for _, _, f in rs])
+    row["forgetting"], row["forgetting_std"] = stats.mean_std([f for _, _, f in rs])
     return row
 
 
@@ -147,7 +146,7 @@ def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its be
         for p in ([r] if r is not adam else []) + r.get("interpolated", []):  # WiSE-FT points too
             if adam is not None:
                 p["d_accuracy"] = p["target_accuracy"] - adam["target_accuracy"]
-                p["d_forgetting"] = adam["forgetting"] - p["forgetting"]  # positive: forgets more than Adam
+                p["d_forgetting"] = p["forgetting"] - adam["forgetting"]  # positive: forgets more than Adam
                 p["keeps_accuracy"] = stats.keeps_accuracy_within_noise(p, adam, acc_floor)
                 p["forgets_less"] = stats.forgets_less_beyond_noise(p, adam, fgt_floor)
     return {"task": task, "metric": metric, "forgetting_metric": forgetting_metric, "rows": rows,
@@ -179,7 +178,7 @@ def csv_rows(answers):
             out.append({"task": a["task"], "setting": r["name"], "method": r["method"], "config": r["config"],
                         "seeds": " ".join(map(str, r["seeds"])), "metric": a["metric"],
                         "mean": f"{r['target_accuracy']:.4f}", "std": text(r["target_accuracy_std"], ".4f"),
-                        "forgetting": f"{-r['forgetting']:.5f}", "forgetting_std": text(r["forgetting_std"], ".5f"),
+                        "forgetting": f"{r['forgetting']:.5f}", "forgetting_std": text(r["forgetting_std"], ".5f"),
                         "forgetting_metric": a["forgetting_metric"],
                         "d_metric": "" if "d_accuracy" not in r else f"{r['d_accuracy']:+.4f}",
                         "d_forgetting": "" if "d_forgetting" not in r else f"{r['d_forgetting']:+.5f}",
@@ -195,7 +194,7 @@ CSV_FIELDS = ["task", "setting", "method", "config", "seeds", "metric", "mean", 
 def winners(a):
     """The settings that keep Adam's accuracy within the noise and forget less beyond it, frontier ones first."""
     both = [r for r in a["rows"] if r.get("keeps_accuracy") and r.get("forgets_less")]
-    return sorted(both, key=lambda r: (r["rank"], -r["forgetting"]))
+    return sorted(both, key=lambda r: (r["rank"], r["forgetting"]))
 
 
 def markdown(answers):
@@ -225,7 +224,7 @@ def _against_adam(p):
     """A point's cells from its metric to its gaps to Adam (the settings' table and the WiSE-FT one)."""
     n = len(p["seeds"])
     return (f"{stats.mean_std_text(p['target_accuracy'], p['target_accuracy_std'], n, '.2f')} | "
-            f"{stats.mean_std_text(0.0 - p['forgetting'], p['forgetting_std'], n, '+.4f')} | "
+            f"{stats.mean_std_text(p['forgetting'], p['forgetting_std'], n, '+.4f')} | "
             + ("" if "d_accuracy" not in p else f"{p['d_accuracy']:+.2f}") + " | "
             + ("" if "d_forgetting" not in p else f"{p['d_forgetting']:+.4f}"))
 

@@ -536,7 +536,8 @@ def verify(model_dir: Optional[str], out_dir: str, sentences: Sequence[str] = VE
     original with its own LayerNorm eps; ``*_same_eps``: against it with fairseq's eps (what is left is fp32
     rounding, so the difference of the two is the eps change); ``cos``: 1 − cosine of mean-pooled last-layer
     embeddings (what the forgetting metric uses); with a head, ``mlm_abs``/``mlm_abs_same_eps``: max |Δ| of the
-    masked-LM logits, and ``mlm_top1``: the share of tokens whose most likely word is the original's.
+    masked-LM logits, and ``mlm_top1``/``mlm_top1_same_eps``: the share of tokens whose most likely word is the
+    original's (two words whose logits the eps change moves past each other may swap).
     """
     import recadam_fairseq.safe_globals  # noqa: F401  (torch.load of fairseq's checkpoint types)
     from fairseq.data import data_utils
@@ -583,7 +584,8 @@ def verify(model_dir: Optional[str], out_dir: str, sentences: Sequence[str] = VE
         mine = logits[keep]
         result.update(mlm_abs=(mine - theirs[0]).abs().max().item(),
                       mlm_abs_same_eps=(mine - theirs[1]).abs().max().item(),
-                      mlm_top1=(mine.argmax(-1) == theirs[0].argmax(-1)).double().mean().item())
+                      mlm_top1=(mine.argmax(-1) == theirs[0].argmax(-1)).double().mean().item(),
+                      mlm_top1_same_eps=(mine.argmax(-1) == theirs[1].argmax(-1)).double().mean().item())
     result["model"] = model_stamp(out_dir)
     with open(os.path.join(out_dir, "verify.json"), "w", encoding="utf-8") as f:
         json.dump(result, f, indent=2)
