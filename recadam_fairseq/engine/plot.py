@@ -1,6 +1,6 @@
 """The figures: a task's accuracy against forgetting (each method's frontier, the WiSE-FT curves, Adam along
 its runs) and the summary's gaps to Adam on every task, both as small multiples: one panel per family of
-methods (the catalogue's page in docs/; RecAdam + X is in X's), Adam drawn in each for reference (where the
+methods (the catalogue's family; RecAdam + X is in X's), Adam drawn in each for reference (where the
 table has Adam: a control table may not).
 matplotlib is imported only here, when drawing."""
 
@@ -14,7 +14,7 @@ from recadam_fairseq.engine.settings import METHODS, fmt, group
 
 # the panels leave out settings below this (near chance: 0.5) when most settings are above it
 CHART_MIN_ACCURACY = 0.6
-# a setting is far outside the bulk beyond this many interquartile ranges of the settings' ΔAUC (Tukey's
+# a setting is far outside the bulk beyond this many interquartile ranges of the settings' forgetting (Tukey's
 # far-out fence), the range counted as at least FENCE_FLOOR: a few equal points mark nothing as far out
 FENCE, FENCE_FLOOR = 3.0, 0.01
 # the overview's panels stop here: a gap to Adam's accuracy below it is marked at the edge
@@ -51,7 +51,7 @@ def far_out(values):
 
 
 def chart_limits(rows, min_accuracy=CHART_MIN_ACCURACY):
-    """The panels' (xlim, ylim) (x = −forgetting, y = target accuracy) and the final settings drawn
+    """The panels' (xlim, ylim) (x = forgetting, positive = forgot; y = target accuracy) and the final settings drawn
     as off-scale markers at their edge instead of at their place. Settings that ended near chance
     (accuracy below ``min_accuracy``, in the rows' units: CHART_MIN_ACCURACY of a fraction, 60 of a metric logged
     x100; None for a metric without a chance level, BLEU: a diverged run) would squeeze the rest into a corner: they

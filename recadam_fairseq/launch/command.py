@@ -73,14 +73,17 @@ def main(argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None)
         print(usage(script, kind), file=sys.stderr)
         print(f"{prog}: error: expected {expects}", file=sys.stderr)
         return 2
-    if kind == "grid":
-        from recadam_fairseq.launch import grid
+    try:
+        if kind == "grid":
+            from recadam_fairseq.launch import grid
 
-        return grid.main(args)
-    if kind == "demo":
-        from . import demo
+            return grid.main(args)
+        if kind == "demo":
+            from . import demo
 
-        return demo.main([script, *args])
+            return demo.main([script, *args])
+    except KeyboardInterrupt:  # (each run's launcher got it too, and waits for its trainer)
+        return 130
     v = Variables(os.environ if env is None else env, prog)
     extra = args[len(expects.split()):]
     try:

@@ -104,9 +104,15 @@ def spec(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str], 
     return glue.build(Variables(e, "finetune.sh", say=lambda msg: None, cuda=cuda), task, run["METHOD"], extra)
 
 
-def finetune(task, run, env, extra, **kw) -> subprocess.CompletedProcess:
+def finetune(task, run, env, extra) -> int:
+    """finetune.sh for ``run``, its lines as they come; its exit status (a Ctrl-C waits for it to end)."""
+    from recadam_fairseq.launch.train import wait
+
     argv, e = command(task, run, env, extra)
-    return subprocess.run(argv, env=e, **kw)
+    rc, interrupted = wait(subprocess.Popen(argv, env=e))
+    if interrupted:
+        raise KeyboardInterrupt
+    return rc
 
 
 def run_name(d: str) -> str:
@@ -238,7 +244,7 @@ def main(argv: List[str]) -> int:
                 e["CUDA_VISIBLE_DEVICES"] = ",".join(groups[slot % len(groups)])
             try:
                 if jobs == 1:  # the run's own lines, as they come
-                    ok = finetune(task, run, e, extra).returncode == 0
+                    ok = finetune(task, run, e, extra) == 0
                 else:  # side by side: each line with the run's name
                     name = run_name(d)
                     argv, e = command(task, run, e, extra)

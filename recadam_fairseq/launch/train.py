@@ -17,6 +17,20 @@ from .spec import RunSpec, Stop
 _ERROR = re.compile(r"^(fairseq-train: error: |[A-Za-z_.]*(Error|Exception): )")
 
 
+def wait(proc: subprocess.Popen):
+    """(its exit status, whether Ctrl-C was pressed) once ``proc`` has ended. The trainer gets a Ctrl-C too (the
+    terminal's process group) and ends itself; a second one stops it (SIGTERM), so the launcher never leaves it
+    running unwatched."""
+    interrupted = False
+    while True:
+        try:
+            return proc.wait(), interrupted
+        except KeyboardInterrupt:
+            if interrupted:
+                proc.terminate()
+            interrupted = True
+
+
 def echo(text: str) -> None:
     """A line on stdout; once the reader is gone (``| head``), the rest goes nowhere and the run goes on."""
     try:
@@ -59,13 +73,7 @@ def train(spec: RunSpec, say) -> int:
         except OSError as e:  # as the shell says it: no such command, or not one it can run
             stop.set()
             raise Stop(f"cannot run {spec.argv[0]} ({e.strerror}): set FAIRSEQ_TRAIN") from None
-        interrupted = False
-        while True:
-            try:
-                rc = proc.wait()
-                break
-            except KeyboardInterrupt:  # the trainer got the same Ctrl-C (the terminal's group): its end is the run's
-                interrupted = True
+        rc, interrupted = wait(proc)
         stop.set()
         follower.join()
     if interrupted:
