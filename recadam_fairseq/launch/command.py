@@ -17,7 +17,7 @@ from recadam_fairseq.launch import prelaunch
 
 from . import glue, multitask, translation
 from .spec import RunSpec, Stop
-from .train import echo, score, train
+from .train import score, train
 from .variables import Variables
 
 # KIND: (what it expects, the catalogue's METHODs it lists: prelaunch.methods_help's arguments, or None)
@@ -46,6 +46,8 @@ def build(kind: str, v: Variables, args: List[str]) -> RunSpec:
 def launch(spec: RunSpec, v: Variables) -> int:
     """What a run directory holds decides: RESTART=1 clears it; a finished run is not trained again; a started run
     of another command stops (:class:`~.spec.Conflict`); DRY_RUN=1 writes command.sh and prints it. Else train."""
+    from recadam_fairseq.tools.progress import echo  # (its log reader loads the engine: not for --help or an error)
+
     state = spec.state(v.restart)
     if v.restart and os.path.isdir(spec.run_dir) and not v.dry_run:
         v.say(f"RESTART=1: starting {spec.run_dir} over")

@@ -21,7 +21,7 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str]) -> Run
     """The run ``finetune.sh TASK METHOD EXTRA...`` makes under the variables ``v``; Stop (one line) if it cannot."""
     data_dir = v.get("DATA_DIR", "./glue-bin")
     m = recipe.method(v, method_arg)
-    t = recipe.ask(prelaunch.task_plan, task_arg, data_dir)
+    t = prelaunch.task_plan(task_arg, data_dir)
     task, name = t["TASK"], m["METHOD"]
     if m["METHOD_CRITERION"] == "sentence_prediction_r3f" and task == "RTE":
         t.update(R3F_RTE)
@@ -66,12 +66,12 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str]) -> Run
     ft = bool(m["METHOD_FT"])
     if ft:  # the arch as the roberta_ft model's (re-init, LoRA)
         if arch:
-            arch = recipe.ask(prelaunch.ft_arch, arch, "ARCH")
+            arch = prelaunch.ft_arch(arch, "ARCH")
         elif ckpt.get("CKPT_ARCH"):
-            ckpt["CKPT_ARCH"] = recipe.ask(prelaunch.ft_arch, ckpt["CKPT_ARCH"], f"ROBERTA_PATH={path}")
+            ckpt["CKPT_ARCH"] = prelaunch.ft_arch(ckpt["CKPT_ARCH"], f"ROBERTA_PATH={path}")
     per_epoch = None
     if os.path.isfile(os.path.join(data, "input0", "train.idx")):
-        steps = math.ceil(recipe.ask(prelaunch.train_examples, data_dir, task) / batch)
+        steps = math.ceil(prelaunch.train_examples(data_dir, task) / batch)
         per_epoch = max(1, math.ceil(steps / gpus))
     fp16 = recipe.fp16(v, fp16_choice)
     # runs that cannot learn, said before training: the recipe's 10 epochs ending before its update count on a small

@@ -25,7 +25,7 @@ from typing import Dict, List
 
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.launch import glue
-from recadam_fairseq.launch.spec import Conflict, RunSpec, Stop as SpecStop
+from recadam_fairseq.launch.spec import Conflict, RunSpec, Stop
 from recadam_fairseq.launch.variables import Variables
 
 SCRIPT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))),
@@ -33,20 +33,16 @@ SCRIPT_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.dirname(os.pat
 DEFAULTS = {"KS": "0.05 0.1 0.2 0.5 1", "T0S": "100 250 500 1000", "SEEDS": "1", "METHODS": "recadam"}
 
 
-class Stop(Exception):
-    """A one-line error of grid.sh's (exit 2)."""
-
-
 def plan(env: Dict[str, str]) -> List[Dict[str, str]]:
     """The grid's runs in the order they run: each the variables its finetune.sh call gets (SEED, METHOD, K, T0)."""
-    from recadam_fairseq.launch.prelaunch import Stop as PlanStop, method_plan
+    from recadam_fairseq.launch.prelaunch import method_plan
 
     words = {k: env.get(k) or v for k, v in DEFAULTS.items()}
     recadam = {}
     for m in words["METHODS"].split():  # the catalogue's names, as finetune.sh takes them
         try:
             recadam[m] = bool(method_plan(m, env)["METHOD_RECADAM"])
-        except PlanStop as e:
+        except Stop as e:
             raise Stop(f"METHODS: {e}") from None
     if not (words["KS"].split() and words["T0S"].split() and words["SEEDS"].split()):
         raise Stop("KS, T0S and SEEDS must not be empty")
@@ -205,7 +201,7 @@ def main(argv: List[str]) -> int:
         # a SLURM job's machine has the GPUs it asks for, whatever this one has (FP16 auto: fp16 there)
         cuda = bool(params["gpus_per_node"]) if env.get("CLUSTER") == "slurm" else None
         specs = [spec(task, run, env, extra, cuda) for run in runs]
-    except (Stop, SpecStop) as e:
+    except Stop as e:
         for line in str(e).splitlines():
             print(f"grid.sh: error: {line}", file=sys.stderr)
         return 2

@@ -32,20 +32,20 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
     # task names in GLUE's spelling, updates per epoch (every sampling mode takes sum_t ceil(n_t / BATCH) batches,
     # shared by the GPUs), the checkpoint's architecture, FREEZE checked against the model's layers
     m = recipe.method(v, v.get("METHOD", "adam"), multitask=True)
-    names = recipe.ask(prelaunch.task_names, tasks_arg, data_dir)
+    names = prelaunch.task_names(tasks_arg, data_dir)
     tasks = ",".join(names)
     if v.dry_run and not os.path.isdir(data_dir):
         per_epoch = 1000
         v.say(f"warning: no {data_dir}; assuming {per_epoch} updates per epoch")
     else:
-        per_epoch = recipe.ask(prelaunch.per_epoch, data_dir, names, batch, gpus)
+        per_epoch = prelaunch.per_epoch(data_dir, names, batch, gpus)
     ckpt = recipe.checkpoint_arch(v, path, "ROBERTA_PATH") if path else {}
     arch = v.get("ARCH")
     if freeze != "none" and ckpt:  # (a dry run that could not read the checkpoint does not know its layers)
         layers = ckpt.get("CKPT_LAYERS")
         if arch:
-            layers = recipe.ask(prelaunch.arch_defaults, arch).get("encoder_layers", layers)
-        recipe.ask(prelaunch.check_freeze, freeze, layers)
+            layers = prelaunch.arch_defaults(arch).get("encoder_layers", layers)
+        prelaunch.check_freeze(freeze, layers)
     fp16 = recipe.fp16(v, fp16_choice)
     arch_flags, positions = recipe.arch_flags(v, ckpt, "roberta_base")
 

@@ -21,9 +21,7 @@ from recadam_fairseq.core import glue_tasks
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.layers import parse_layers
 
-
-class Stop(Exception):
-    """A one-line error for the calling script."""
+from .spec import Stop  # the launcher's one-line error
 
 
 # --------------------------------------------------------------------------- checkpoints

@@ -15,18 +15,10 @@ ADAM = ["--adam-betas", "(0.9, 0.98)"]
 FP16_FLAGS = ["--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1", "--fp16-scale-window", "128"]
 
 
-def ask(fn, *args):
-    """A question to prelaunch.py (the catalogue, the checkpoint, the data, the machine); its Stop is the script's."""
-    try:
-        return fn(*args)
-    except prelaunch.Stop as e:
-        raise Stop(str(e)) from None
-
-
 def method(v: Variables, name: str, multitask: bool = False, seq2seq: bool = False) -> dict:
     """The method's part of the command (prelaunch.method_plan), its knobs from their variables; an EWC_FISHER file
     read for its form before any run directory is made."""
-    plan = ask(prelaunch.method_plan, name, v.env, multitask, seq2seq)
+    plan = prelaunch.method_plan(name, v.env, multitask, seq2seq)
     fisher = plan.get(catalogue.KNOBS["fisher"].var, "task")
     if fisher != "task":
         fisher_file(fisher, os.path.getmtime(fisher))
@@ -36,11 +28,11 @@ def method(v: Variables, name: str, multitask: bool = False, seq2seq: bool = Fal
 @functools.lru_cache(maxsize=None)
 def fisher_file(path: str, mtime: float) -> None:
     """EWC_FISHER's file read for its form (once a file, for a grid's runs)."""
-    ask(prelaunch.need, "torch")
+    prelaunch.need("torch")
     from recadam_fairseq.core.errors import ConfigError
 
     try:
-        ask(prelaunch.need, "recadam_fairseq.core.ewc").load(path, mmap=True, what=f"EWC_FISHER={path}")
+        prelaunch.need("recadam_fairseq.core.ewc").load(path, mmap=True, what=f"EWC_FISHER={path}")
     except ConfigError as e:
         raise Stop(str(e)) from None
 
@@ -50,9 +42,9 @@ def checkpoint_arch(v: Variables, path: Optional[str], what: str, seq2seq: bool 
     against it. A dry run goes on without it (a warning) when the checkpoint cannot be read."""
     try:
         return dict(_arch_of(path, os.path.getmtime(path), f"{what}={path}", v.get("ARCH", ""), seq2seq))
-    except prelaunch.Stop as e:
+    except Stop as e:
         if not (v.dry_run and str(e).startswith(f"{what}=")):  # an ARCH the checkpoint does not hold stops a dry run too
-            raise Stop(str(e)) from None
+            raise
         v.say(f"warning: {e}")  # a checkpoint not read: a dry run only writes the command
         return {}
 
@@ -69,7 +61,7 @@ def fp16(v: Variables, choice: str) -> bool:
     """FP16 auto|0|1 -> fp16 or not; fp16 is never asked of a machine without CUDA."""
     if choice == "0" or (choice == "1" and v.dry_run):
         return choice == "1"
-    cuda = v.cuda if v.cuda is not None else bool(ask(prelaunch.has_cuda))
+    cuda = v.cuda if v.cuda is not None else bool(prelaunch.has_cuda())
     if choice == "auto":
         if not cuda:
             v.say("no CUDA device here: training in fp32 (FP16=0)")

@@ -31,14 +31,6 @@ def wait(proc: subprocess.Popen):
             interrupted = True
 
 
-def echo(text: str) -> None:
-    """A line on stdout; once the reader is gone (``| head``), the rest goes nowhere and the run goes on."""
-    try:
-        print(text, flush=True)
-    except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-
-
 def score(spec: RunSpec) -> str:
     """The run's best dev score, where, and the file holding it; or why there is none."""
     from recadam_fairseq.engine.write import run_line
@@ -51,28 +43,24 @@ def score(spec: RunSpec) -> str:
 
 def train(spec: RunSpec, say) -> int:
     """Train ``spec`` in its directory (its command.sh written); the exit status (fairseq-train's when it failed)."""
+    from recadam_fairseq.tools import progress  # (it loads the engine: not at the scripts' start)
+
     log = os.path.join(spec.run_dir, "train.log")
     if spec.has_checkpoints():
-        try:
-            msg = prelaunch.resume(spec.run_dir)
-        except prelaunch.Stop as e:
-            raise Stop(str(e)) from None
+        msg = prelaunch.resume(spec.run_dir)
         say(msg)
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"{os.path.basename(spec.script)}: {msg}\n")
     with open(log, "a", encoding="utf-8") as out:
         offset = out.tell()
-        stop = threading.Event()
-        from recadam_fairseq.tools import progress
-
-        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric),
-                                    kwargs=dict(stop=stop.is_set, poll=0.1), daemon=True)
-        follower.start()
         try:
             proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd)
         except OSError as e:  # as the shell says it: no such command, or not one it can run
-            stop.set()
             raise Stop(f"cannot run {spec.argv[0]} ({e.strerror}): set FAIRSEQ_TRAIN") from None
+        stop = threading.Event()
+        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric, stop.is_set, 0.1),
+                                    daemon=True)
+        follower.start()
         rc, interrupted = wait(proc)
         stop.set()
         follower.join()
@@ -87,7 +75,7 @@ def train(spec: RunSpec, say) -> int:
         return rc
     with open(os.path.join(spec.run_dir, "done"), "w") as f:
         f.write(time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
-    echo(f"== done: {spec.run_dir} ({score(spec)})")
+    progress.echo(f"== done: {spec.run_dir} ({score(spec)})")
     if spec.after:
-        echo(spec.after)
+        progress.echo(spec.after)
     return 0

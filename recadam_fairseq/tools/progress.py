@@ -7,7 +7,6 @@ log as it grows (the run writes it itself, so a pipe the user closes, ``| head``
 
 import math
 import os
-import signal
 import sys
 import time
 from typing import Callable, Optional
@@ -90,60 +89,31 @@ def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
     return None
 
 
-def alive(pid: Optional[int]) -> bool:
-    if pid is None:
-        return True
+def echo(text: str) -> None:
+    """A line on stdout; once the reader is gone (``| head``), the rest goes nowhere and the run goes on."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        print(text, flush=True)
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no error at exit's flush either)
 
 
-def follow(path: str, offset: int = 0, metric: Optional[str] = None, pid: Optional[int] = None,
-           poll: float = 0.5, stop: Optional[Callable[[], bool]] = None) -> int:
-    """Print the progress lines of ``path`` from byte ``offset`` until ``stop()`` (in a thread of the launcher's),
-    SIGTERM (as a process of its own) or process ``pid`` is gone, then the rest; a closed stdout or Ctrl-C ends it
-    quietly."""
-    if stop is None:
-        stopped = []
-        signal.signal(signal.SIGTERM, lambda *_: stopped.append(1))
-        stop = lambda: bool(stopped)  # noqa: E731
+def follow(path: str, offset: int, metric: Optional[str], stop: Callable[[], bool], poll: float = 0.5) -> None:
+    """Print the progress lines of ``path`` from byte ``offset`` until ``stop()`` (the launcher's thread: its trainer
+    has ended), then the rest."""
     pending = ""
-    try:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            f.seek(offset)
-            while True:
-                chunk = f.read()
-                if chunk:
-                    pending += chunk
-                    *lines, pending = pending.split("\n")
-                    for line in lines:
-                        shown = progress_line(line, metric)
-                        if shown is not None:
-                            print(shown, flush=True)
-                elif stop() or not alive(pid):
-                    return 0
-                else:
-                    time.sleep(poll)
-    except (BrokenPipeError, KeyboardInterrupt):
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit's flush
-        return 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        f.seek(offset)
+        while True:
+            chunk = f.read()
+            if chunk:
+                pending += chunk
+                *lines, pending = pending.split("\n")
+                for line in lines:
+                    shown = progress_line(line, metric)
+                    if shown is not None:
+                        echo(shown)
+            elif stop():
+                return
+            else:
+                time.sleep(poll)
 
-
-def main(argv=None) -> int:
-    import argparse
-
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("log")
-    ap.add_argument("--offset", type=int, default=0, help="start at this byte (what the log held before the run)")
-    ap.add_argument("--metric", help="the validation metric to show")
-    ap.add_argument("--pid", type=int, help="stop when this process (the calling script) is gone")
-    a = ap.parse_args(argv)
-    return follow(a.log, a.offset, a.metric, a.pid)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
