@@ -39,6 +39,27 @@ class UnknownMethod(ValueError):
 
 
 @dataclass(frozen=True)
+class Space:
+    """Where tune.sh searches a knob (scripts/glue/tune.sh, launch/space.py): ``low`` to ``high`` (text, in the knob's
+    values; ``layers``: the encoder's), on a log scale or not; a word knob's ``choices``; ``relative``: fractions of
+    the run's updates (t0). ``searched``: by default; False: only when its range variable (``<VAR>_RANGE``) is set."""
+
+    low: str = ""
+    high: str = ""
+    log: bool = False
+    choices: Tuple[str, ...] = ()
+    relative: bool = False
+    searched: bool = True
+
+    def text(self) -> str:
+        """How the docs and the summary show it: ``0.01 to 1 (log)``, ``sigmoid | linear``."""
+        if self.choices:
+            return " | ".join(self.choices)
+        return f"{self.low} to {self.high}" + (" of the run's updates" if self.relative else "") + (
+            " (log)" if self.log else "")
+
+
+@dataclass(frozen=True)
 class Knob:
     """One setting of a method: its flag, its default and where the scripts read it."""
 
@@ -63,6 +84,7 @@ class Knob:
     name_part: Optional[Callable[[str], str]] = None  # its value in run names, when not the value itself
     checks: Optional[Callable[[str], Optional[str]]] = None  # why a value (of the right type) cannot be used, or None
     choices: Tuple[str, ...] = ()  # a word knob's values (its run-name part is then one of them)
+    space: Optional[Space] = None  # where tune.sh searches it (None: never; pinned at its default or its variable)
 
     def flags(self, value: str) -> List[str]:
         return self.render(value) if self.render else [self.flag, value]
@@ -94,7 +116,8 @@ class Knob:
             return None
         if hi == "layers":
             return f"{value} {what}, the encoder has {num_layers}"
-        return f"{what} must be " + (f">= {lo}" if hi == "inf" else f"in {interval}")
+        return f"{what} must be " + ((f"> {lo}" if interval[0] == "(" else f">= {lo}") if hi == "inf"
+                                     else f"in {interval}")
 
 
 def _fisher_name(value: str) -> str:
@@ -118,38 +141,48 @@ def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
 
 KNOBS: Dict[str, Knob] = {k.key: k for k in (
     Knob("anneal_fun", "ANNEAL_FUN", "sigmoid", str, "--recadam-anneal-fun", "λ(t)'s schedule: sigmoid, linear "
-         "or constant", tag="", tag_if_changed=True, off_default="linear", choices=("sigmoid", "linear", "constant")),
-    Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k", off_default="0.3"),
-    Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t", off_default="77"),
+         "or constant", tag="", tag_if_changed=True, off_default="linear", choices=("sigmoid", "linear", "constant"),
+         space=Space(choices=("sigmoid", "linear", "constant"), searched=False)),
+    Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k", off_default="0.3",
+         bounds=("(0, inf)", "k"), space=Space("0.01", "1", log=True)),
+    Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t", off_default="77",
+         bounds=("(0, inf)", "t0"), space=Space("0.05", "0.8", relative=True)),
     Knob("gamma", "GAMMA", "5000", float, "--recadam-pretrain-cof", "γ: the pull toward θ*", tag="g",
-         tag_if_changed=True, off_default="123", label="γ"),
+         tag_if_changed=True, off_default="123", label="γ", bounds=("[0, inf)", "γ"), space=Space("100", "10000", log=True)),
     Knob("lambda", "R3F_LAMBDA", "0.7", float, "--r3f-lambda", "the weight of R3F's consistency term",
-         tag="lambda", tag_if_changed=True, json="r3f_lambda", group="criterion", off_default="0.2", label="λ"),
+         tag="lambda", tag_if_changed=True, json="r3f_lambda", group="criterion", off_default="0.2", label="λ",
+         bounds=("[0, inf)", "R3F's λ"), space=Space("0.1", "5", log=True)),
     Knob("eps", "R3F_EPS", "1e-05", float, "--eps", "the range of R3F's noise on the embeddings", json="r3f_eps",
-         implicit=True, group="criterion", off_default="2e-05"),
+         implicit=True, group="criterion", off_default="2e-05", bounds=("(0, inf)", "R3F's noise range"),
+         space=Space("1e-6", "1e-4", log=True, searched=False)),
     Knob("rho", "RHO", "0.05", float, "--rho", "SAM's radius ρ", tag="rho", group="optimizer", off_default="0.11",
-         label="ρ"),
+         label="ρ", bounds=("(0, inf)", "ρ"), space=Space("0.01", "0.5", log=True)),
     Knob("keep_ratio", "KEEP_RATIO", "0.1", float, "--keep-ratio", "FSAM: the fraction of weights perturbed",
-         group="optimizer", off_default="0.2"),
+         group="optimizer", off_default="0.2", bounds=("(0, 1]", "the kept fraction"),
+         space=Space("0.01", "0.5", log=True, searched=False)),
     Knob("mask_iter_e", "MASK_ITER_E", "100", int, "--mask-iter-e", "FSAM: updates between Fisher masks",
-         group="optimizer", off_default="7"),
+         group="optimizer", off_default="7", bounds=("[1, inf)", "the updates between masks"),
+         space=Space("10", "1000", log=True, searched=False)),
     Knob("decay", "LLRD", "0.9", float, "--layer-lr-decay", "the lr factor per layer, top down", tag="d",
          json="layer_lr_decay", group="optimizer", off_default="0.8", label="lr decay",
-         bounds=("(0, 1]", "the lr decay")),
+         bounds=("(0, 1]", "the lr decay"), space=Space("0.5", "1")),
     Knob("reinit", "REINIT", "2", int, "--reinit-layers", "top encoder layers re-initialised", tag="n",
          json="reinit_layers", group="extra", off_default="1", label="re-initialised layers",
-         bounds=("(0, layers]", "re-initialised layers")),
+         bounds=("(0, layers]", "re-initialised layers"), space=Space("1", "layers")),
     Knob("rank", "LORA_RANK", "8", int, "--lora-rank", "LoRA's rank r", tag="r", json="lora_rank", group="extra",
-         off_default="4", label="r", bounds=("[1, inf)", "the rank")),
+         off_default="4", label="r", bounds=("[1, inf)", "the rank"), space=Space("1", "64", log=True)),
     Knob("lora_alpha", "LORA_ALPHA", "8", float, "--lora-alpha", "LoRA's scale α (the update is α/r·BA)",
-         tag="a", group="extra", off_default="16"),
+         tag="a", group="extra", off_default="16", bounds=("(0, inf)", "LoRA's α"),
+         space=Space("1", "64", log=True, searched=False)),
     Knob("p", "MIXOUT", "0.9", float, "--mixout", "Mixout's probability of swapping in θ*", tag="p",
-         json="mixout", group="extra", off_default="0.5", bounds=("[0, 1)", "the mixout probability")),
+         json="mixout", group="extra", off_default="0.5", bounds=("[0, 1)", "the mixout probability"),
+         space=Space("0.1", "0.9")),
     Knob("ratio", "CHILD_RATIO", "0.3", float, "--child-tuning-ratio", "ChildTuning: the fraction of the "
          "gradient kept", tag="p", json="child_tuning_ratio", group="optimizer", off_default="0.2", label="kept",
-         bounds=("(0, 1]", "the kept fraction")),
+         bounds=("(0, 1]", "the kept fraction"), space=Space("0.05", "0.5", log=True)),
     Knob("alpha", "RDROP_ALPHA", "1.0", float, "--rdrop-alpha", "R-Drop's weight α", tag="a", json="rdrop_alpha",
-         group="criterion", off_default="0.5", label="α"),
+         group="criterion", off_default="0.5", label="α", bounds=("[0, inf)", "R-Drop's α"),
+         space=Space("0.1", "5", log=True)),
     Knob("layers", "FREEZE", "3", int, "--freeze-encoder-layers", "the embeddings and encoder layers 0..N-1 "
          "frozen", tag="freeze", render=_frozen_layers(embeddings=True), group="extra", off_default="1",
          label="frozen layers", bounds=("[0, layers]", "frozen layers")),
@@ -161,6 +194,9 @@ KNOBS: Dict[str, Knob] = {k.key: k for k in (
          "or a file of scripts/fisher.py", tag="F", tag_if_changed=True, json="ewc_fisher", name_part=_fisher_name,
          checks=_fisher_check, off_default="rte-fisher.pt"),
 )}
+# the learning rate, searched by tune.sh for every method (LR_RANGE); named in a search's run names (-lr2e-05)
+LR_SPACE = Space("1e-5", "1e-3", log=True)
+LR_TAG = "lr"
 RECADAM_KNOBS = ("anneal_fun", "k", "t0", "gamma")  # in the order of their flags
 _RECADAM_NAME_ORDER = ("k", "t0", "gamma", "anneal_fun")  # in run names: recadam-k0.5-t250-g1000-linear
 # the optimizer a method runs on, as flags; recadam-w0: RecAdam at w = 0 is fairseq's adam bit for bit, with
@@ -255,11 +291,12 @@ class Method:
         f = self.flags(values)
         return f["optimizer"] + (["--criterion", self.criterion] if self.criterion else []) + f["criterion"] + f["extra"]
 
-    def run_name(self, values: Mapping[str, str], explicit: bool = False) -> str:
+    def run_name(self, values: Mapping[str, str], explicit: bool = False, lr: Optional[str] = None) -> str:
         """A run directory's name (:func:`parse_run_name` reads it back): the method, then each named knob as its tag
         and value, RecAdam's first: ``recadam-k0.1-t1000``, ``sam-rho0.05``, ``lora-r8-a8``. The task scripts name
         every knob but those left out at their default (γ, λ(t)'s schedule, R3F's λ); ``explicit`` (the
-        comparison's): exactly the knobs of ``values``, at whatever value."""
+        comparison's): exactly the knobs of ``values``, at whatever value; ``lr`` (a search's runs, whose lr is
+        searched too): the learning rate last, ``-lr2e-05``."""
         name = self.name
         for key in self.name_order():
             k = KNOBS[key]
@@ -269,7 +306,7 @@ class Method:
             if not explicit and k.tag_if_changed and value == k.default:
                 continue
             name += f"-{k.tag}{k.name_part(value) if k.name_part and not value.startswith('$') else value}"
-        return name
+        return name + (f"-{LR_TAG}{lr}" if lr is not None else "")
 
     def name_order(self) -> List[str]:
         """Its knobs in the order of its run names: RecAdam's first (k, t0, γ, λ(t)'s schedule), then its own."""
@@ -441,16 +478,17 @@ def _name_pattern(m: Method) -> "re.Pattern":
         k = KNOBS[key]
         if k.tag is None:
             continue
-        value = ("|".join(map(re.escape, k.choices)) if k.choices else ".+" if k.name_part
+        value = ("|".join(map(re.escape, k.choices)) if k.choices else ".+?" if k.name_part
                  else "[^-]+" if k.type is str else _NUMBER)
         parts.append(f"(?:-{re.escape(k.tag)}(?P<{key}>{value}))?")
+    parts.append(f"(?:-{LR_TAG}(?P<lr>{_NUMBER}))?")  # a search's runs name their lr last
     return re.compile("".join(parts))
 
 
 def parse_run_name(name: str) -> Tuple[str, Dict[str, str]]:
-    """A run directory's name, a user's grid's or the comparison's -> (method, {knob: its value as named}):
+    """A run directory's name, a user's grid's, a search's or the comparison's -> (method, {knob: its value as named}):
     ``recadam-fsam-k0.1-t1000-rho0.05`` -> (``recadam-fsam``, {k: 0.1, t0: 1000, rho: 0.05}); the knobs a name
-    leaves out are absent. A name whose settings do not parse keeps its longest method (and no settings); a name of
+    leaves out are absent; a search's lr is ``lr``. A name whose settings do not parse keeps its longest method (and no settings); a name of
     no method is its own."""
     first = None
     for m in sorted(METHODS.values(), key=lambda m: -len(m.name)):

@@ -571,7 +571,7 @@ def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
     """The task run's Fisher pass (32 examples, 8 per-example gradients at a time) logs a line each tenth of its
     examples (each chunk here), then its time and F; the task scripts' terminal (tools/progress.py) shows those
     lines, not only train.log."""
-    from recadam_fairseq.tools.progress import progress_line
+    from recadam_fairseq.launch.progress import progress_line
 
     lines = [ln for ln in runs["task"][1].splitlines() if " | recadam_fairseq.criterions.fisher_source | ewc: " in ln]
     shown = [progress_line(ln) for ln in lines]

@@ -204,7 +204,7 @@ def test_the_terminal_says_which_way_the_forgetting_went(runs):
     probe's measure moved since θ*, from the logged change: the pair AUC "fell" when its delta is negative (forgot),
     the masked-LM loss "rose" when its delta is positive (forgot), each by the change's size."""
     from recadam_fairseq.engine.write import run_line
-    from recadam_fairseq.tools.progress import progress_line
+    from recadam_fairseq.launch.progress import progress_line
 
     for key, meter, verb in (("log_pairs", "pair AUC", {-1: "fell", 1: "rose"}),
                              ("log_mlm", "mlm loss", {-1: "fell", 1: "rose"})):

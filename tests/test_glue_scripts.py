@@ -15,6 +15,7 @@ import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -622,7 +623,7 @@ if os.environ.get("FAKE_SLEEP"):  # grid.sh's JOBS: when the run trained, and on
     import time
     start = time.time()
     with open(os.path.join(save, "attempts"), "a") as f:  # (a requeued job trains again)
-        f.write(f"{start}\n")
+        f.write(f"{start} {os.getpid()}\n")
     time.sleep(float(os.environ["FAKE_SLEEP"]))
     with open(os.path.join(save, "ran.json"), "w") as f:
         json.dump([start, time.time(), os.environ.get("CUDA_VISIBLE_DEVICES")], f)
@@ -1021,14 +1022,48 @@ def test_grid_runs_jobs_at_a_time(fake):
     ends = re.findall(r"^grid\.sh: RTE: (\d) of 4 ended, (\d) running, (\d) left$", p.stdout, re.M)
     assert [int(e[0]) for e in ends] == [1, 2, 3, 4] and ends[-1] == ("4", "0", "0")
     p = run([GRID, "RTE"], dict(env, JOBS="0"), check=2)
-    assert "grid.sh: error: JOBS=0: the number of runs at a time, 1 or more" in p.stdout
+    assert p.stdout == "grid.sh: error: JOBS must be a positive integer, got '0'\n"
+    # GPUs are never shared: more runs, or a run's more GPUs, than the machine has is one line before anything runs
+    fresh = dict(env, SAVE_DIR=os.path.join(fake.tmp, "runs-gpus"))
+    p = run([GRID, "RTE"], dict(fresh, JOBS="3"), check=2)
+    assert p.stdout == ("grid.sh: error: JOBS=3 runs of NUM_GPUS=1 GPU need 3 GPUs, this machine has 2 (4,7): "
+                        "JOBS=2 or fewer\n")
+    p = run([GRID, "RTE"], dict(fresh, NUM_GPUS="3"), check=2)
+    assert p.stdout == "grid.sh: error: NUM_GPUS=3: a run's GPUs, but this machine has 2 (4,7): NUM_GPUS=2 or fewer\n"
+    assert not os.path.exists(fresh["SAVE_DIR"])
+
+
+def test_ctrl_c_ends_a_grid_and_its_trainers(fake):
+    """A real SIGINT to the grid's process group (the terminal's Ctrl-C) while two runs train side by side: exit 130,
+    one line and no traceback, no "run failed" line, no trainer left running, no run marked done; the same command
+    then resumes both and trains the rest."""
+    env = dict(fake.env, JOBS="2", METHODS="adam llrd", SEEDS="1 2", FAKE_SLEEP="30", CUDA_VISIBLE_DEVICES="")
+    runs = os.path.join(env["SAVE_DIR"], "RTE")
+    grid = subprocess.Popen([GRID, "RTE"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    first = [os.path.join(runs, n, "seed1", "attempts") for n in ("adam", "llrd-d0.9")]
+    deadline = time.time() + 60
+    while not all(os.path.exists(a) for a in first) and time.time() < deadline:
+        time.sleep(0.1)
+    os.killpg(grid.pid, signal.SIGINT)
+    out, _ = grid.communicate(timeout=60)
+    assert grid.returncode == 130, out
+    assert "Traceback" not in out and "failed" not in out, out
+    assert out.splitlines()[-1] == "grid.sh: interrupted: the runs under way ended; the same command goes on from there"
+    pids = [int(open(a).read().split()[1]) for a in first]
+    for pid in pids:  # the trainers ended with the grid
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)
+    assert not glob_done(runs) and not os.path.exists(os.path.join(runs, "adam", "seed2"))
+    p = run([GRID, "RTE"], dict(env, FAKE_SLEEP="0.1"))
+    assert p.stdout.count("resume ") == 2 and "ran 4, skipped 0, failed 0" in p.stdout and len(glob_done(runs)) == 4
 
 
 def test_grid_sends_runs_as_submitit_jobs(fake):
     """CLUSTER=local: every run a job through submitit's own executor (the SLURM path's code but the scheduler), a
     line as each ends, all done; a job's checkpoint() (submitit's call on a timeout or a preemption) requeues the same
     command, which resumes the run; a failed job is listed with its log."""
-    from recadam_fairseq.launch import grid  # (submitit: make's set-up installs it)
+    from recadam_fairseq.launch import runs as runs_mod  # (submitit: make's set-up installs it)
 
     env = dict(fake.env, CLUSTER="local", METHODS="adam llrd", SEEDS="1", GRID_POLL_S="0.2")
     env.pop("CUDA_VISIBLE_DEVICES", None)
@@ -1040,7 +1075,7 @@ def test_grid_sends_runs_as_submitit_jobs(fake):
     ended = re.findall(r"^grid\.sh: RTE: (\S+) done; (\d) of 2 ended$", p.stdout, re.M)
     assert sorted(n for n, _ in ended) == ["adam/seed1", "llrd-d0.9/seed1"] and ended[-1][1] == "2", p.stdout
     assert "== done:" in "".join(open(f).read() for f in glob.glob(f"{runs}/.submitit/*_log.out"))
-    job = grid.FinetuneJob(["true"], {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0", "K": "0.1"})
+    job = runs_mod.SpecJob(None, {"SLURM_JOB_ID": "7", "CUDA_VISIBLE_DEVICES": "0", "K": "0.1"})
     again = job.checkpoint()
     assert again.function is job and job.env == {"K": "0.1"}
     p = run([GRID, "RTE"], dict(env, SAVE_DIR=os.path.join(fake.tmp, "runs-fail"), FAKE_RC="1", METHODS="adam"),
@@ -1050,7 +1085,7 @@ def test_grid_sends_runs_as_submitit_jobs(fake):
     assert "grid.sh: error: CLUSTER=pbs: slurm (SLURM jobs through submitit) or local" in p.stdout
     fresh = os.path.join(fake.tmp, "runs-bad")  # a job's resources are checked before any run directory is made
     p = run([GRID, "RTE"], dict(env, TIME_MIN="0", SAVE_DIR=fresh), check=2)
-    assert p.stdout.strip() == "grid.sh: error: TIME_MIN=0: a positive whole number" and not os.path.exists(fresh)
+    assert p.stdout.strip() == "grid.sh: error: TIME_MIN must be a positive integer, got '0'" and not os.path.exists(fresh)
 
 
 def test_grid_on_a_pretend_slurm_cluster(fake, tmp_path):
@@ -1073,7 +1108,11 @@ def test_grid_on_a_pretend_slurm_cluster(fake, tmp_path):
                  "#SBATCH --cpus-per-task=2", "#SBATCH --signal=USR2@90"):
         assert line in text, text
     assert sorted(n for n in os.listdir(tmp_path / "slurm-state") if "." not in n) == ["1000_0", "1000_1", "next"]
-    assert all(open(tmp_path / "slurm-state" / n).read() == "COMPLETED" for n in ("1000_0", "1000_1"))
+    states = lambda: [open(tmp_path / "slurm-state" / n).read() for n in ("1000_0", "1000_1")]  # noqa: E731
+    deadline = time.time() + 20  # (a job's state is written once its script exits, after submitit saw its result)
+    while states() != ["COMPLETED"] * 2 and time.time() < deadline:
+        time.sleep(0.1)
+    assert states() == ["COMPLETED"] * 2
     logs = [open(f"{runs}/.submitit/1000_{i}_0_log.out").read() for i in (0, 1)]  # srun's --output, per task
     assert all("== done: " + runs in log for log in logs)
 

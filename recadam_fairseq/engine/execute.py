@@ -11,13 +11,14 @@ class RunError(Exception):
     """A run that failed or left what it promised unmeasured; the command lines print it and exit 1."""
 
 
-def execute(plan, jobs=1, order=None, on_done=None):
+def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None):
     """The results of ``plan`` (functions ``run(say)``), in its order. ``order``: the indices in the order to
     start them (default: as given). ``on_done(i, result, say)`` is called in this thread for each run that
     succeeded, as it ends (the callers write their records there, so a run that ended is recorded even when the
     plan is stopped). ``say`` prints whole lines from any thread. A RunError is collected and raised with every
-    failure's text once all have ended; any other exception (a bug, Ctrl-C) starts no more runs and is raised
-    once the runs under way have ended."""
+    failure's text once all have ended; any other exception (a bug, Ctrl-C) starts no more runs, sets ``stop`` (a
+    threading.Event the runs may watch, or set: then too no more start) and is raised once the runs under way have
+    ended; each further Ctrl-C meanwhile calls ``on_interrupt`` (the launcher's: stop the trainers)."""
     lock = threading.Lock()
 
     def say(text):
@@ -27,9 +28,11 @@ def execute(plan, jobs=1, order=None, on_done=None):
     order = list(range(len(plan))) if order is None else list(order)
     place = {i: k for k, i in enumerate(order)}  # a run's place in the start order
     results, errors, waiting, running = [None] * len(plan), [], list(order), {}
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        while waiting or running:
-            while waiting and len(running) < max(1, jobs):  # started here, so a stopped plan starts no more
+    pool = ThreadPoolExecutor(max_workers=max(1, jobs))
+    try:
+        while (waiting and not (stop is not None and stop.is_set())) or running:
+            while waiting and len(running) < max(1, jobs) and not (stop is not None and stop.is_set()):
+                # started here, so a stopped plan starts no more
                 i = waiting.pop(0)
                 running[pool.submit(plan[i], say)] = i
             done, _ = wait(running, return_when=FIRST_COMPLETED)
@@ -42,6 +45,18 @@ def execute(plan, jobs=1, order=None, on_done=None):
                 else:
                     if on_done:
                         on_done(i, results[i], say)
+    except BaseException:
+        if stop is not None:
+            stop.set()
+        while True:  # the runs under way end (their trainers got the Ctrl-C too)
+            try:
+                pool.shutdown(wait=True)
+                break
+            except KeyboardInterrupt:
+                if on_interrupt is not None:
+                    on_interrupt()
+        raise
+    pool.shutdown(wait=True)
     if errors:
         raise RunError("\n\n".join(text for _, text in sorted(errors)))
     return results

@@ -43,10 +43,13 @@ def build(kind: str, v: Variables, args: List[str]) -> RunSpec:
     return multitask.build(v, args)
 
 
-def launch(spec: RunSpec, v: Variables) -> int:
+def launch(spec: RunSpec, v: Variables, trainer=None, out=None) -> int:
     """What a run directory holds decides: RESTART=1 clears it; a finished run is not trained again; a started run
-    of another command stops (:class:`~.spec.Conflict`); DRY_RUN=1 writes command.sh and prints it. Else train."""
-    from recadam_fairseq.tools.progress import echo  # (its log reader loads the engine: not for --help or an error)
+    of another command stops (:class:`~.spec.Conflict`); DRY_RUN=1 writes command.sh and prints it. Else train:
+    ``trainer(spec, say)`` (default: launch/train.py's, here), its lines to ``out`` (default: stdout)."""
+    from recadam_fairseq.launch.progress import echo  # (its log reader loads the engine: not for --help or an error)
+
+    echo = out or echo
 
     state = spec.state(v.restart)
     if v.restart and os.path.isdir(spec.run_dir) and not v.dry_run:
@@ -61,7 +64,7 @@ def launch(spec: RunSpec, v: Variables) -> int:
             echo(f.read().rstrip("\n"))
         return 0
     echo(spec.banner)
-    return train(spec, v.say)
+    return (trainer or train)(spec, v.say)
 
 
 def main(argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None) -> int:

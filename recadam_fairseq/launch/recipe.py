@@ -81,10 +81,7 @@ def arch_flags(v: Variables, ckpt: dict, default: str, arch: Optional[str] = Non
         flags = ["--arch", ckpt["CKPT_ARCH"]] + ckpt["CKPT_ARCH_FLAGS"].split()
     else:
         flags = ["--arch", default]
-    positions = v.get("MAX_POSITIONS", str(ckpt.get("CKPT_MAX_POSITIONS", 512)))
-    if not positions.isdigit() or int(positions) < 1:
-        raise Stop(f"MAX_POSITIONS must be a positive integer, got '{positions}'")
-    return flags, int(positions)
+    return flags, v.whole("MAX_POSITIONS", ckpt.get("CKPT_MAX_POSITIONS", 512))
 
 
 def schedule_warnings(v: Variables, end: int, warmup: int, lr: str, recadam: bool) -> None:

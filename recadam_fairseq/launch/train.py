@@ -1,10 +1,11 @@
 """A run trained: continued from its newest complete checkpoint, fairseq-train's whole output appended to train.log
 (by the trainer itself: a pipe the user closes, ``| head``, loses nothing and does not stop the run), one line per log
-interval and validation on the terminal (tools/progress.py), ``done`` written once it ended well, then its best dev
+interval and validation on the terminal (launch/progress.py), ``done`` written once it ended well, then its best dev
 score (engine/write.run_line)."""
 
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -20,11 +21,13 @@ _ERROR = re.compile(r"^(fairseq-train: error: |[A-Za-z_.]*(Error|Exception): )")
 def wait(proc: subprocess.Popen):
     """(its exit status, whether Ctrl-C was pressed) once ``proc`` has ended. The trainer gets a Ctrl-C too (the
     terminal's process group) and ends itself; a second one stops it (SIGTERM), so the launcher never leaves it
-    running unwatched."""
+    running unwatched. In a worker thread (a grid's or a search's runs side by side) no KeyboardInterrupt comes:
+    a trainer ended by SIGINT is the interrupted one, and the main thread's second Ctrl-C stops it (launch/runs.py)."""
     interrupted = False
     while True:
         try:
-            return proc.wait(), interrupted
+            rc = proc.wait()
+            return rc, interrupted or rc == -signal.SIGINT
         except KeyboardInterrupt:
             if interrupted:
                 proc.terminate()
@@ -41,41 +44,72 @@ def score(spec: RunSpec) -> str:
         return "no dev score in its log"
 
 
-def train(spec: RunSpec, say) -> int:
-    """Train ``spec`` in its directory (its command.sh written); the exit status (fairseq-train's when it failed)."""
-    from recadam_fairseq.tools import progress  # (it loads the engine: not at the scripts' start)
+def last_error(log: str, offset: int = 0) -> str:
+    """The last error line the trainer wrote to ``log`` after byte ``offset`` (its one-line refusal, or an exception's
+    last line), or ""."""
+    try:
+        with open(log, encoding="utf-8", errors="replace") as f:
+            f.seek(offset)
+            errors = [ln.rstrip("\n") for ln in f if _ERROR.match(ln)]
+    except OSError:
+        return ""
+    return errors[-1] if errors else ""
 
+
+def _stderr(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, session=False) -> int:
+    """Train ``spec`` in its directory (its command.sh written); the exit status (fairseq-train's when it failed, 130
+    when Ctrl-C ended it). ``env``: the trainer's environment (None: this process's); ``out``: where the progress
+    and end lines go (None: stdout; a grid's runs side by side prefix their name), ``err`` the failure's line;
+    ``procs``: a set the trainer is in while it runs (for a second Ctrl-C's SIGTERM from the main thread);
+    ``session``: the trainer in a process group of its own (a cluster job's: the job's end ends it). Whatever ends
+    this call early (a cluster's requeue exits the job) ends the trainer too."""
+    from recadam_fairseq.launch import progress  # (it loads the engine: not at the scripts' start)
+
+    out = out or progress.echo
     log = os.path.join(spec.run_dir, "train.log")
     if spec.has_checkpoints():
         msg = prelaunch.resume(spec.run_dir)
         say(msg)
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"{os.path.basename(spec.script)}: {msg}\n")
-    with open(log, "a", encoding="utf-8") as out:
-        offset = out.tell()
+    with open(log, "a", encoding="utf-8") as f:
+        offset = f.tell()
         try:
-            proc = subprocess.Popen(spec.argv, stdout=out, stderr=subprocess.STDOUT, cwd=spec.cwd)
+            proc = subprocess.Popen(spec.argv, stdout=f, stderr=subprocess.STDOUT, cwd=spec.cwd, env=env,
+                                    start_new_session=session)
         except OSError as e:  # as the shell says it: no such command, or not one it can run
             raise Stop(f"cannot run {spec.argv[0]} ({e.strerror}): set FAIRSEQ_TRAIN") from None
+        if procs is not None:
+            procs.add(proc)
         stop = threading.Event()
-        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric, stop.is_set, 0.1),
+        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric, stop.is_set, 0.1, out),
                                     daemon=True)
         follower.start()
-        rc, interrupted = wait(proc)
-        stop.set()
-        follower.join()
+        try:
+            rc, interrupted = wait(proc)
+        finally:
+            if proc.poll() is None:  # left early (an exception): the trainer goes too, never unwatched
+                os.killpg(proc.pid, signal.SIGTERM) if session else proc.terminate()
+                proc.wait()
+            if procs is not None:
+                procs.discard(proc)
+            stop.set()
+            follower.join()
     if interrupted:
         return 130
     if rc != 0:
         rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
-        with open(log, encoding="utf-8", errors="replace") as f:
-            errors = [ln.rstrip("\n") for ln in f if _ERROR.match(ln)]
-        print(f"{os.path.basename(spec.script)}: error: fairseq-train failed (exit {rc})"
-              f"{': ' + errors[-1] if errors else ''}; see {log}", file=sys.stderr, flush=True)
+        error = last_error(log, offset)
+        err(f"{os.path.basename(spec.script)}: error: fairseq-train failed (exit {rc}){': ' + error if error else ''}; "
+            f"see {log}")
         return rc
     with open(os.path.join(spec.run_dir, "done"), "w") as f:
         f.write(time.strftime("%Y-%m-%d %H:%M:%S") + "\n")
-    progress.echo(f"== done: {spec.run_dir} ({score(spec)})")
+    out(f"== done: {spec.run_dir} ({score(spec)})")
     if spec.after:
-        progress.echo(spec.after)
+        out(spec.after)
     return 0

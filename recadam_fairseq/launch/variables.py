@@ -26,13 +26,13 @@ class Variables:
         value = self.env.get(name)
         return value if value else default
 
-    def whole(self, name: str, default=None, minimum: int = 1, shown: Optional[str] = None) -> Optional[int]:
-        """A whole number of at least ``minimum`` (0 or 1), ``default`` when unset; ``shown``: its name in the error."""
+    def whole(self, name: str, default=None, minimum: int = 1) -> Optional[int]:
+        """A whole number of at least ``minimum`` (0 or 1), ``default`` when unset: every script's one check of one."""
         value = self.get(name, None if default is None else str(default))
         if value is None:
             return None
         if not value.isdigit() or int(value) < minimum:
-            raise Stop(f"{shown or name} must be a {'positive' if minimum else 'non-negative'} integer, got '{value}'")
+            raise Stop(f"{name} must be a {'positive' if minimum else 'non-negative'} integer, got '{value}'")
         return int(value)
 
     def number(self, name: str, what: str) -> Optional[str]:

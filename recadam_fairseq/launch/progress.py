@@ -11,12 +11,16 @@ import sys
 import time
 from typing import Callable, Optional
 
-from ..core.forgetting import BLEU_DELTA, BUDGET, forgetting, moved, within_budget
+from recadam_fairseq.core.forgetting import BLEU_DELTA, BUDGET, forgetting, moved, within_budget
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 
 
 # loggers whose INFO lines the terminal shows too: EWC's Fisher pass before update 1 (its progress, its time, F)
 SHOWN_LOGGERS = ("recadam_fairseq.criterions.fisher_source",)
+# torch.compile of RecAdam's fused update: minutes the first time on a loaded CPU, with nothing else to show
+COMPILING = " | INFO | recadam_fairseq.core.fused | RecAdam: compiling "
+COMPILE_NOTE = ("  RecAdam: compiling its fused update with torch.compile: the first time can take minutes (on a CPU), "
+                "later runs take it from torch's on-disk cache")
 
 
 def _num(x) -> str:
@@ -49,6 +53,8 @@ def progress_line(line: str, metric: Optional[str] = None) -> Optional[str]:
     for level in (" | WARNING | ", " | ERROR | "):  # fairseq's and the plug-in's (not Python's warnings)
         if level in stripped:
             return "  " + level.strip(" |").lower() + ": " + stripped.split(level, 1)[1].split(" | ", 1)[-1]
+    if COMPILING in stripped:
+        return COMPILE_NOTE
     for name in SHOWN_LOGGERS:  # the plug-in's own lines a user waits on (EWC's Fisher pass and its F)
         if f" | INFO | {name} | " in stripped:
             return "  " + stripped.split(f" | INFO | {name} | ", 1)[1]
@@ -97,10 +103,11 @@ def echo(text: str) -> None:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # (no error at exit's flush either)
 
 
-def follow(path: str, offset: int, metric: Optional[str], stop: Callable[[], bool], poll: float = 0.5) -> None:
-    """Print the progress lines of ``path`` from byte ``offset`` until ``stop()`` (the launcher's thread: its trainer
-    has ended), then the rest."""
-    pending = ""
+def follow(path: str, offset: int, metric: Optional[str], stop: Callable[[], bool], poll: float = 0.5,
+           out: Callable[[str], None] = echo) -> None:
+    """``out`` the progress lines of ``path`` from byte ``offset`` until ``stop()`` (the launcher's thread: its trainer
+    has ended), then the rest; a compile's note once."""
+    pending, noted = "", False
     with open(path, encoding="utf-8", errors="replace") as f:
         f.seek(offset)
         while True:
@@ -110,8 +117,9 @@ def follow(path: str, offset: int, metric: Optional[str], stop: Callable[[], boo
                 *lines, pending = pending.split("\n")
                 for line in lines:
                     shown = progress_line(line, metric)
-                    if shown is not None:
-                        echo(shown)
+                    if shown is not None and not (shown == COMPILE_NOTE and noted):
+                        noted = noted or shown == COMPILE_NOTE
+                        out(shown)
             elif stop():
                 return
             else:
