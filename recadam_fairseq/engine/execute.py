@@ -11,14 +11,15 @@ class RunError(Exception):
     """A run that failed or left what it promised unmeasured; the command lines print it and exit 1."""
 
 
-def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None):
+def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None, on_stop=None):
     """The results of ``plan`` (functions ``run(say)``), in its order. ``order``: the indices in the order to
     start them (default: as given). ``on_done(i, result, say)`` is called in this thread for each run that
     succeeded, as it ends (the callers write their records there, so a run that ended is recorded even when the
     plan is stopped). ``say`` prints whole lines from any thread. A RunError is collected and raised with every
     failure's text once all have ended; any other exception (a bug, Ctrl-C) starts no more runs, sets ``stop`` (a
     threading.Event the runs may watch, or set: then too no more start) and is raised once the runs under way have
-    ended; each further Ctrl-C meanwhile calls ``on_interrupt`` (the launcher's: stop the trainers)."""
+    ended (``on_stop`` is called first: the launcher's passes the Ctrl-C on to its trainers); each further Ctrl-C
+    meanwhile calls ``on_interrupt`` (the launcher's: stop the trainers)."""
     lock = threading.Lock()
 
     def say(text):
@@ -48,6 +49,8 @@ def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None
     except BaseException:
         if stop is not None:
             stop.set()
+        if on_stop is not None:
+            on_stop()
         while True:  # the runs under way end (their trainers got the Ctrl-C too)
             try:
                 pool.shutdown(wait=True)

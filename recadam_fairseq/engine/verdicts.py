@@ -84,9 +84,10 @@ def adam_curve(adam_runs, root):
     return [setting_row(f"adam@{n}", "adam", at[n], stopped_at=n) for n in sorted(at)]
 
 
-def task_answer(task, runs, root):
+def task_answer(task, runs, root, reference=None):
     """One task's rows (settings, Adam's curve), its verdicts and texts; None without a metered, scored run of a
-    catalogue's method (a run directory not named by one, read from run.json alone, has no place in the figure)."""
+    catalogue's method (a run directory not named by one, read from run.json alone, has no place in the figure).
+    ``reference``: the setting the others are judged against (default: Adam's, :func:`adam_row`)."""
     scored = [r for r in runs if r["best"] is not None and r["forgetting"] is not None
               and r["method"] in catalogue.METHODS]
     if not scored:
@@ -100,7 +101,7 @@ def task_answer(task, runs, root):
         ups = [to_float(r["best_update"]) for r in rs if to_float(r["best_update"]) is not None]
         rows.append(setting_row(name, method, [(r["seed"], r["best"], r["forgetting"]) for r in rs], config=config,
                                 at_update=sum(ups) / len(ups) if ups else None, **knobs(method, config)))
-    adam = adam_row(rows)
+    adam = adam_row(rows, reference)
     if adam is not None:  # WiSE-FT of Adam's runs (summarize.py --wise-ft): per α, the mean over its seeds
         points = wise_rows(adam["name"], "adam", [(r["seed"], p["alpha"], p["best"], p["forgetting"])
                                                   for r in by_setting[(adam["method"], adam["config"])]
@@ -110,7 +111,8 @@ def task_answer(task, runs, root):
     curve = adam_curve([r for r in scored if r["method"] == "adam" and r["config"] == adam["config"]], root) \
         if adam is not None else []
     return judge(task, scored[0]["metric"], scored[0]["forgetting_metric"], rows, curve,
-                 max((to_float(r["last_update"]) or 0 for r in scored), default=0), add_adam=adam_command(task, scored))
+                 max((to_float(r["last_update"]) or 0 for r in scored), default=0), add_adam=adam_command(task, scored),
+                 reference=reference)
 
 
 def adam_command(task, runs):
@@ -126,12 +128,16 @@ def adam_command(task, runs):
             f"once for each of {seeds}.")
 
 
-def adam_row(rows):
-    """The setting the others are judged against: Adam at its defaults, else Adam's first setting; None without."""
+def adam_row(rows, reference=None):
+    """The setting the others are judged against: ``reference`` (a search's: Adam's best-metric pick), else Adam at
+    its defaults, else Adam's first setting; None without."""
+    if reference is not None:
+        return next((r for r in rows if r["name"] == reference), None)
     return next((r for r in rows if r["name"] == "adam"), next((r for r in rows if r["method"] == "adam"), None))
 
 
-def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its best validation", add_adam=""):
+def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its best validation", add_adam="",
+          reference=None):
     """The answer of one task's settings (``setting_row``s, WiSE-FT points under ``interpolated``): the frontier,
     each setting's Pareto rank and, against Adam, the noise-aware verdicts (engine/stats.py's rule, the floors in
     the metric's units; ``at``: where each setting was read, for the figure; ``add_adam``: the command that adds
@@ -139,7 +145,7 @@ def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its be
     through it."""
     stats.frontier(rows)
     ranks = stats.pareto_ranks(rows)
-    adam = adam_row(rows)
+    adam = adam_row(rows, reference)
     acc_floor, fgt_floor = floors(forgetting_metric)
     for r in rows:
         r["rank"] = ranks[r["name"]]
@@ -154,10 +160,11 @@ def judge(task, metric, forgetting_metric, rows, curve=(), updates=0, at="its be
             "add_adam": add_adam}
 
 
-def answer(runs, root):
-    """{task: task_answer} of the tasks with metered runs, in the tables' order; {} when no run logged a probe."""
+def answer(runs, root, reference=None):
+    """{task: task_answer} of the tasks with metered runs, in the tables' order; {} when no run logged a probe.
+    ``reference``: the setting judged against (a search's; default: Adam's)."""
     tasks = sorted({r["task"] for r in runs}, key=lambda t: (order(t), t))
-    out = {t: task_answer(t, [r for r in runs if r["task"] == t], root) for t in tasks}
+    out = {t: task_answer(t, [r for r in runs if r["task"] == t], root, reference) for t in tasks}
     return {t: a for t, a in out.items() if a is not None}
 
 

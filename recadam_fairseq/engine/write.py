@@ -183,17 +183,17 @@ def markdown(root, runs, summary, table, include_unfinished=False, budget=None):
     return md
 
 
-def write_summary(out, root, runs, summary, include_unfinished=False, budget=None, answers=None):
+def write_summary(out, root, runs, summary, include_unfinished=False, budget=None, answers=None, head=()):
     """The four files written into ``out`` from the runs and ``aggregate.summarize``'s result; summary.md printed.
     ``answers`` (``verdicts.answer``: runs with a probe): verdicts.csv, forgetting-<TASK>.png and summary.md's
-    section besides."""
+    section besides; ``head``: summary.md's first lines (a search's section)."""
     cells, variants, methods, rows, _ = summary
     os.makedirs(out, exist_ok=True)
     write_csv(os.path.join(out, "runs.csv"), [dict(r, mm=r["mm"]) for r in runs], RUN_FIELDS)
     write_csv(os.path.join(out, "variants.csv"), variants, VARIANT_FIELDS)
     table, fields = summary_table(cells, methods, rows)
     write_csv(os.path.join(out, "summary.csv"), table, fields)
-    md = markdown(root, runs, summary, table, include_unfinished, budget) + verdicts.markdown(answers or {})
+    md = list(head) + markdown(root, runs, summary, table, include_unfinished, budget) + verdicts.markdown(answers or {})
     with open(os.path.join(out, "summary.md"), "w") as f:
         f.write("\n".join(md))
     print("\n".join(md))

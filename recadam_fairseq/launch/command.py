@@ -4,6 +4,7 @@
     multitask scripts/glue/multitask.sh [extra fairseq-train args...]
     seq2seq   scripts/seq2seq/finetune.sh METHOD [extra fairseq-train args...]
     grid      scripts/glue/grid.sh TASK [extra fairseq-train args...]   (launch/grid.py)
+    tune      scripts/glue/tune.sh TASK [extra fairseq-train args...]   (launch/search.py)
     demo      scripts/demo.sh, scripts/ewc_demo.sh: OUT [--ewc] [--jobs N] METHOD...   (launch/demo.py)
 
 A script's --help is its header comment, then (for those that take a METHOD) the catalogue's METHODs and their
@@ -22,7 +23,8 @@ from .variables import Variables
 
 # KIND: (what it expects, the catalogue's METHODs it lists: prelaunch.methods_help's arguments, or None)
 KINDS = {"finetune": ("TASK METHOD", (False, False)), "multitask": ("", (True, False)),
-         "seq2seq": ("METHOD", (False, True)), "grid": ("TASK", None), "demo": ("OUT METHOD", None)}
+         "seq2seq": ("METHOD", (False, True)), "grid": ("TASK", None), "tune": ("TASK", None),
+         "demo": ("OUT METHOD", None)}
 
 
 def usage(script: str, kind: str) -> str:
@@ -83,6 +85,10 @@ def main(argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None)
             from recadam_fairseq.launch import grid
 
             return grid.main(args)
+        if kind == "tune":
+            from recadam_fairseq.launch import search
+
+            return search.main(args)
         if kind == "demo":
             from . import demo
 

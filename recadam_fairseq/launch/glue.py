@@ -5,6 +5,7 @@ import math
 import os
 from typing import List
 
+from recadam_fairseq import catalogue
 from recadam_fairseq.launch import prelaunch
 
 from . import recipe
@@ -17,15 +18,17 @@ METRIC_FLAGS = {"mcc": "--report-mcc", "f1": "--report-acc-and-f1", "pearson": "
 R3F_RTE = {"RECIPE_LR": "1e-5", "RECIPE_BATCH": 8, "RECIPE_TOTAL": 3120, "RECIPE_WARMUP": 187}
 
 
-def build(v: Variables, task_arg: str, method_arg: str, extra: List[str]) -> RunSpec:
-    """The run ``finetune.sh TASK METHOD EXTRA...`` makes under the variables ``v``; Stop (one line) if it cannot."""
+def build(v: Variables, task_arg: str, method_arg: str, extra: List[str], name_lr: bool = False) -> RunSpec:
+    """The run ``finetune.sh TASK METHOD EXTRA...`` makes under the variables ``v``; Stop (one line) if it cannot.
+    ``name_lr``: the run's name ends in its lr (a search's trials, whose lr varies: recadam-k0.1-t50-lr2e-05)."""
     data_dir = v.get("DATA_DIR", "./glue-bin")
     m = recipe.method(v, method_arg)
     t = prelaunch.task_plan(task_arg, data_dir)
     task, name = t["TASK"], m["METHOD"]
     if m["METHOD_CRITERION"] == "sentence_prediction_r3f" and task == "RTE":
         t.update(R3F_RTE)
-    lr = v.get("LR", m["METHOD_LR"] or str(t["RECIPE_LR"]))  # the method's own lr (LoRA's), else the recipe's
+    # the method's own lr (LoRA's), else the recipe's
+    lr = v.number("LR", "the learning rate") or m["METHOD_LR"] or str(t["RECIPE_LR"])
     criterion = v.get("CRITERION")
     if m["METHOD_CRITERION"]:
         if criterion and criterion != m["METHOD_CRITERION"]:
@@ -41,7 +44,8 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str]) -> Run
         warmup, total = max(1, (warmup * max_update + total // 2) // total), max_update
     save_interval = v.whole("SAVE_INTERVAL_UPDATES", default_save_interval(total))
     # joined as the shell scripts joined them (SAVE_DIR=runs/: runs//RTE/...), so that their runs resume
-    run_dir = f"{v.get('SAVE_DIR', 'runs')}/{task}/{m['METHOD_NAME']}/seed{seed}"
+    named = m["METHOD_NAME"] + (f"-{catalogue.LR_TAG}{lr}" if name_lr else "")  # (Method.run_name's lr part)
+    run_dir = f"{v.get('SAVE_DIR', 'runs')}/{task}/{named}/seed{seed}"
 
     data = f"{data_dir}/{task}-bin"
     path = v.get("ROBERTA_PATH")

@@ -2,9 +2,10 @@
 each with GPUs of its own where there are GPUs (``NUM_GPUS`` a run, from CUDA_VISIBLE_DEVICES's list or nvidia-smi's),
 or sent as cluster jobs through submitit (``CLUSTER=slurm|local``), each job carrying its spec (:class:`SpecJob`).
 
-Ctrl-C: the trainers are in the terminal's process group and end themselves; no other run starts, the ones under way
-are waited for, and an interrupted run is neither a failure nor done (the same command resumes it). A second Ctrl-C
-stops the trainers (SIGTERM). A cluster's jobs go on without the launcher; the same command waits for them again."""
+Ctrl-C: no other run starts, the ones under way end (their trainers get it from the terminal, and from the launcher
+half a second later if they still run: a launcher signalled alone, ``kill -INT``, is not in their process group) and
+are waited for; an interrupted run is neither a failure nor done (the same command resumes it). A second Ctrl-C stops
+the trainers (SIGTERM). A cluster's jobs go on without the launcher; the same command waits for them again."""
 
 import os
 import shutil
@@ -12,6 +13,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from typing import Callable, Dict, List, Optional
 
 from .spec import RunSpec, Stop
@@ -154,15 +156,27 @@ class Runs:
         (their trainers got it too; a second Ctrl-C stops them), then KeyboardInterrupt."""
         from recadam_fairseq.engine.execute import execute
 
-        return execute(plan, jobs=self.jobs, order=order, on_done=on_done, stop=self.stop, on_interrupt=self.terminate)
+        return execute(plan, jobs=self.jobs, order=order, on_done=on_done, stop=self.stop, on_interrupt=self.terminate,
+                       on_stop=self.pass_interrupt)
 
-    def terminate(self) -> None:
-        """SIGTERM to every trainer still running here."""
+    def pass_interrupt(self, grace: float = 0.5) -> None:
+        """SIGINT to the trainers still running ``grace`` seconds after the launcher's Ctrl-C (in a thread)."""
+        def later():
+            time.sleep(grace)
+            self.signal(signal.SIGINT)
+
+        threading.Thread(target=later, daemon=True).start()
+
+    def signal(self, sig: int) -> None:
         with self.lock:
             procs = list(self.procs)
         for proc in procs:
             if proc.poll() is None:
-                proc.send_signal(signal.SIGTERM)
+                proc.send_signal(sig)
+
+    def terminate(self) -> None:
+        """SIGTERM to every trainer still running here."""
+        self.signal(signal.SIGTERM)
 
 
 def interrupted_exit(script: str, what: str) -> int:

@@ -15,7 +15,9 @@ from recadam_fairseq.launch import prelaunch
 
 from .spec import RunSpec, Stop
 
-_ERROR = re.compile(r"^(fairseq-train: error: |[A-Za-z_.]*(Error|Exception): )")
+# the trainer's one-line refusal (fairseq-train's argparse and the plug-in's: "PROG: error: ..."), or an exception's
+REFUSAL = re.compile(r"^[\w.-]+: error: ")
+_ERROR = re.compile(REFUSAL.pattern + r"|^[A-Za-z_.]*(Error|Exception): ")
 
 
 def wait(proc: subprocess.Popen):

@@ -1,0 +1,290 @@
+"""scripts/glue/tune.sh: the forgetting-aware search (recadam_fairseq/launch/search.py, launch/space.py,
+engine/trials.py).
+
+In-process: the spaces and every one-line refusal, the fronts and picks against a computation by hand on synthetic
+trials, the sampler's proposals under one seed. Through tune.sh: the tiny model's real fairseq-train (two methods,
+three trials each, two at a time, then the picks over two seeds and the summary; a refused trial), and a fake
+trainer whose scores are a function of its lr and knobs for what is about the study (Ctrl-C and the same command
+again, a raised TRIALS, the pretend SLURM cluster)."""
+
+import csv
+import glob
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from helpers import ROOT, base_env, fast_python, fast_train
+from recadam_fairseq.engine import trials as T
+from recadam_fairseq.launch import search, space
+from recadam_fairseq.launch.spec import Stop
+
+TUNE = os.path.join(ROOT, "scripts", "glue", "tune.sh")
+
+# A trainer that trains nothing: it logs one validation whose accuracy and forgetting are smooth functions of its lr
+# and RecAdam's k (a front to find), keeps a loadable checkpoint_last.pt, and notes each start in its run directory
+# (fresh, or resumed from that checkpoint). FAKE_SLEEP: how long it "trains".
+FAKE_TRAIN = r'''
+import json, math, os, sys, time
+import torch
+argv = sys.argv[1:]
+def flag(name, default=None):
+    return argv[len(argv) - 1 - argv[::-1].index(name) + 1] if name in argv else default
+save = flag("--save-dir")
+os.makedirs(save, exist_ok=True)
+last = os.path.join(save, "checkpoint_last.pt")
+with open(os.path.join(save, "starts"), "a") as f:
+    f.write(("resumed" if os.path.exists(last) else "fresh") + f" {os.getpid()}\n")
+torch.save({"optimizer_history": [{"num_updates": 1}]}, last)
+time.sleep(float(os.environ.get("FAKE_SLEEP") or 0))
+x, k = math.log10(float(flag("--lr"))) + 4, float(flag("--recadam-anneal-k", "1"))
+acc, fgt = 80 + 10 * math.exp(-x * x), 0.01 * 10 ** x * (0.5 + k)
+print('2026-01-01 | INFO | valid | ' + json.dumps({"epoch": 1, "valid_accuracy": f"{acc:.2f}",
+      "valid_fgt_mlm_loss_delta": f"{fgt:.5f}", "valid_num_updates": "2"}))
+'''
+
+
+def fake_scores(lr, k=1.0):
+    x = math.log10(lr) + 4
+    return round(80 + 10 * math.exp(-x * x), 2), round(0.01 * 10 ** x * (0.5 + k), 5)
+
+
+@pytest.fixture
+def fake(tmp_path):
+    """tune.sh's environment with the fake trainer: SST-2-like data without a training set, an unread checkpoint
+    (ARCH, MAX_POSITIONS and FP16=0 given), a probe directory."""
+    script = tmp_path / "fake_train.py"
+    script.write_text(FAKE_TRAIN)
+    (tmp_path / "glue-bin" / "SST-2-bin" / "input0").mkdir(parents=True)
+    (tmp_path / "probe").mkdir()
+    (tmp_path / "model.pt").write_text("")
+    return base_env(ROBERTA_PATH=tmp_path / "model.pt", DATA_DIR=tmp_path / "glue-bin", SAVE_DIR=tmp_path / "runs",
+                    FAIRSEQ_TRAIN=f"{fast_python()} {script}", ARCH="roberta_base", MAX_POSITIONS=512, FP16=0,
+                    FORGETTING_PROBE=tmp_path / "probe", MAX_UPDATE=100, METHODS="adam recadam", SEEDS="1",
+                    GRID_POLL_S="0.2")
+
+
+def tune(env, *args, check=0):
+    p = subprocess.run([TUNE, "SST-2", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert check is None or p.returncode == check, p.stdout[-4000:]
+    return p
+
+
+def read_trials(save_dir, task="SST-2"):
+    with open(os.path.join(save_dir, task, "search", "trials.csv"), newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --------------------------------------------------------------------------- in-process
+BAD = [
+    ({"METHODS": "adam recadm"}, "METHODS: unknown METHOD 'recadm' (did you mean recadam?)"),
+    ({"TRIALS": "0"}, "TRIALS must be a positive integer, got '0'"),
+    ({"K_RANGE": "1 0.1"}, "K_RANGE='1 0.1': an empty range (LOW must be below HIGH; to fix the value, set K instead)"),
+    ({"K_RANGE": "0.1"}, "K_RANGE='0.1': give LOW HIGH, e.g. K_RANGE=\"0.01 1\""),
+    ({"GAMMA_RANGE": "0 100"}, "GAMMA_RANGE='0 100': searched on a log scale, LOW must be above 0"),
+    ({"METHODS": "adam llrd", "LLRD_RANGE": "0.5 1.5"}, "LLRD_RANGE='0.5 1.5': the lr decay must be in (0, 1]"),
+    ({"T0_RANGE": "0.5 2"}, "T0_RANGE='0.5 2': fractions of the run's updates, in (0, 1]"),
+    ({"LR_RANGE": "-1 1"}, "LR_RANGE='-1 1': searched on a log scale, LOW must be above 0"),
+    ({"RHO_RANGE": "0.01 0.1"}, "RHO_RANGE: none of METHODS (adam recadam) has rho"),
+    ({"K": "0.1", "K_RANGE": "0.01 1"}, "K=0.1 fixes it and K_RANGE searches it: give one"),
+    ({"LR": "1e-4"}, "METHODS: adam has nothing to search (LR set): unset LR to search it"),
+    ({"FORGETTING_PROBE": ""}, "FORGETTING_PROBE is not set: forgetting is the search's second objective"),
+    ({"RESTART": "1"}, "RESTART=1: not taken by tune.sh"),
+]
+
+
+@pytest.mark.parametrize("env, message", BAD, ids=[m.split(":")[0].split("=")[0] for _, m in BAD])
+def test_bad_input_is_one_line_before_anything(fake, env, message):
+    with pytest.raises(Stop) as e:
+        search.Search("SST-2", [], {**fake, **env})
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+    assert not os.path.exists(fake["SAVE_DIR"])
+
+
+def test_the_spaces_and_a_study_made_for_another_search(fake):
+    s = search.Search("SST-2", [], {**fake, "METHODS": "adam recadam llrd", "K": "0.2", "LLRD_RANGE": "0.6 0.9"})
+    dims = {m: [(d.var, d.low, d.high, d.log) for d in ms.dims] for m, ms in s.spaces.items()}
+    assert dims == {"adam": [("LR", 1e-5, 1e-3, True)],
+                    "recadam": [("LR", 1e-5, 1e-3, True), ("T0", 0.05, 0.8, False), ("GAMMA", 100, 1e4, True)],
+                    "llrd": [("LR", 1e-5, 1e-3, True), ("LLRD", 0.6, 0.9, False)]}
+    assert s.spaces["recadam"].pinned == {"k": "0.2"} and (s.task, s.metric, s.updates) == ("SST-2", "accuracy", 100)
+    s.open()
+    del s  # (its lock goes with it)
+    for env, what in (({"METHODS": "adam recadam"}, "methods adam recadam llrd, not methods adam recadam"),
+                      ({"METHODS": "adam recadam llrd", "MAX_UPDATE": "50"}, "updates 100, not updates 50"),
+                      ({"METHODS": "adam recadam llrd", "SEEDS": "2 1"}, "trial_seed 1, not trial_seed 2")):
+        with pytest.raises(Stop, match=f"holds a search made for {what} "):
+            search.Search("SST-2", [], {**fake, **env}).open()
+
+
+def test_fronts_and_picks_by_hand():
+    def trial(method, n, acc=None, fgt=None, state="complete"):
+        return {"method": method, "number": n, "state": state, "values": {"LR": "1e-4"}, "metric": acc,
+                "forgetting": fgt, "run_dir": f"r/{method}{n}/seed1", "setting": f"{method}{n}", "reason": ""}
+
+    recs = [trial("adam", 0, 80, 0.05), trial("adam", 1, 82, 0.06), trial("adam", 2, 81, 0.07),  # 2: under 1
+            trial("adam", 3, 79, 0.04), trial("adam", 4, state="diverged"),
+            trial("recadam", 0, 81.6, 0.02), trial("recadam", 1, 81.4, 0.01), trial("recadam", 2, 83, 0.05),
+            trial("recadam", 3, 80, 0.03), trial("recadam", 4, 81.6, 0.02),  # 3: under 0; 4: 0's twin
+            trial("llrd", 0, state="refused")]
+    fronts = {m: [r["number"] for r in f] for m, f in T.fronts(recs).items()}
+    # by hand: a trial is off its method's front when another is at least as good on both and better on one
+    assert fronts == {"adam": [1, 0, 3], "recadam": [2, 0, 4, 1], "llrd": []}
+    assert T.reference(recs)["number"] == 1  # Adam's best: 82
+    picks = {m: [(r["number"], r["why"]) for r in p] for m, p in T.picks(recs, floor=0.5).items()}
+    # within 0.5 of 82: adam's 82 (also its best), recadam's 83 and 81.6 (the least forgetting: 0.02, trial 0 first)
+    assert picks == {"adam": [(1, "least forgetting within the floor, best metric")],
+                     "recadam": [(0, "least forgetting within the floor"), (2, "best metric")], "llrd": []}
+    assert [(r["number"], r["why"]) for r in T.picks(recs, floor=1.0)["recadam"]] == [
+        (1, "least forgetting within the floor"), (2, "best metric")]  # 81.4 is within 1 of 82
+    assert T.picks([r for r in recs if r["method"] != "adam"], 0.5)["recadam"][0]["number"] == 2  # the reference: 83
+    rows, fields = T.csv_rows(recs, T.fronts(recs))
+    assert fields[:4] == ["method", "trial", "state", "LR"] and [r["front"] for r in rows[:5]] == ["yes", "yes", "", "yes", ""]
+
+
+def test_the_same_seed_proposes_the_same_trials(fake, tmp_path):
+    """Two studies under one SEARCH_SEED draw the same trials, past the random start (their TPE fits the same told
+    scores); another seed draws others; a new launcher on a study goes on without drawing a trial again."""
+    def draw(save, seed, n, tell=True):
+        s = search.Search("SST-2", [], {**fake, "SAVE_DIR": str(save), "SEARCH_SEED": str(seed)})
+        s.open()
+        out = []
+        for _ in range(n):
+            number, values = s.ask("recadam")
+            out.append(values)
+            if tell:
+                acc, fgt = fake_scores(float(values["LR"]), float(values["K"]))
+                s.tell("recadam", number, {"state": "complete", "metric": acc, "forgetting": fgt})
+        return out
+
+    first = draw(tmp_path / "a", 7, search.STARTUP + 2)
+    assert draw(tmp_path / "b", 7, search.STARTUP + 2) == first
+    assert draw(tmp_path / "c", 8, 1)[0] != first[0]
+    assert set(first[0]) == {"LR", "K", "T0", "GAMMA"} and 5 <= int(first[0]["T0"]) <= 80  # a fraction of 100
+    more = draw(tmp_path / "a", 7, 3)
+    assert not [v for v in more if v in first]
+
+
+# --------------------------------------------------------------------------- tune.sh
+@pytest.fixture(scope="module")
+def probe(tiny, tmp_path_factory):
+    from recadam_fairseq.tools import binarize_probe
+
+    out = str(tmp_path_factory.mktemp("probe") / "probe")
+    binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
+                         os.path.join(tiny.lm_bin, "dict.txt"), "--out", out])
+    return out
+
+
+def tiny_env(tiny, probe, save, **kw):
+    return base_env(**{**dict(ROBERTA_PATH=tiny.pretrained, DATA_DIR=tiny.glue_bin, SAVE_DIR=save,
+                              FORGETTING_PROBE=probe, FAIRSEQ_TRAIN=fast_train(), OMP_NUM_THREADS=1, MAX_UPDATE=8,
+                              SAVE_INTERVAL_UPDATES=4, LR_RANGE="1e-4 1e-3", GAMMA_RANGE="10 100"), **kw})
+
+
+def test_a_search_on_the_tiny_model(tiny, probe, tmp_path):
+    """Two methods x three trials of real fairseq-train, two at a time (their runs overlap), equal budgets; each
+    trial's scores are what the engine reads from its run; the picks over seeds 1 and 2 (a seed-1 run is the trial's
+    own: no retraining) and the summary with the verdicts against Adam's best pick and the figures."""
+    save = tmp_path / "runs"
+    p = tune(tiny_env(tiny, probe, save, METHODS="adam recadam", TRIALS=3, JOBS=2, SEEDS="1 2"))
+    trials = read_trials(save)
+    assert [(t["method"], t["state"]) for t in trials] == [("adam", "complete")] * 3 + [("recadam", "complete")] * 3
+    spans = []
+    from recadam_fairseq.engine.read import read_run
+
+    for t in trials:
+        argv = open(os.path.join(t["run_dir"], "command.sh")).read().split()
+        assert argv[argv.index("--max-update") + 1] == "8" and argv[argv.index("--lr") + 1] == t["LR"]  # equal budgets
+        r = read_run(t["run_dir"], str(save))
+        assert (float(t["metric"]), float(t["forgetting"])) == (round(r["best"], 4), round(r["forgetting"], 5))
+        spans.append((os.stat(os.path.join(t["run_dir"], "command.sh")).st_mtime,
+                      os.stat(os.path.join(t["run_dir"], "done")).st_mtime))
+    assert any(max(a[0], b[0]) < min(a[1], b[1]) for i, a in enumerate(spans) for b in spans[i + 1:]), spans
+    assert "6 of 6 trials ended, 0 running, 0 left" in p.stdout
+    md = open(save / "SST-2" / "search" / "summary.md").read()
+    assert md.startswith("# Search: SST-2\n") and "| adam | 3 / 0 / 0 |" in md and "| recadam | 3 / 0 / 0 |" in md
+    assert "### SST-2: dev accuracy against forgetting (mlm loss (bits) since θ*)" in md
+    seed2 = glob.glob(str(save / "SST-2" / "*" / "seed2"))  # the picks' second seed; their first: the trial's run
+    assert seed2 and all(os.path.join(os.path.dirname(d), "seed1") in {t["run_dir"] for t in trials} for d in seed2)
+    assert all(f"| {os.path.basename(os.path.dirname(d))} | 2 |" in md for d in seed2), md
+    for name in ("search-SST-2.png", "forgetting-SST-2.png", "verdicts.csv"):
+        assert (save / "SST-2" / "search" / name).stat().st_size > 0
+    p = tune(tiny_env(tiny, probe, save, METHODS="adam recadam", TRIALS=3, JOBS=2, SEEDS="1 2"))
+    assert "6 ended before, 0 to run" in p.stdout and "confirming" not in p.stdout and "== done" not in p.stdout
+
+
+def test_a_refused_trial_is_recorded_with_its_reason(tiny, probe, tmp_path):
+    """RecAdam at lr x γ >= 2 is refused by the plug-in before training: the trial is recorded with the plug-in's
+    one line and does not count; after TRIALS refusals the method is asked no more."""
+    save = tmp_path / "runs"
+    p = tune(tiny_env(tiny, probe, save, METHODS="recadam", TRIALS=1, LR_RANGE="0.01 0.02", GAMMA="5000",
+                      GAMMA_RANGE=""), check=1)
+    (t,) = read_trials(save)
+    assert t["state"] == "refused" and "overshoots them and diverges" in t["reason"], t
+    assert "recadam #0 refused: recadam: --lr" in p.stdout
+    assert "recadam: 1 trials refused, no more asked" in p.stdout and "no trial completed, nothing to confirm" in p.stdout
+
+
+def test_ctrl_c_then_the_same_command_then_more_trials(fake):
+    """A real SIGINT to tune.sh's process group while trials train: exit 130, no traceback; the same command ends
+    with exactly three complete trials a method, those complete before the kill unchanged, the killed ones' runs
+    resumed from their checkpoints and nothing trained twice; TRIALS=4 adds one trial a method."""
+    env = dict(fake, TRIALS="3", JOBS="2", FAKE_SLEEP="1.5")
+    proc = subprocess.Popen([TUNE, "SST-2"], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    trials_csv = os.path.join(env["SAVE_DIR"], "SST-2", "search", "trials.csv")
+    deadline = time.time() + 60
+    while time.time() < deadline:  # two trials ended, two more under way (one with its checkpoint)
+        ended = open(trials_csv).read().count(",complete,") if os.path.exists(trials_csv) else 0
+        running = [d for d in glob.glob(os.path.join(env["SAVE_DIR"], "SST-2", "*-lr*", "seed1"))
+                   if os.path.exists(os.path.join(d, "checkpoint_last.pt")) and not os.path.exists(os.path.join(d, "done"))]
+        if ended >= 2 and running:
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGINT)
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode == 130 and "Traceback" not in out, out
+    assert out.splitlines()[-1] == "tune.sh: interrupted: the trials under way ended; the same command goes on from there"
+    before = read_trials(env["SAVE_DIR"])
+    tune(dict(env, FAKE_SLEEP="0"))
+    after = read_trials(env["SAVE_DIR"])
+    assert [t["state"] for t in after] == ["complete"] * 6
+    kept = lambda rows: {(t["method"], t["trial"]): {k: v for k, v in t.items() if k != "front"}  # noqa: E731
+                         for t in rows if t["state"] == "complete"}  # (a later trial may push one off its front)
+    assert len(kept(before)) >= 2 and kept(before).items() <= kept(after).items()
+    for t in after:
+        acc, fgt = fake_scores(float(t["LR"]), float(t.get("K") or 1))
+        assert (float(t["metric"]), float(t["forgetting"])) == (acc, fgt)
+    starts = {t["run_dir"]: open(os.path.join(t["run_dir"], "starts")).read().split()[::2] for t in after}
+    # nothing trains twice: a run is started once, or started and resumed once (a trial the kill stopped)
+    assert all(v in (["fresh"], ["fresh", "resumed"]) for v in starts.values()), starts
+    assert all(starts[t["run_dir"]] == ["fresh"] for t in before if t["state"] == "complete")
+    assert all(starts[d] == ["fresh", "resumed"] for d in running)
+    tune(dict(env, FAKE_SLEEP="0", TRIALS="4"))
+    more = read_trials(env["SAVE_DIR"])
+    assert [(t["method"], t["state"]) for t in more] == [("adam", "complete")] * 4 + [("recadam", "complete")] * 4
+    assert kept(after).items() <= kept(more).items()
+    assert all(open(os.path.join(t["run_dir"], "starts")).read().split()[::2] == starts[t["run_dir"]] for t in after)
+
+
+def test_a_search_on_a_pretend_slurm_cluster(fake, tmp_path):
+    """CLUSTER=slurm: each trial a SLURM job through the real submitit (tests/helpers/fake_slurm.py), carrying its
+    spec; the study records each trial's job; every trial complete."""
+    from helpers import fake_slurm
+
+    fake_slurm.install(str(tmp_path / "bin"), str(tmp_path / "slurm-state"))
+    env = dict(fake, CLUSTER="slurm", METHODS="adam", TRIALS="2", JOBS="2", FAKE_SLURM_STATE=str(tmp_path / "slurm-state"),
+               PATH=f"{tmp_path / 'bin'}{os.pathsep}{fake['PATH']}")
+    p = tune(env)
+    trials = read_trials(env["SAVE_DIR"])
+    assert [t["state"] for t in trials] == ["complete", "complete"], p.stdout
+    assert sorted(int(n) for n in os.listdir(tmp_path / "slurm-state") if n.isdigit()) == [1000, 1001]
+    assert "adam #0 sent to slurm (job 100" in p.stdout
+    logs = glob.glob(os.path.join(env["SAVE_DIR"], "SST-2", "search", ".submitit", "*_log.out"))
+    assert len(logs) == 2 and all("== done: " in open(f).read() for f in logs)
