@@ -17,7 +17,8 @@ from .catalogue import KNOBS, METHODS, MODELS, TOOLS
 HERE = os.path.dirname(os.path.abspath(__file__))
 # the generated tables: (page, start marker, end marker, renderer)
 DOC_TABLES = (("README.md", "<!-- methods:start -->", "<!-- methods:end -->", "readme"),
-              ("docs/glue.md", "<!-- glue-methods:start -->", "<!-- glue-methods:end -->", "glue"))
+              ("docs/glue.md", "<!-- glue-methods:start -->", "<!-- glue-methods:end -->", "glue"),
+              ("docs/search.md", "<!-- search-spaces:start -->", "<!-- search-spaces:end -->", "search"))
 
 
 def placeholders(m: catalogue.Method) -> dict:
@@ -70,6 +71,9 @@ def describe(m: catalogue.Method) -> str:
     lines.append(f"  flags at the defaults: {flag_text(m, defaults)}")
     if m.scripts:
         lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
+        searched = [("LR", catalogue.LR_SPACE)] + [(KNOBS[k].var, KNOBS[k].space) for k in m.knobs
+                                                   if KNOBS[k].space is not None and KNOBS[k].space.searched]
+        lines.append("  searched by scripts/glue/tune.sh: " + ", ".join(f"{v} {s.text()} ({v}_RANGE)" for v, s in searched))
     if m.aliases:
         lines.append(f"  old spelling, still taken: {', '.join(m.aliases)}")
     for other, why in m.refuses:
@@ -126,7 +130,28 @@ def glue_table() -> str:
     return "\n".join(rows)
 
 
-RENDER = {"readme": readme_table, "glue": glue_table}
+def search_table() -> str:
+    """docs/search.md's table: each knob tune.sh can search, its range and the METHODs that have it."""
+    rows = ["| variable | range variable | range [default] | scale | searched | METHODs |", "|---|---|---|---|---|---|"]
+    space = catalogue.LR_SPACE
+    rows.append(f"| `LR` | `LR_RANGE` | {space.low} to {space.high} | log | always | every METHOD |")
+    for k in KNOBS.values():
+        s = k.space
+        if s is None:
+            continue
+        users = [m.name for m in METHODS.values() if m.scripts and k.key in m.knobs]
+        if not users:
+            continue
+        scale = "words" if s.choices else "log" if s.log else "linear"
+        rng = " \\| ".join(s.choices) if s.choices else f"{s.low} to {s.high}" + (
+            " of MAX_UPDATE" if s.relative else " (the encoder's)" if s.high == "layers" else "")
+        who = ", ".join(f"`{u}`" for u in users) if len(users) <= 4 else f"{len(users)}: `{users[0]}`, `{users[1]}`, ..."
+        rows.append(f"| `{k.var}` | `{k.var}_RANGE` | {rng} | {scale} | "
+                    f"{'by default' if s.searched else 'when its range is given'} | {who} |")
+    return "\n".join(rows)
+
+
+RENDER = {"readme": readme_table, "glue": glue_table, "search": search_table}
 
 
 def write_docs(root: str) -> None:

@@ -207,13 +207,15 @@ def test_fused_half_params_round_like_eager(counted):
 
 
 def test_no_recompile_across_steps():
-    """Step-dependent scalars travel as a tensor: steps 2..n reuse the compiled kernels."""
+    """Step-dependent scalars travel as a tensor: steps 2..n reuse the compiled kernels, and so does another
+    optimizer at other settings (a search's trials: every lr, k, t0, γ, weight decay and λ(t)'s schedule)."""
     from torch._dynamo.utils import counters
 
     problem = flat_problem(n=150_000, runs=((0, 100_000),))
     train_flat(True, problem)  # compiles what this layout needs
     before = dict(counters["stats"])
     train_flat(True, problem, anneal_k=1.0, anneal_t0=2.0, pretrain_cof=7.0)
+    train_flat(True, problem, lr=3.7e-4, anneal_k=0.02, anneal_t0=9.0, pretrain_cof=123.0, anneal_fun="linear")
     assert dict(counters["stats"]) == before
 
 

@@ -216,6 +216,14 @@ def test_the_own_model_walk_through_as_printed(hf, tmp_path):
     assert (runs / "forgetting-Reviews.png").stat().st_size > 10_000
     assert json.loads((runs / "Reviews" / "adam" / "seed1" / "wise-ft.json").read_text())["points"][0]["alpha"] == 0.5
     assert "UserWarning" not in p.stderr and "Warning:" not in p.stdout, p.stderr[-2000:]
+    # then the search's block, after it in the same shell: two trials a method on the prepared data and probe
+    search = marked_bash_lines(PAGE, "<!-- search:start -->", "<!-- search:end -->")
+    p = subprocess.run(["bash", "-c", "set -euo pipefail\n" + "\n".join(search)], cwd=ROOT, env=dict(env, TRIALS="2"),
+                       capture_output=True, text=True)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    md = (work / "tune" / "Reviews" / "search" / "summary.md").read_text()
+    assert md.startswith("# Search: Reviews") and "| adam | 2 / 0 / 0 |" in md and "| recadam | 2 / 0 / 0 |" in md, md
+    assert "tune.sh: warning: KS=0.5 is grid.sh's" in p.stderr and "pair AUC since θ*" in md
 
 
 def test_a_model_without_tokenizer_json_gets_one_from_its_vocabulary(hf, tmp_path):

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from helpers import ROOT, base_env, fast_python, fast_train
+from helpers import ROOT, base_env, fast_python, fast_train, marked_bash_lines
 from recadam_fairseq.engine import trials as T
 from recadam_fairseq.launch import search, space
 from recadam_fairseq.launch.spec import Stop
@@ -187,20 +187,34 @@ def tiny_env(tiny, probe, save, **kw):
                               SAVE_INTERVAL_UPDATES=4, LR_RANGE="1e-4 1e-3", GAMMA_RANGE="10 100"), **kw})
 
 
-def test_a_search_on_the_tiny_model(tiny, probe, tmp_path):
-    """Two methods x three trials of real fairseq-train, two at a time (their runs overlap), equal budgets; each
-    trial's scores are what the engine reads from its run; the picks over seeds 1 and 2 (a seed-1 run is the trial's
-    own: no retraining) and the summary with the verdicts against Adam's best pick and the figures."""
-    save = tmp_path / "runs"
-    p = tune(tiny_env(tiny, probe, save, METHODS="adam recadam", TRIALS=3, JOBS=2, SEEDS="1 2"))
+def test_a_search_on_the_tiny_model_as_printed(tiny, probe, tmp_path):
+    """docs/search.md's block as printed (but its `make demo`, this suite's set-up): two methods x three trials of
+    real fairseq-train, two at a time (their runs overlap), equal budgets; each trial's scores are what the engine
+    reads from its run; the picks over seeds 1 and 2 (a seed-1 run is the trial's own: no retraining) and the summary
+    with the verdicts against Adam's best pick and the figures; the same command again trains nothing."""
+    lines = marked_bash_lines("docs/search.md", "<!-- tune-tiny:start -->", "<!-- tune-tiny:end -->")
+    assert lines[0].startswith("make demo") and "scripts/glue/tune.sh SST-2" in lines[-1]
+    for name in ("scripts", "recadam_fairseq"):  # the repository, as a user's clone would be
+        os.symlink(os.path.join(ROOT, name), tmp_path / name)
+    (tmp_path / "demo-out" / "tiny").mkdir(parents=True)  # what make demo made: this session's tiny model and probe
+    os.symlink(tiny.pretrained, tmp_path / "demo-out" / "tiny" / "pretrained.pt")
+    os.symlink(tiny.glue_bin, tmp_path / "demo-out" / "tiny" / "glue-bin")
+    os.symlink(probe, tmp_path / "demo-out" / "probe")
+    os.symlink(os.path.dirname(os.path.dirname(sys.executable)), tmp_path / ".venv")
+    env = base_env(FAIRSEQ_TRAIN=fast_train())  # (the suite's fairseq-train: forked, not a fresh interpreter)
+    script = "set -euo pipefail\n" + "\n".join(lines[1:]) + "\n"
+    p = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-5000:]
+    save = tmp_path / "tune-runs"
     trials = read_trials(save)
     assert [(t["method"], t["state"]) for t in trials] == [("adam", "complete")] * 3 + [("recadam", "complete")] * 3
     spans = []
     from recadam_fairseq.engine.read import read_run
 
     for t in trials:
+        t["run_dir"] = str(tmp_path / t["run_dir"])  # (relative: SAVE_DIR=tune-runs)
         argv = open(os.path.join(t["run_dir"], "command.sh")).read().split()
-        assert argv[argv.index("--max-update") + 1] == "8" and argv[argv.index("--lr") + 1] == t["LR"]  # equal budgets
+        assert argv[argv.index("--max-update") + 1] == "20" and argv[argv.index("--lr") + 1] == t["LR"]  # equal budgets
         r = read_run(t["run_dir"], str(save))
         assert (float(t["metric"]), float(t["forgetting"])) == (round(r["best"], 4), round(r["forgetting"], 5))
         spans.append((os.stat(os.path.join(t["run_dir"], "command.sh")).st_mtime,
@@ -215,8 +229,8 @@ def test_a_search_on_the_tiny_model(tiny, probe, tmp_path):
     assert all(f"| {os.path.basename(os.path.dirname(d))} | 2 |" in md for d in seed2), md
     for name in ("search-SST-2.png", "forgetting-SST-2.png", "verdicts.csv"):
         assert (save / "SST-2" / "search" / name).stat().st_size > 0
-    p = tune(tiny_env(tiny, probe, save, METHODS="adam recadam", TRIALS=3, JOBS=2, SEEDS="1 2"))
-    assert "6 ended before, 0 to run" in p.stdout and "confirming" not in p.stdout and "== done" not in p.stdout
+    p = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True)
+    assert "6 ended before, 0 to run" in p.stdout and "confirming" not in p.stdout and "== " not in p.stdout, p.stdout
 
 
 def test_a_refused_trial_is_recorded_with_its_reason(tiny, probe, tmp_path):
