@@ -537,7 +537,7 @@ def test_multitask_script_dry_run(mt, tmp_path):
                  "--criterion glue_multitask", "--seed 5", "--max-positions 64",  # the checkpoint's arch and sizes:
                  "--arch roberta", "--encoder-layers 2", "--encoder-embed-dim 64"):
         assert f"  {flag} \\\n" in cmd or cmd.endswith(f"  {flag}\n"), (flag, cmd)
-    assert (tmp_path / "MTL" / "roberta-uncertainty-recadam" / "seed1" / "command.sh").is_file()
+    assert (tmp_path / "MTL" / "roberta-uncertainty-recadam-k0.1-t1000" / "seed1" / "command.sh").is_file()
     # an ARCH that does not fit the checkpoint stops with one line
     bad = subprocess.run(["bash", os.path.join(ROOT, "scripts", "glue", "multitask.sh")],
                          env=dict(env, ARCH="roberta_large", SAVE_DIR=str(tmp_path / "y")), capture_output=True,

@@ -42,8 +42,13 @@ def test_a_run_directory_s_state(tmp_path):
     s = make(tmp_path)
     assert s.state() == "new"
     s.write()
+    other = make(tmp_path)
+    other.argv[3] = "3e-5"
+    assert other.state() == "new"  # command.sh alone (a dry run's): nothing started
     open(os.path.join(s.run_dir, "train.log"), "w").close()
     assert s.state() == "unfinished"
+    with pytest.raises(Conflict):  # started (a log, no checkpoint yet) with another command
+        other.state()
     open(os.path.join(s.run_dir, "checkpoint_last.pt"), "w").close()
     reordered = make(tmp_path)
     reordered.argv = reordered.argv[:2] + reordered.argv[4:] + reordered.argv[2:4]
@@ -160,6 +165,31 @@ def test_a_multitask_dry_run_without_a_readable_checkpoint_writes_its_command(tm
     assert "--freeze-encoder-layers" in s.argv and s.argv[s.argv.index("--max-update") + 1] == "5000"
     assert said[0] == f"warning: no {tmp_path / 'none'}; assuming 1000 updates per epoch"
     assert said[1].startswith(f"warning: ROBERTA_PATH={tmp_path / 'model.pt'}: ")
+
+
+def test_multitask_and_translation_variables(tmp_path):
+    """multitask.sh names a run by its method's knobs (a K sweep's runs do not share a directory) and shows glue_avg
+    in its progress lines; seq2seq/finetune.sh takes WARMUP=0 as no warmup; LR is checked as a number by both."""
+    from recadam_fairseq.launch import multitask, translation
+
+    (tmp_path / "model.pt").write_bytes(b"")
+    base = {"DRY_RUN": "1", "ROBERTA_PATH": str(tmp_path / "model.pt"), "DATA_DIR": str(tmp_path / "none"),
+            "SAVE_DIR": str(tmp_path / "runs"), "FP16": "0", "METHOD": "recadam"}
+    quiet = dict(say=lambda msg: None)
+    runs = [multitask.build(Variables(dict(base, K=k), "multitask.sh", **quiet), []) for k in ("0.1", "0.5")]
+    assert [os.path.basename(os.path.dirname(r.run_dir)) for r in runs] == [
+        "roberta_base-uncertainty-recadam-k0.1-t1000", "roberta_base-uncertainty-recadam-k0.5-t1000"]
+    assert runs[0].metric == "glue_avg"
+    with pytest.raises(Stop, match="LR must be a number \\(the learning rate\\), got '2e-5x'"):
+        multitask.build(Variables(dict(base, LR="2e-5x"), "multitask.sh", **quiet), [])
+    mt = {"DRY_RUN": "1", "PRETRAINED": str(tmp_path / "model.pt"), "DATA": str(tmp_path / "none"), "FP16": "0",
+          "ARCH": "transformer", "SAVE_DIR": str(tmp_path / "runs")}
+    s = translation.build(Variables(dict(mt, WARMUP="0", MAX_UPDATE="100"), "finetune.sh", **quiet), "adam", [])
+    assert s.argv[s.argv.index("--warmup-updates") + 1] == "0"
+    s = translation.build(Variables(dict(mt, MAX_UPDATE="100"), "finetune.sh", **quiet), "adam", [])
+    assert s.argv[s.argv.index("--warmup-updates") + 1] == "6"
+    with pytest.raises(Stop, match="LR must be a number"):
+        translation.build(Variables(dict(mt, LR="fast"), "finetune.sh", **quiet), "adam", [])
 
 
 def test_a_trainer_that_cannot_run_is_one_line(tmp_path, capsys):

@@ -19,7 +19,7 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
     tasks_arg = v.get("TASKS", "CoLA,SST-2,MRPC,QQP,STS-B,MNLI,QNLI,RTE")
     sampling = v.choice("SAMPLING", "uncertainty", SAMPLINGS,
                         "unknown SAMPLING '{value}'; choose one of " + " ".join(SAMPLINGS))
-    lr, freeze = v.get("LR", "2e-5"), v.get("FREEZE", "lower")
+    lr, freeze = v.number("LR", "the learning rate") or "2e-5", v.get("FREEZE", "lower")
     data_dir = v.get("DATA_DIR", "./glue-bin")
     fp16_choice = v.fp16()
     batch, epochs, gpus = v.whole("BATCH", 32), v.whole("EPOCHS", 5), v.whole("NUM_GPUS", 1)
@@ -53,7 +53,7 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
     warmup = max(1, total // 10)
     recipe.schedule_warnings(v, total, warmup, lr, bool(m["METHOD_RECADAM"]))
     save_interval = v.whole("SAVE_INTERVAL_UPDATES", default_save_interval(total))
-    name = f"{arch or arch_flags[1]}-{sampling}-{m['METHOD']}"
+    name = f"{arch or arch_flags[1]}-{sampling}-{m['METHOD_NAME']}"  # the method with its knobs: a K sweep's runs apart
     save_dir = v.get("SAVE_DIR", "runs")
     run_dir = f"{save_dir}/MTL/{name}/seed{seed}"  # (as the shell joined them: their runs resume)
 
@@ -74,6 +74,6 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
     cmd += meter + ["--find-unused-parameters"] + recipe.tail(v, run_dir, seed, save_interval, best) + list(extra)
     return RunSpec(cmd, len(train), run_dir, f"multi-task {tasks} ({sampling}, {name}) seed {seed}",
                    f"LR={lr} BATCH={batch} EPOCHS={epochs} TOTAL={total} WARMUP={warmup} FP16={int(fp16)} "
-                   f"FREEZE={freeze}", SCRIPT, metric=v.get("METRIC"),
+                   f"FREEZE={freeze}", SCRIPT, metric="glue_avg",
                    banner=f"== multi-task {tasks} ({sampling}, {name}, {m['METHOD']}) seed {seed} -> {run_dir}",
                    after=f"== (python scripts/glue/summarize.py {save_dir})")

@@ -93,24 +93,24 @@ class RunSpec:
     def command(self) -> str:
         return render(self.argv, self.lead, self.cwd)
 
-    @property
-    def name(self) -> str:
-        """METHOD/seedN: the run in a grid's lines."""
-        return os.path.relpath(self.run_dir, os.path.dirname(os.path.dirname(self.run_dir)))
-
     def has_checkpoints(self) -> bool:
         return bool(glob.glob(os.path.join(self.run_dir, "checkpoint*.pt")))
 
     def done(self) -> bool:
         return os.path.isfile(os.path.join(self.run_dir, "done"))
 
+    def started(self) -> bool:
+        """It trained: a log or checkpoints."""
+        return os.path.exists(os.path.join(self.run_dir, "train.log")) or self.has_checkpoints()
+
     def state(self, restart: bool = False) -> str:
         """``new``, ``unfinished`` (a log or checkpoints: it resumes) or ``done``; ``restart``: ``new`` whatever
-        it holds. :class:`Conflict` when the directory holds a started or finished run of another command."""
+        it holds. :class:`Conflict` when the directory holds a started or finished run of another command (a
+        command.sh written by a dry run alone is not one)."""
         if restart:
             return "new"
         saved = os.path.join(self.run_dir, "command.sh")
-        if os.path.isfile(saved) and (self.has_checkpoints() or self.done()):
+        if os.path.isfile(saved) and (self.started() or self.done()):
             with open(saved, encoding="utf-8") as f:
                 old = f.read()
             if flag_lines(old) != flag_lines(self.command):
@@ -118,8 +118,7 @@ class RunSpec:
                                f"RESTART=1 starts it over with this one, or choose another SAVE_DIR")
         if self.done():
             return "done"
-        return "unfinished" if os.path.exists(os.path.join(self.run_dir, "train.log")) or self.has_checkpoints() \
-            else "new"
+        return "unfinished" if self.started() else "new"
 
     def clear(self) -> None:
         """RESTART=1: the run's checkpoints, log and done marker deleted (command.sh and run.json are rewritten)."""

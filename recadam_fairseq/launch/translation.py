@@ -15,13 +15,13 @@ SCRIPT = "scripts/seq2seq/finetune.sh"
 def build(v: Variables, method_arg: str, extra: List[str]) -> RunSpec:
     """The run ``seq2seq/finetune.sh METHOD EXTRA...`` makes under the variables ``v``; Stop (one line) if it cannot."""
     m = recipe.method(v, method_arg, seq2seq=True)
-    lr = v.get("LR", m["METHOD_LR"] or "5e-4")
+    lr = v.number("LR", "the learning rate") or m["METHOD_LR"] or "5e-4"
     max_tokens, beam = v.whole("MAX_TOKENS", 4096), v.whole("BEAM", 4)
     total = v.whole("MAX_UPDATE", 10000)
     seed, gpus = v.whole("SEED", 1, minimum=0), v.whole("NUM_GPUS", 1)
     src, tgt = v.get("SRC", "src"), v.get("TGT", "tgt")
     subsets = v.get("VALID_SUBSETS", "valid,test")
-    warmup = max(1, v.whole("WARMUP", total * 6 // 100, minimum=0))
+    warmup = v.whole("WARMUP", max(1, total * 6 // 100), minimum=0)  # WARMUP=0: none, as asked
     save_interval = v.whole("SAVE_INTERVAL_UPDATES", default_save_interval(total))
 
     path, data = v.get("PRETRAINED"), v.get("DATA")

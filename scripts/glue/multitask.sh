@@ -20,7 +20,8 @@
 #                 T0 [1000] ...), listed with their variables at the end of this help
 #   LR [2e-5]  BATCH [32]  EPOCHS [5]  SEED [1]  FP16 [auto: 1 with a CUDA device]  NUM_GPUS [1]
 #   SAVE_INTERVAL_UPDATES  [a tenth of the run, at most 2000]
-#   SAVE_DIR      [runs]; the run is $SAVE_DIR/MTL/<ARCH>-<SAMPLING>-<METHOD>/seed$SEED (summarize.py reads it)
+#   SAVE_DIR      [runs]; the run is $SAVE_DIR/MTL/<ARCH>-<SAMPLING>-<METHOD>[-k$K-t$T0...]/seed$SEED (the method
+#                 named with its knobs as finetune.sh names it; summarize.py reads it)
 #   FORGETTING_PROBE  [none] the forgetting meter's probe, FORGETTING_METER [mlm] | pairs (docs/forgetting-meter.md),
 #                 FORGETTING_BUDGET: checkpoint_best.pt the best glue_avg among the validations that forgot at most it
 #   USER_DIR      [<repo>/recadam_fairseq]   FAIRSEQ_TRAIN [fairseq-train]   PYTHON [fairseq-train's]
