@@ -289,7 +289,7 @@ def test_ctrl_c_then_the_same_command_then_more_trials(fake):
 
 def test_a_search_on_a_pretend_slurm_cluster(fake, tmp_path):
     """CLUSTER=slurm: each trial a SLURM job through the real submitit (tests/helpers/fake_slurm.py), carrying its
-    spec; the study records each trial's job; every trial complete."""
+    spec; search/jobs.json records each run's job; every trial complete."""
     from helpers import fake_slurm
 
     fake_slurm.install(str(tmp_path / "bin"), str(tmp_path / "slurm-state"))
@@ -300,5 +300,7 @@ def test_a_search_on_a_pretend_slurm_cluster(fake, tmp_path):
     assert [t["state"] for t in trials] == ["complete", "complete"], p.stdout
     assert sorted(int(n) for n in os.listdir(tmp_path / "slurm-state") if n.isdigit()) == [1000, 1001]
     assert "adam #0 sent to slurm (job 100" in p.stdout
+    sent = json.load(open(os.path.join(env["SAVE_DIR"], "SST-2", "search", "jobs.json")))
+    assert sorted(sent.values()) == ["1000", "1001"] and set(sent) == {t["run_dir"] for t in trials}
     logs = glob.glob(os.path.join(env["SAVE_DIR"], "SST-2", "search", ".submitit", "*_log.out"))
     assert len(logs) == 2 and all("== done: " in open(f).read() for f in logs)

@@ -101,6 +101,7 @@ class Search:
         self.root = v.get("SAVE_DIR", "runs")
         self.dir = os.path.join(os.path.dirname(os.path.dirname(base.run_dir)), "search")
         self.lock = threading.Lock()
+        self.inflight: Dict[str, threading.Event] = {}  # run directories being trained: {run_dir: set once ended}
         self.storage = self.studies = self.runs = None
 
     # ------------------------------------------------------------------ runs
@@ -196,7 +197,7 @@ class Search:
                 out.append({"method": m, "number": t.number, "state": state, "reason": a.get("reason", ""),
                             "values": a.get("values", {}), "metric": t.values[0] if state == "complete" else None,
                             "forgetting": t.values[1] if state == "complete" else None, "run_dir": run_dir,
-                            "setting": os.path.basename(os.path.dirname(run_dir)), "job": a.get("job")})
+                            "setting": os.path.basename(os.path.dirname(run_dir))})
         return out
 
     # ------------------------------------------------------------------ a trial
@@ -220,27 +221,49 @@ class Search:
             return {"state": "diverged", "reason": f"{self.metric} {r['best']}, forgetting {r['forgetting']}"}
         return {"state": "complete", "metric": r["best"], "forgetting": r["forgetting"]}
 
-    def train(self, spec: RunSpec, say, name: str, job_id: Optional[str] = None, on_job=None) -> int:
-        """``spec`` trained (here, or as a cluster job: ``job_id`` one sent earlier to wait for again, ``on_job(id)``
-        told of a new one); its exit status, 130 for Ctrl-C."""
-        if spec.done():
-            return 0
-        if self.params is None:
-            if os.path.exists(os.path.join(spec.run_dir, "train.log")):
-                say(f"resume {spec.run_dir} (unfinished)")
-            spec.write()
-            (say if self.jobs == 1 else (lambda t: say(f"[{name}] {t}")))(spec.banner)
-            return self.runs.train(spec, say, name)
+    def train(self, spec: RunSpec, say, name: str) -> int:
+        """``spec`` trained, here or as a cluster job; its exit status, 130 for Ctrl-C. A run another trial of this
+        search is training (two trials drawn to the same values) is waited for, then read: nothing trains twice."""
+        with self.lock:
+            busy = self.inflight.get(spec.run_dir)
+            if busy is None:
+                self.inflight[spec.run_dir] = threading.Event()
+        if busy is not None:
+            busy.wait()
+            return 0 if spec.done() else 1
+        try:
+            return 0 if spec.done() else self.train_here(spec, say, name) if self.params is None else \
+                self.train_there(spec, say, name)
+        finally:
+            with self.lock:
+                self.inflight.pop(spec.run_dir).set()
+
+    def train_here(self, spec: RunSpec, say, name: str) -> int:
+        if os.path.exists(os.path.join(spec.run_dir, "train.log")):
+            say(f"resume {spec.run_dir} (unfinished)")
+        spec.write()
+        (say if self.jobs == 1 else (lambda t: say(f"[{name}] {t}")))(spec.banner)
+        return self.runs.train(spec, say, name)
+
+    def train_there(self, spec: RunSpec, say, name: str) -> int:
+        """As a cluster job, its id kept in search/jobs.json: a launcher that died waits for that job again (SLURM's:
+        one still queued or running, or ended well), and sends another only when it failed."""
+        path = os.path.join(self.dir, "jobs.json")
+        with self.lock:
+            sent = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else {}
         job = None
-        if job_id and self.v.get("CLUSTER") == "slurm":  # a job a killed launcher sent: waited for, not sent again
-            job = self.runs.job(job_id)
-            if job.done() and job.state not in ("COMPLETED",):
+        if sent.get(spec.run_dir) and self.v.get("CLUSTER") == "slurm":
+            job = self.runs.job(sent[spec.run_dir])
+            if job.done() and job.state != "COMPLETED":
                 job = None
         if job is None:
-            ex = self.runs.executor()
-            job = ex.submit(SpecJob(spec, self.runs.env))
-            if on_job:
-                on_job(job.job_id)
+            job = self.runs.executor().submit(SpecJob(spec, self.runs.env))
+            with self.lock:
+                sent = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else {}
+                sent[spec.run_dir] = job.job_id
+                with open(path + ".tmp", "w", encoding="utf-8") as f:
+                    json.dump(sent, f, indent=1)
+                os.replace(path + ".tmp", path)
             say(f"{SCRIPT}: {self.task}: {name} sent to {self.v.get('CLUSTER')} (job {job.job_id}; its log: "
                 f"{job.paths.stdout})")
         why = self.runs.wait_job(job)
@@ -250,7 +273,7 @@ class Search:
         """One of ``method``'s budget: a trial that trains (refusals are asked again, up to TRIALS of them);
         ``orphan``: a trial a killed launcher left running, whose run resumes."""
         def go(say):
-            trial = (orphan["number"], orphan["values"], orphan.get("job")) if orphan else None
+            trial = (orphan["number"], orphan["values"]) if orphan else None
             while not self.runs.stop.is_set():
                 with self.lock:
                     if trial is None:
@@ -259,8 +282,8 @@ class Search:
                             say(f"{SCRIPT}: {self.task}: {method}: {refused} trials refused, no more asked: narrow "
                                 f"its ranges (LR_RANGE, ...; the reasons: {os.path.join(self.dir, 'trials.csv')})")
                             return None
-                        trial = (*self.ask(method), None)
-                number, values, job = trial
+                        trial = self.ask(method)
+                number, values = trial
                 try:
                     spec = self.build(method, values)
                 except Stop as e:
@@ -270,8 +293,7 @@ class Search:
                         self.set_attr(method, number, "run_dir", spec.run_dir)
                     try:
                         spec.state()
-                        rc = self.train(spec, say, f"{method} #{number}", job,
-                                        lambda jid: self.set_attr(method, number, "job", jid))
+                        rc = self.train(spec, say, f"{method} #{number}")
                         outcome = self.outcome(spec, rc)
                     except Conflict as e:
                         outcome = {"state": "failed", "reason": str(e)}
