@@ -1141,7 +1141,7 @@ def test_a_preempted_slurm_job_is_requeued_and_its_run_ends(fake, tmp_path):
     out, _ = grid.communicate(timeout=60)
     assert grid.returncode == 0 and "grid.sh: RTE: ran 1, skipped 0, failed 0" in out, out
     assert open(state / (job + ".requeued")).read() == "1" and open(state / job).read() == "COMPLETED"
-    assert len(open(attempts).read().split()) == 2 and os.path.exists(os.path.join(run_dir, "done"))
+    assert len(open(attempts).read().splitlines()) == 2 and os.path.exists(os.path.join(run_dir, "done"))
     log = "".join(open(f).read() for f in glob.glob(f"{env['SAVE_DIR']}/RTE/.submitit/*_log.err"))
     assert "Caught signal SIGUSR2" in log and "this job is preempted" in log, log  # (the requeue: scontrol's count)
 
