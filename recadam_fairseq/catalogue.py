@@ -15,7 +15,7 @@ A record says what the method is: its flags, its knobs with their bounds, its fa
 base, where it runs (the task scripts, the multi-task setting), and how its run directories are named
 (:func:`parse_run_name` reads them back); the order of the records is every list's. What a consumer does with a
 method is in that consumer's own table, keyed by its name: the benchmarks' and the GPU pass's rows
-(``tools/bench_rows.py``), the translation comparison's methods (``compare/seq2seq.py``), the forgetting
+(``bench/bench_rows.py``), the translation comparison's methods (``compare/seq2seq.py``), the forgetting
 comparison's update costs (``compare/runner.py``).
 
 RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with

@@ -7,7 +7,7 @@ import torch
 
 import recadam_fairseq
 from helpers import Tiny
-from recadam_fairseq.tools import make_tiny_roberta
+from recadam_fairseq.tiny import make_tiny_roberta
 
 # One thread per process: the suite runs as 2 xdist workers on CI's 2 cores, each starting fairseq-train
 # processes; more threads would only oversubscribe the cores. Launches inherit it (helpers.launch, the scripts).

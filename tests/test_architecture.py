@@ -15,6 +15,8 @@ from helpers import ROOT
 PACKAGE = os.path.join(ROOT, "recadam_fairseq")
 EVENTS = os.path.join("recadam_fairseq", "plumbing", "events.py")
 ADAPTERS = {"optim", "criterions", "tasks", "models", "meters", "plumbing"}  # the fairseq adapters' folders
+# folders without a flag: the core, the comparison, the tools and their rooms, the launcher
+NO_FLAGS = ("core", "compare", "tools", "prepare", "use", "bench", "tiny", "launch")
 CORE = sorted(os.path.relpath(p, ROOT)[:-3].replace(os.sep, ".")
               for p in glob.glob(os.path.join(PACKAGE, "core", "*.py")))
 
@@ -44,9 +46,9 @@ def _field_declarations():
     imports no fairseq): how = "field" for a declaration with its own metadata, "redefault" for one taken
     from another dataclass, "II" for a value read from another config node."""
     for path, tree in sources():
-        if path.startswith(tuple(os.path.join("recadam_fairseq", d) for d in ("core", "compare", "tools", "bench", "launch"))) or \
+        if path.startswith(tuple(os.path.join("recadam_fairseq", d) for d in NO_FLAGS)) or \
                 path == os.path.join("recadam_fairseq", "catalogue.py"):
-            continue  # the core has no flags; compare/, tools/, bench/, launch/ and the catalogue are no fairseq component
+            continue  # the core has no flags; the other folders of NO_FLAGS and the catalogue are no fairseq component
         for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
             for stmt in cls.body:
                 if isinstance(stmt, ast.AnnAssign) and isinstance(stmt.target, ast.Name) and stmt.value is not None:
@@ -266,7 +268,8 @@ def test_folders_import_one_way():
     """The package's folders form layers (ARCHITECTURE.md): no folder imports another that imports it back, directly
     or through others."""
     folders, edges = _folder_imports()
-    assert {"core", "plumbing", "meters", "criterions", "optim", "compare", "tools", "engine"} <= folders
+    assert {"core", "plumbing", "meters", "criterions", "optim", "compare", "tools", "prepare", "use", "bench", "tiny",
+            "engine"} <= folders
     assert edges.get("core", {}) == {}, edges.get("core")
     problems = []
 

@@ -207,7 +207,7 @@ def test_benchmarks_and_gpu_pass_read_the_catalogue():
 
 def e2e_methods():
     """The GPU pass's rows: each catalogue method's (its table's rows)."""
-    from recadam_fairseq.tools import bench_rows
+    from recadam_fairseq.bench import bench_rows
 
     return [v.label for m in METHODS for v in bench_rows.variants(m, "gpu")]
 
@@ -267,7 +267,7 @@ c.KNOBS["throw"] = c.Knob("throw", "THROW", "0.5", float, "--throw", "a test's k
 c.register(c.Method("throwaway", "a method only a test has", "adam", knobs=("throw",), multitask=True,
                     page="throwaway.md"), c.WithRecAdam("throwaway"))
 # the consumers' own tables: the benchmarks' and the GPU pass's rows, the comparisons' routing
-from recadam_fairseq.tools import bench_rows as b
+from recadam_fairseq.bench import bench_rows as b
 b.ROWS.update({"throwaway": (b.GPU, b.Variant("regularisers", "throwaway 0.5")), "recadam-throwaway": (b.GPU,)})
 """
 # what the comparisons and the docs' tables make of it, in one interpreter
@@ -360,10 +360,10 @@ def test_no_module_but_the_catalogue_lists_methods():
     but a consumer's own routing table, keyed by the catalogue's names (each key one of its methods: a renamed
     method cannot drop out of a benchmark or a comparison unseen)."""
     from recadam_fairseq.compare import plan, seq2seq
-    from recadam_fairseq.tools import bench_rows
+    from recadam_fairseq.bench import bench_rows
 
     names = set(METHODS)
-    tables = {os.path.join("recadam_fairseq", "tools", "bench_rows.py"): bench_rows.ROWS,
+    tables = {os.path.join("recadam_fairseq", "bench", "bench_rows.py"): bench_rows.ROWS,
               os.path.join("recadam_fairseq", "compare", "seq2seq.py"): seq2seq.TRANSLATION,
               os.path.join("recadam_fairseq", "compare", "plan.py"): plan.COST}
     for path, table in tables.items():

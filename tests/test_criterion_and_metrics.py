@@ -55,7 +55,7 @@ K, T0, GAMMA = 0.5, 6.0, 500.0
 def json_runs(tiny, tmp_path_factory):
     """recadam (with the forgetting meter's probe) and adam, json logs every 2 updates, validation and
     interval checkpoints every 4: for the metrics test and the plot test."""
-    from recadam_fairseq.tools import binarize_probe
+    from recadam_fairseq.prepare import binarize_probe
 
     root = tmp_path_factory.mktemp("json")
     probe = str(root / "probe")  # the forgetting meter's panel: the recadam run has it

@@ -18,7 +18,7 @@ from recadam_fairseq.core.errors import ConfigError
 
 from helpers import (DIST_FLAGS, assert_one_line_error, dumps, flat_params, load_ckpt, run_jobs, run_wrapper,
                      tiny_classifier_args)
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
 
 HP = dict(lr=1e-2, betas=(0.9, 0.98), eps=1e-6, weight_decay=0.01, anneal_fun="sigmoid", anneal_k=0.5,
           anneal_t0=3.0, anneal_w=1.0, pretrain_cof=40.0)
@@ -579,7 +579,7 @@ def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
     assert [p.split(", ")[0] for p in passes] == [f"  ewc: the Fisher pass: {k}/32 examples ({k * 100 // 32}%)"
                                                   for k in (8, 16, 24)], shown
     assert None not in shown and any(s.startswith("  ewc: the Fisher pass took ") for s in shown)
-    from recadam_fairseq.tools.e2e_overhead import FISHER_LINE  # the GPU pass's reading of the same line
+    from recadam_fairseq.bench.e2e_overhead import FISHER_LINE  # the GPU pass's reading of the same line
 
     assert int(FISHER_LINE.search(runs["task"][1]).group(2)) == 32
 

@@ -158,7 +158,7 @@ def test_tiny_roberta_under_fsdp_anchors_what_the_unsharded_run_does(tiny):
     from recadam_fairseq.plumbing.anchor_source import quiet_upgrade
     from recadam_fairseq.core.anchor import pretrained_names
     from recadam_fairseq.optim.fsdp_support import build_anchors, shard_parts as parts_of
-    from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
+    from recadam_fairseq.tiny.make_tiny_roberta import TINY_ARCH
 
     cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                        "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *TINY_ARCH, "--cpu")
@@ -221,7 +221,7 @@ def test_why_fairseq_cannot_restore_a_pretrained_roberta_under_fsdp(tiny):
     optimizer. (At world size 1 the shard is the whole flat parameter: no gathering needed here.)"""
     from fairseq import tasks
 
-    from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
+    from recadam_fairseq.tiny.make_tiny_roberta import TINY_ARCH
 
     cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                        "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *TINY_ARCH, "--cpu")
@@ -328,7 +328,7 @@ def headed(tiny, tmp_path_factory):
     pytest.importorskip("fairscale")
     from fairseq import tasks
 
-    from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
+    from recadam_fairseq.tiny.make_tiny_roberta import TINY_ARCH
 
     cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                        "--num-classes", "2", "--init-token", "0", "--separator-token", "2", *TINY_ARCH, "--cpu")

@@ -27,8 +27,10 @@ from recadam_fairseq.engine import methods, plot, stats
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.data import data_settings, task_layout
 from recadam_fairseq.compare.files import task_dirs
-from recadam_fairseq.tools import convert_hf as conv
-from recadam_fairseq.tools import interpolate as wise
+from recadam_fairseq.prepare import convert_hf as conv
+from recadam_fairseq.prepare import hf_source, verify_hf
+from recadam_fairseq.prepare.bert_forward import read_bert
+from recadam_fairseq.use import interpolate as wise
 START, END = "<!-- forgetting:start -->", "<!-- forgetting:end -->"
 
 
@@ -40,7 +42,7 @@ def converted(tmp_path_factory):
 
 
 def test_conversion_matches_bert_forward(converted):
-    v = conv.verify(None, converted)
+    v = verify_hf.verify(None, converted)
     assert v["layers"] == 7 and v["tokens"] > 60
     assert v["abs_same_eps"] < 1e-4, v  # fp32 rounding only
     assert v["rel"] < 5e-3, v  # BERT's eps 1e-12 -> fairseq's 1e-5
@@ -55,12 +57,12 @@ def test_dictionary_and_checkpoint_layout(converted):
     import recadam_fairseq.safe_globals  # noqa: F401
     from fairseq.data import Dictionary
 
-    bert = conv.read_bert(conv.packaged_model_dir())
-    symbols, f2b, b2f = conv.vocab_order(bert.vocab)
+    bert = read_bert(hf_source.packaged_model_dir())
+    symbols, f2b, b2f = hf_source.vocab_order(bert.vocab)
     d = Dictionary.load(os.path.join(converted, "dict.txt"))
     d.add_symbol("<mask>")  # as fairseq's masked_lm / sentence_prediction tasks do
     assert len(d) == len(bert.vocab) == 30522
-    for bert_tok, fs_tok in zip(conv.BERT_SPECIALS + (conv.BERT_MASK,), conv.FAIRSEQ_SPECIALS):
+    for bert_tok, fs_tok in zip(hf_source.BERT_SPECIALS + (hf_source.BERT_MASK,), hf_source.FAIRSEQ_SPECIALS):
         assert d.index(fs_tok) == b2f[bert.vocab.index(bert_tok)]
     for word in ("movie", "##ing", "guitar", "[unused0]"):
         assert d.index(word) == b2f[bert.vocab.index(word)] != d.unk()
@@ -78,12 +80,12 @@ def test_dictionary_and_checkpoint_layout(converted):
 
 
 def test_conversion_errors_name_the_input(tmp_path):
-    with pytest.raises(conv.ConversionError, match=r"config\.json: missing \(the model.s config"):
-        conv.read_bert(str(tmp_path))
-    with pytest.raises(conv.ConversionError, match=r"'hello' appears twice \(lines 6 and 7\)"):
-        conv.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "hello"])
-    with pytest.raises(conv.ConversionError, match=r"no \[MASK\]"):
-        conv.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"])
+    with pytest.raises(hf_source.ConversionError, match=r"config\.json: missing \(the model.s config"):
+        read_bert(str(tmp_path))
+    with pytest.raises(hf_source.ConversionError, match=r"'hello' appears twice \(lines 6 and 7\)"):
+        hf_source.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "hello", "hello"])
+    with pytest.raises(hf_source.ConversionError, match=r"no \[MASK\]"):
+        hf_source.vocab_order(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "hello"])
 
 
 def test_method_specs():
@@ -504,7 +506,8 @@ def test_example_task_is_a_labelled_set_of_the_sdists(tmp_path_factory, tmp_path
     """data-prep/example_task.py (the own-model walk-through's shippable set): the movie snippets rated at least 1 from
     neutral, labelled by their rating's sign, split without overlap; the SNLI pairs, half entailment (1), half
     contradiction (0); each file with the header the walk-through names, no tab inside a text."""
-    from recadam_fairseq.tools import example_task, text_data
+    from recadam_fairseq.prepare import example_task
+    from recadam_fairseq.tiny import text_data
 
     where = sdists(tmp_path_factory)
     assert example_task.main(["--out", str(tmp_path), "--sdist-dir", where, "--train", "40", "--dev", "20",

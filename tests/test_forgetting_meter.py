@@ -17,7 +17,7 @@ import torch
 
 from helpers import assert_one_line_error, fast_python, json_records, load_ckpt, run_jobs
 from recadam_fairseq.core import probes
-from recadam_fairseq.tools import binarize_probe
+from recadam_fairseq.prepare import binarize_probe
 
 VALIDATE = ["--validate-interval-updates", "4", "--save-interval-updates", "4", "--keep-interval-updates", "-1",
             "--log-format", "json", "--dropout", "0.1", "--attention-dropout", "0.1"]

@@ -20,12 +20,12 @@ import torch
 from helpers import (ROOT, USER_DIR, dumps, fast_python, json_records, launch_ranks, load_ckpt, multitask_args, parse_config,
                      train_multitask)
 from helpers.glue_files import GLUE, WORDS, write_bpe, write_tsv
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
-from recadam_fairseq.tools import prepare_glue as pg
+from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
+from recadam_fairseq.prepare import prepare_glue as pg
 
 from recadam_fairseq.core import mt_sampling
 from recadam_fairseq.engine import summarize  # scripts/glue/summarize.py's code
-from recadam_fairseq.tools import predict_multitask  # scripts/glue/predict_multitask.py's code
+from recadam_fairseq.use import predict_multitask  # scripts/glue/predict_multitask.py's code
 
 TASKS = ["CoLA", "MRPC", "STS-B", "MNLI"]
 HEADS = ["cola", "mrpc", "sts_b", "mnli"]

@@ -26,7 +26,7 @@ import torch
 
 from helpers import (ROOT, USER_DIR, anchors, assert_same_run, base_env, code_carrying, fast_python,
                      fast_train, run_plan)
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.launch import command as launch_command, glue as launch_glue
@@ -147,7 +147,7 @@ def glue(tiny, tmp_path_factory):
                       dict(env, SAVE_DIR=str(root / kind), RECADAM_EXIT_AFTER_SAVES="1"))
     # piped to head: the run's log and done marker must not depend on the terminal's pipe; with a probe of held-out
     # text (the meter leaves training as it was), for summarize.py --wise-ft on a run the scripts made
-    from recadam_fairseq.tools import binarize_probe
+    from recadam_fairseq.prepare import binarize_probe
 
     binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
                          os.path.join(tiny.lm_bin, "dict.txt"), "--out", str(root / "probe")])

@@ -84,7 +84,7 @@ def test_fisher_pass_against_adams_training_per_example():
     nothing of it."""
     from types import SimpleNamespace
 
-    from recadam_fairseq.tools import e2e_overhead as e2e
+    from recadam_fairseq.bench import e2e_overhead as e2e
 
     def run(s, fisher=None):
         return {"s_per_update": s, "peak_bytes": None, "trained": 10, "command": [], "fisher_s": fisher,

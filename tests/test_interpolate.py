@@ -12,7 +12,7 @@ import torch
 from helpers import ROOT, SCRIPTS, code_carrying, load_ckpt
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.wise_ft import interpolate, shared_names
-from recadam_fairseq.tools import interpolate as wise
+from recadam_fairseq.use import interpolate as wise
 
 SCRIPT = os.path.join(SCRIPTS, "interpolate.py")
 

@@ -26,7 +26,7 @@ from helpers import TINY_FT, assert_one_line_error, build_tiny, load_ckpt, rando
 from recadam_fairseq.core import anchor as anchor_mod
 from recadam_fairseq.core import lora, mixout
 from recadam_fairseq.core.errors import ConfigError
-from recadam_fairseq.tools import interpolate as wise
+from recadam_fairseq.use import interpolate as wise
 
 FT = TINY_FT
 HEAD = "sentence_classification_head"

@@ -14,7 +14,7 @@ import torch
 
 from helpers import code_carrying, one_error_line, run_plan
 
-from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
 
 CRIT = ["--criterion", "sentence_prediction_recadam"]
 

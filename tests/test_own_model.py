@@ -12,8 +12,8 @@ import subprocess
 import pytest
 
 from helpers import ROOT, base_env, fast_python, fast_train, marked_bash_lines
-from recadam_fairseq.tools import convert_hf as conv
-from recadam_fairseq.tools import prepare_task
+from recadam_fairseq.prepare import convert_hf as conv
+from recadam_fairseq.prepare import hf_source, prepare_task, verify_hf
 
 MODELS = ("bert", "roberta", "xlmr")
 
@@ -30,7 +30,7 @@ def test_converted_model_is_the_original(hf, converted, name):
     (1e-5) with the original's LayerNorm eps set to fairseq's 1e-5; with its own eps (1e-12) 2% of a hidden state
     at most, the eps being what differs (10 times the rounding); the same top word for every token with the same eps
     (with the original's own, a near tie of two words in these random weights may swap: 1 of 252 did once)."""
-    v = conv.verify(hf[name], converted[name])
+    v = verify_hf.verify(hf[name], converted[name])
     assert v["layers"] == 3 and v["lm_head"] and v["family"] == ("bert" if name == "bert" else "roberta")
     assert v["abs_same_eps"] < 1e-5 and v["rel_same_eps"] < 1e-5 and v["rel"] < 2e-2, v
     assert v["abs"] > 10 * v["abs_same_eps"] and v["cos"] < 1e-5, v
@@ -61,8 +61,8 @@ def test_prepared_task_is_the_tokenizer_s_ids(hf, converted, tmp_path, name, fmt
     meta = json.loads((task / "labels.json").read_text())
     assert (meta["task"], meta["num_classes"], meta["metric"]) == ("Reviews", 2, "accuracy")
     assert meta["id2label"] == {"0": "negative", "1": "positive"} and meta["prepared"]["train"]["unk"] == 0
-    source = conv.read_model(hf[name])
-    b2f = conv.vocab_order(source.vocab, hf[name], source.family)[2]
+    source = hf_source.read_model(hf[name])
+    b2f = hf_source.vocab_order(source.vocab, hf[name], source.family)[2]
     tok = Tokenizer.from_file(os.path.join(hf[name], "tokenizer.json"))
     rows = [ln.split("\t") for ln in open(f"{data}/dev.tsv", encoding="utf-8").read().splitlines()[1:]]
     got, labels = read_binarized(task, "input0", "valid"), read_binarized(task, "label", "valid")
@@ -161,7 +161,7 @@ def test_pair_probe_from_a_file_of_sentence_pairs(hf, converted, tmp_path, capsy
     from fairseq.data import data_utils
     from tokenizers import Tokenizer
 
-    from recadam_fairseq.tools import binarize_probe
+    from recadam_fairseq.prepare import binarize_probe
 
     pairs = os.path.join(hf["data"], "pairs.tsv")
     info = binarize_probe.main(["--pairs", pairs, "--model", converted["roberta"], "--out", str(tmp_path / "probe")])

@@ -1,9 +1,9 @@
-"""Using a fine-tuned model: scripts/glue/predict.py (tools/predict.py), the README's snippet, the Hugging Face export.
+"""Using a fine-tuned model: scripts/glue/predict.py (use/predict.py), the README's snippet, the Hugging Face export.
 
 Two tiny runs, a few updates each: a LoRA run on the tiny RTE (sentence pairs) and a multi-task run on
 SST-2, RTE and STS-B (a regression); an interpolated checkpoint made from the first. Every expected
 number comes from fairseq itself: the model loaded with checkpoint_utils and run on the binarized dev
-sets that fairseq-preprocess wrote from the same sentences (no code of tools/predict.py on that path).
+sets that fairseq-preprocess wrote from the same sentences (no code of use/predict.py on that path).
 """
 
 import ast
@@ -21,7 +21,7 @@ import torch
 from helpers import LORA, NO_DROPOUT, ROOT, TINY_FT, code_carrying, load_ckpt, train_multitask
 from helpers.glue_files import WORDS, write_bpe
 
-from recadam_fairseq.tools import export_hf, predict
+from recadam_fairseq.use import export_hf, predict
 
 PREDICT = os.path.join(ROOT, "scripts", "glue", "predict.py")
 HEAD = "sentence_classification_head"
@@ -236,7 +236,7 @@ def test_exported_tokenizer_encodes_as_prepare_glue(tmp_path):
     from fairseq.data import Dictionary
     from transformers import AutoTokenizer
 
-    from recadam_fairseq.tools import prepare_glue
+    from recadam_fairseq.prepare import prepare_glue
 
     bpe = tmp_path / "bpe"
     write_bpe(bpe)

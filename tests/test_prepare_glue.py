@@ -17,7 +17,7 @@ from types import SimpleNamespace
 import pytest
 
 from helpers.glue_files import GLUE, NUM_CLASSES, PAIR, SPLITS, write_bpe, write_glue, write_tsv
-from recadam_fairseq.tools import prepare_glue as pg
+from recadam_fairseq.prepare import prepare_glue as pg
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "data-prep", "prepare_glue.py")

@@ -21,8 +21,8 @@ from helpers import (LORA, NO_DROPOUT, TINY_FT, assert_one_line_error, build_tin
                      random_tokens, run_jobs)
 from recadam_fairseq.core import lora
 from recadam_fairseq.core.errors import ConfigError
-from recadam_fairseq.tools import interpolate as wise
-from recadam_fairseq.tools import merge_lora
+from recadam_fairseq.use import interpolate as wise
+from recadam_fairseq.use import merge_lora
 
 HEAD = "sentence_classification_head"
 TOP = "encoder.sentence_encoder.layers.1."  # the tiny model has 2 layers

@@ -1,5 +1,5 @@
 """RecAdam on translation fine-tuning, through the real fairseq-train: a tiny transformer pretrained on
-one domain of a generated language pair (recadam_fairseq/tools/make_tiny_translation.py), fine-tuned
+one domain of a generated language pair (recadam_fairseq/tiny/make_tiny_translation.py), fine-tuned
 on the other, BLEU on both domains' dev sets at every validation.
 
 Evidence: θ* is the pretrained checkpoint tensor for tensor (shared embeddings once), in the per-tensor
@@ -33,7 +33,7 @@ import torch
 
 from helpers import (ONE_THREAD, USER_DIR, base_env, fast_train, json_records, launch, launch_ranks, load_ckpt,
                      load_model, one_error_line, parse_config, run_plan, trainable_names, transformer)
-from recadam_fairseq.tools import make_tiny_translation as tiny_mt
+from recadam_fairseq.tiny import make_tiny_translation as tiny_mt
 
 UPDATES = 8
 BLEU = ["--eval-bleu", "--eval-bleu-args", json.dumps({"beam": 1}), "--eval-bleu-detok", "space",
@@ -453,7 +453,7 @@ def test_recadam_ewc_with_the_task_fisher_on_translation(mt):
 def test_wise_ft_of_a_translation_checkpoint(mt, tmp_path):
     """scripts/interpolate.py on the R-Drop run's checkpoint: every tensor (1 − α)·θ* + α·θ_ft, the tied output
     projection with the shared embeddings; fairseq loads it as a translation model."""
-    from recadam_fairseq.tools import interpolate as wise
+    from recadam_fairseq.use import interpolate as wise
 
     ft_path, out = mt.root / "rdrop" / "checkpoint_last.pt", tmp_path / "wise.pt"
     assert wise.main([str(ft_path), "--pretrained", os.path.join(mt.setup, "pretrained.pt"), "--alpha", "0.25",

@@ -7,7 +7,7 @@ import shutil
 import pytest
 
 from recadam_fairseq.compare import seq2seq
-from recadam_fairseq.tools import make_text_translation as mtt
+from recadam_fairseq.tiny import make_text_translation as mtt
 
 DOCS = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "docs")
 

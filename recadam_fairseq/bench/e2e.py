@@ -9,7 +9,7 @@ from typing import List
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
-from recadam_fairseq.tools import tiny_train
+from recadam_fairseq.tiny import tiny_train
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout

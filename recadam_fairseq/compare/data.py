@@ -8,8 +8,8 @@ from recadam_fairseq.compare import prepare
 from recadam_fairseq.compare.files import read_json, task_dirs, write_json
 from recadam_fairseq.compare.plan import MULTI
 from recadam_fairseq.engine import methods
-from recadam_fairseq.tools import convert_hf as conv
-from recadam_fairseq.tools.text_data import glue_dir, glue_layout
+from recadam_fairseq.prepare.hf_source import packaged_model_dir
+from recadam_fairseq.tiny.text_data import glue_dir, glue_layout
 
 
 def data_settings(opts, task=None):
@@ -37,7 +37,7 @@ def ensure_data(opts, task, pre_dir):
     try:
         info = prepare.prepare_target(
             task, opts.sdist_dir or os.path.join(opts.work, "sdists"),
-            opts.model_dir or conv.packaged_model_dir(), os.path.join(pre_dir, "dict.txt"), data,
+            opts.model_dir or packaged_model_dir(), os.path.join(pre_dir, "dict.txt"), data,
             **{k: v for k, v in settings.items() if k != "task"})
     except prepare.DataError as e:
         sys.exit(f"run.py: error: {e}")

@@ -25,8 +25,8 @@ import numpy as np
 import torch
 
 from recadam_fairseq.core import probes  # the probes' math, shared with the forgetting meter
-from recadam_fairseq.tools import interpolate as wise  # the checkpoints' interpolation (scripts/interpolate.py)
-from recadam_fairseq.tools import merge_lora  # LoRA checkpoints as plain RoBERTa (scripts/merge_lora.py)
+from recadam_fairseq.use import interpolate as wise  # the checkpoints' interpolation (scripts/interpolate.py)
+from recadam_fairseq.use import merge_lora  # LoRA checkpoints as plain RoBERTa (scripts/merge_lora.py)
 
 HEAD = "sentence_classification_head"
 SEP = 2  # --separator-token of every run: </s>

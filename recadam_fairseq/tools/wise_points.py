@@ -1,5 +1,5 @@
 """WiSE-FT points of a finished run with a forgetting probe (scripts/glue/summarize.py --wise-ft): the run's
-weights at the validation the summary picks, mixed with θ* at each α (tools/interpolate.py's mix), each scored as
+weights at the validation the summary picks, mixed with θ* at each α (use/interpolate.py's mix), each scored as
 the run scored itself: the dev metric through fairseq's own validation step and metrics (task.valid_step, the
 criterion's reduce_metrics), the forgetting through the run's meter (meters/forgetting_meter.py's measure, against the
 values at θ* the run kept in forgetting_meter.json, rounded as it logs them).
@@ -35,7 +35,7 @@ def load(run_dir, checkpoint):
     from recadam_fairseq.core.errors import ConfigError
     from recadam_fairseq.meters import forgetting_meter
     from recadam_fairseq.meters.measuring import read_state
-    from recadam_fairseq.tools import merge_lora
+    from recadam_fairseq.use import merge_lora
 
     saved = read_state(os.path.join(run_dir, forgetting_meter.STATE_FILE))
     if not saved or not saved.get("start"):
@@ -85,7 +85,7 @@ def points(run_dir, checkpoint, alphas):
     """The points at ``alphas`` (those recorded for this checkpoint kept), written to RUN_DIR/wise-ft.json."""
     from recadam_fairseq.core.forgetting import changes, forgetting
     from recadam_fairseq.core.wise_ft import check_alpha
-    from recadam_fairseq.tools.interpolate import interpolated_checkpoint
+    from recadam_fairseq.use.interpolate import interpolated_checkpoint
 
     alphas = [check_alpha(a) for a in alphas]
     path, ident = os.path.join(run_dir, FILE), checkpoint_id(checkpoint)

@@ -126,7 +126,7 @@ def build_tiny(tiny, *extra, seed=None, tasks=None):
     ``tasks``: the task names --task glue_multitask would expose (CA-MTL's conditioned layers)."""
     from fairseq import tasks as fairseq_tasks
 
-    from recadam_fairseq.tools import make_tiny_roberta
+    from recadam_fairseq.tiny import make_tiny_roberta
 
     cfg = parse_config(tiny.cls_bin, "--task", "sentence_prediction", "--criterion", "sentence_prediction",
                        "--num-classes", "2", "--cpu", "--user-dir", USER_DIR, *make_tiny_roberta.TINY_ARCH, *extra)
@@ -440,7 +440,7 @@ def dumps(save, world):
 def tiny_classifier_args(arch=True):
     """The tiny classifier's fairseq-train arguments, without the optimizer, save dir and data (``arch``: with its
     architecture flags)."""
-    from recadam_fairseq.tools import tiny_train
+    from recadam_fairseq.tiny import tiny_train
 
     return [*tiny_train.CLASSIFIER, *tiny_train.TOKENS, *(tiny_train.TINY_ARCH if arch else [])]
 
@@ -457,7 +457,7 @@ class Tiny:
 
     def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
                       device="cpu", data=None):
-        from recadam_fairseq.tools import tiny_train
+        from recadam_fairseq.tiny import tiny_train
 
         # lr 1e-3 needs lr·γ < 2 for RecAdam (the authors' γ = 5000 goes with lr ~1e-5)
         gamma = ["--recadam-pretrain-cof", "500"] if optimizer == "recadam" else []
@@ -544,7 +544,7 @@ def base_env(**kw):
 
 def multitask_args(mt, save_dir, *extra, tasks, updates=12, optimizer="adam", restore=True, data=None):
     """fairseq-train --task glue_multitask on ``mt`` (root, data: the GLUE bins, pretrained) for ``tasks``."""
-    from recadam_fairseq.tools import make_tiny_roberta as tiny_roberta
+    from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
 
     args = [str(data or mt.data), "--task", "glue_multitask", "--mt-tasks", ",".join(tasks),
             "--criterion", "glue_multitask", *tiny_roberta.TINY_ARCH,

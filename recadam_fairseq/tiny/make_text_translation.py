@@ -3,7 +3,7 @@
 No parallel corpus and no pretrained translation model can be reached from here, so the "translation" is a
 rule: every source word is written reversed and in capitals (``the film`` -> ``EHT MLIF``; punctuation stays),
 word for word. The text is real: the two files of rated snippets that ``vaderSentiment==3.3.2``'s sdist ships
-(the forgetting comparison's sdist, fetched or reused the same way: recadam_fairseq/tools/text_data.py):
+(the forgetting comparison's sdist, fetched or reused the same way: recadam_fairseq/tiny/text_data.py):
 
   domain A ("movie", the pretraining domain): rotten-tomatoes review snippets
   domain B ("tweets", the new domain): tweets
@@ -31,8 +31,8 @@ import random
 import re
 import sys
 
-from recadam_fairseq.tools.make_tiny_roberta import preprocess, pretrain, write_lines
-from recadam_fairseq.tools.make_tiny_translation import LANGS
+from recadam_fairseq.tiny.make_tiny_roberta import preprocess, pretrain, write_lines
+from recadam_fairseq.tiny.make_tiny_translation import LANGS
 
 ARCH = [
     "--arch", "transformer", "--share-all-embeddings",
@@ -86,7 +86,7 @@ def parse_args(argv):
 
 def make_data(args, out, sdist):
     """The raw and binarized pair in OUT; returns data.json's facts."""
-    from recadam_fairseq.tools.text_data import read_snippets
+    from recadam_fairseq.tiny.text_data import read_snippets
 
     raw = os.path.join(out, "raw")
     os.makedirs(raw, exist_ok=True)
@@ -133,7 +133,7 @@ def main(argv=None):
         return 0
     if not args.out:
         ap.error("the output directory is required")
-    from recadam_fairseq.tools.text_data import fetch_vader
+    from recadam_fairseq.tiny.text_data import fetch_vader
 
     out = os.path.abspath(args.out)
     os.makedirs(out, exist_ok=True)

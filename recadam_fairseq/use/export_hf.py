@@ -27,8 +27,8 @@ import logging
 import os
 import sys
 
-from recadam_fairseq.tools.convert_hf import LAYER_MAP
-from recadam_fairseq.tools.predict import Classifier, PredictError, load
+from recadam_fairseq.prepare.convert_hf import LAYER_MAP
+from recadam_fairseq.use.predict import Classifier, PredictError, load
 
 PROG = "export_hf.py"
 ACTIVATIONS = {"gelu": "gelu", "gelu_accurate": "gelu_new", "relu": "relu", "tanh": "tanh"}  # fairseq -> HF

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
-from recadam_fairseq.tools.prepare_glue import PrepError, building, fairseq_preprocess, finish, write_lines
+from recadam_fairseq.prepare.prepare_glue import PrepError, building, fairseq_preprocess, finish, write_lines
 
 FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
 SPECIALS = 2  # <s> before, </s> after: what fairseq adds to a text
@@ -132,7 +132,7 @@ class Tokens:
     def __init__(self, model_dir: str):
         from tokenizers import Tokenizer
 
-        from recadam_fairseq.tools import convert_hf
+        from recadam_fairseq.prepare.hf_source import BERT_SPECIALS
 
         for name in ("tokenizer.json", "dict.txt", "arch.json"):
             if not os.path.isfile(os.path.join(model_dir, name)):
@@ -145,7 +145,7 @@ class Tokens:
         with open(os.path.join(model_dir, "arch.json"), encoding="utf-8") as f:
             arch = json.load(f)["arch_args"]
         self.max_positions = int(arch[arch.index("--max-positions") + 1])
-        self.unk = set(convert_hf.BERT_SPECIALS[3:]) | {"<unk>"}
+        self.unk = set(BERT_SPECIALS[3:]) | {"<unk>"}
 
     def pieces(self, texts: List[str]) -> List[List[str]]:
         return [e.tokens for e in self.tok.encode_batch(texts, add_special_tokens=False)]

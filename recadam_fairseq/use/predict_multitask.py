@@ -16,7 +16,7 @@ MNLI-m.tsv, MNLI-mm.tsv, QNLI.tsv, RTE.tsv, WNLI.tsv.
 
 ``--data`` (default: the path the model was trained with) is the prepare_glue output holding
 the ``<TASK>-bin`` directories (their dictionary and labels.json). Loading, encoding and the
-heads are those of ``scripts/glue/predict.py`` (recadam_fairseq/tools/predict.py), which labels
+heads are those of ``scripts/glue/predict.py`` (recadam_fairseq/use/predict.py), which labels
 any sentences, of one task or of a multi-task run.
 """
 
@@ -25,7 +25,7 @@ import os
 import sys
 
 from recadam_fairseq.core import glue_tasks  # test files, their text columns, submission names
-from recadam_fairseq.tools import predict
+from recadam_fairseq.use import predict
 
 
 def read_test(path, task, ncols_text):

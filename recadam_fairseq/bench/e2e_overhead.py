@@ -34,8 +34,10 @@ from typing import Dict, List, Optional
 from recadam_fairseq import catalogue  # its GPU rows
 from recadam_fairseq.engine import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
-from recadam_fairseq.tools import bench_rows, make_tiny_roberta as tiny_roberta, readme_block, tiny_train
-from recadam_fairseq.tools.text_data import glue_layout
+from recadam_fairseq.bench import bench_rows
+from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta, tiny_train
+from recadam_fairseq.tiny.text_data import glue_layout
+from recadam_fairseq.tools import readme_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
