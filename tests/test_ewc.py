@@ -569,7 +569,7 @@ def test_fisher_file_is_the_task_runs_f(runs):
 
 def test_fisher_pass_says_how_far_it_is_on_the_terminal(runs):
     """The task run's Fisher pass (32 examples, 8 per-example gradients at a time) logs a line each tenth of its
-    examples (each chunk here), then its time and F; the task scripts' terminal (tools/progress.py) shows those
+    examples (each chunk here), then its time and F; the task scripts' terminal (launch/progress.py) shows those
     lines, not only train.log."""
     from recadam_fairseq.launch.progress import progress_line
 

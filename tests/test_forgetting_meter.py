@@ -200,7 +200,7 @@ def test_forgetting_budget_makes_checkpoint_best_the_best_validation_within_it(r
 
 
 def test_the_terminal_says_which_way_the_forgetting_went(runs):
-    """The task scripts' validation line (tools/progress.py) and end line (summarize.py --run) say which way the
+    """The task scripts' validation line (launch/progress.py) and end line (summarize.py --run) say which way the
     probe's measure moved since θ*, from the logged change: the pair AUC "fell" when its delta is negative (forgot),
     the masked-LM loss "rose" when its delta is positive (forgot), each by the change's size."""
     from recadam_fairseq.engine.write import run_line

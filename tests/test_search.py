@@ -173,7 +173,7 @@ def test_the_same_seed_proposes_the_same_trials(fake, tmp_path):
 # --------------------------------------------------------------------------- tune.sh
 @pytest.fixture(scope="module")
 def probe(tiny, tmp_path_factory):
-    from recadam_fairseq.tools import binarize_probe
+    from recadam_fairseq.prepare import binarize_probe
 
     out = str(tmp_path_factory.mktemp("probe") / "probe")
     binarize_probe.main(["--text", os.path.join(tiny.root, "raw", "lm.valid"), "--dict",
