@@ -51,6 +51,13 @@ def flag_text(m: catalogue.Method, values: dict) -> str:
     return text + (f" --lr {m.lr}" if m.lr else "")
 
 
+def space_text(s: catalogue.Space) -> str:
+    """A knob's search range in words: ``0.01 to 1 (log)``, ``sigmoid | linear``."""
+    if s.choices:
+        return " | ".join(s.choices)
+    return f"{s.low} to {s.high}" + (" of the run's updates" if s.relative else "") + (" (log)" if s.log else "")
+
+
 def describe(m: catalogue.Method) -> str:
     """One method, for the command line."""
     lines = [f"{m.name}: {m.summary}"]
@@ -73,7 +80,8 @@ def describe(m: catalogue.Method) -> str:
         lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
         searched = [("LR", catalogue.LR_SPACE)] + [(KNOBS[k].var, KNOBS[k].space) for k in m.knobs
                                                    if KNOBS[k].space is not None and KNOBS[k].space.searched]
-        lines.append("  searched by scripts/glue/tune.sh: " + ", ".join(f"{v} {s.text()} ({v}_RANGE)" for v, s in searched))
+        lines.append("  searched by scripts/glue/tune.sh: " + ", ".join(f"{v} {space_text(s)} ({v}_RANGE)"
+                                                                     for v, s in searched))
     if m.aliases:
         lines.append(f"  old spelling, still taken: {', '.join(m.aliases)}")
     for other, why in m.refuses:

@@ -4,12 +4,9 @@ Pure Python (no torch, no fairseq import). A method is a set of the plug-in's fl
 ``fairseq-train`` command: which optimizer, which criterion, which model, and its knobs (each a
 flag, a default and the variable the task scripts read it from). Its consumers:
 
-- the task scripts (``scripts/glue/finetune.sh``, ``grid.sh``, ``multitask.sh``, through
-  ``recadam_fairseq/launch``): METHOD names, variables, flags, run-directory names, run.json;
-- the comparison (``recadam_fairseq.engine.methods``: ``--methods NAME:VALUES``);
-- the benchmarks (``scripts/bench_methods.py``) and the GPU pass (``scripts/gpu/e2e_overhead.py``);
-- the docs' method tables (``python -m recadam_fairseq methods --markdown``) and the command line
-  (``python -m recadam_fairseq methods [NAME]``).
+the task scripts (through ``recadam_fairseq/launch``: METHOD names, variables, flags, run-directory names, run.json,
+tune.sh's search ranges), the comparison (``engine/methods.py``), the benchmarks and the GPU pass, the docs' tables
+and the command line (``python -m recadam_fairseq methods [NAME]``).
 
 A record says what the method is: its flags, its knobs with their bounds, its family (the figures' panel), its
 base, where it runs (the task scripts, the multi-task setting), and how its run directories are named
@@ -18,14 +15,10 @@ method is in that consumer's own table, keyed by its name: the benchmarks' and t
 (``bench/bench_rows.py``), the translation comparison's methods (``compare/seq2seq.py``), the forgetting
 comparison's update costs (``compare/runner.py``).
 
-RecAdam's combinations are built (:func:`with_recadam`), not written out: ``recadam-X`` is X with
-RecAdam's optimizer and knobs. ``recadam+X``, the comparison's old spelling, is still taken for it.
-One record is named so without being one: ``recadam-ewc`` (EWC's Fisher inside RecAdam's pull; ``ewc`` is
-the coupled EWC loss over adam, and both at once would pull twice); see :attr:`Method.composed_of`.
-
-Adding a method: one :class:`Method` record in ``_RECORDS`` (and its knobs in ``KNOBS``), its code,
-its tests and its page in docs/ (ARCHITECTURE.md's worked example). WiSE-FT is no method (no training): a
-:class:`Tool` on a finished run.
+RecAdam's combinations are built (:func:`with_recadam`): ``recadam-X`` is X with RecAdam's optimizer and knobs
+(``recadam+X``, the old spelling, still taken). ``recadam-ewc`` is named so without being one (EWC's Fisher inside
+RecAdam's pull; ``ewc`` is the coupled loss over adam: both would pull twice). Adding a method: ARCHITECTURE.md's
+worked example. WiSE-FT is no method (no training): a :class:`Tool` on a finished run.
 """
 
 import os
@@ -51,18 +44,10 @@ class Space:
     relative: bool = False
     searched: bool = True
 
-    def text(self) -> str:
-        """How the docs and the summary show it: ``0.01 to 1 (log)``, ``sigmoid | linear``."""
-        if self.choices:
-            return " | ".join(self.choices)
-        return f"{self.low} to {self.high}" + (" of the run's updates" if self.relative else "") + (
-            " (log)" if self.log else "")
-
 
 @dataclass(frozen=True)
 class Knob:
-    """One setting of a method: its flag, its default and where the scripts read it."""
-
+    """One setting of a method: its flag, its default, where the scripts read it and where tune.sh searches it."""
     key: str  # its name in the comparison's specs (recadam:k=0.1,t0=50) and in run.json's settings
     var: str  # the task scripts' environment variable
     default: str  # the task scripts' default, as the text they pass on
@@ -126,9 +111,8 @@ def _fisher_name(value: str) -> str:
 
 
 def _fisher_check(value: str) -> Optional[str]:
-    if value == "task" or os.path.isfile(value):
-        return None
-    return "no such file (write one with scripts/fisher.py, or EWC_FISHER=task)"
+    return None if value == "task" or os.path.isfile(value) else \
+        "no such file (write one with scripts/fisher.py, or EWC_FISHER=task)"
 
 
 def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
@@ -139,16 +123,17 @@ def _frozen_layers(embeddings: bool) -> Callable[[str], List[str]]:
     return render
 
 
+SCHEDULES = ("sigmoid", "linear", "constant")
 KNOBS: Dict[str, Knob] = {k.key: k for k in (
     Knob("anneal_fun", "ANNEAL_FUN", "sigmoid", str, "--recadam-anneal-fun", "λ(t)'s schedule: sigmoid, linear "
-         "or constant", tag="", tag_if_changed=True, off_default="linear", choices=("sigmoid", "linear", "constant"),
-         space=Space(choices=("sigmoid", "linear", "constant"), searched=False)),
+         "or constant", tag="", tag_if_changed=True, off_default="linear", choices=SCHEDULES,
+         space=Space(choices=SCHEDULES, searched=False)),
     Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k", off_default="0.3",
          bounds=("(0, inf)", "k"), space=Space("0.01", "1", log=True)),
     Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t", off_default="77",
          bounds=("(0, inf)", "t0"), space=Space("0.05", "0.8", relative=True)),
-    Knob("gamma", "GAMMA", "5000", float, "--recadam-pretrain-cof", "γ: the pull toward θ*", tag="g",
-         tag_if_changed=True, off_default="123", label="γ", bounds=("[0, inf)", "γ"), space=Space("100", "10000", log=True)),
+    Knob("gamma", "GAMMA", "5000", float, "--recadam-pretrain-cof", "γ: the pull toward θ*", tag="g", label="γ",
+         tag_if_changed=True, off_default="123", bounds=("[0, inf)", "γ"), space=Space("100", "10000", log=True)),
     Knob("lambda", "R3F_LAMBDA", "0.7", float, "--r3f-lambda", "the weight of R3F's consistency term",
          tag="lambda", tag_if_changed=True, json="r3f_lambda", group="criterion", off_default="0.2", label="λ",
          bounds=("[0, inf)", "R3F's λ"), space=Space("0.1", "5", log=True)),
@@ -189,10 +174,9 @@ KNOBS: Dict[str, Knob] = {k.key: k for k in (
     Knob("freeze", "FREEZE", "0", int, "--freeze-encoder-layers", "encoder layers 0..N-1 frozen", tag="freeze",
          render=_frozen_layers(embeddings=False), group="extra", off_default="1", label="frozen layers",
          bounds=("[0, layers]", "frozen layers")),
-    # (its off-default is a file: the tests make it)
     Knob("fisher", "EWC_FISHER", "task", str, "--ewc-fisher", "EWC's F: task (the training set's, before update 1) "
          "or a file of scripts/fisher.py", tag="F", tag_if_changed=True, json="ewc_fisher", name_part=_fisher_name,
-         checks=_fisher_check, off_default="rte-fisher.pt"),
+         checks=_fisher_check, off_default="rte-fisher.pt"),  # (its off-default: a file the tests make)
 )}
 # the learning rate, searched by tune.sh for every method (LR_RANGE); named in a search's run names (-lr2e-05)
 LR_SPACE = Space("1e-5", "1e-3", log=True)
@@ -209,9 +193,8 @@ MODELS = {"roberta_ft": "--arch roberta_ft_* (fairseq's RoBERTa with re-init, Lo
 
 @dataclass(frozen=True)
 class Method:
-    """One method: what it adds to the shared command. Flags come in three groups that each consumer
-    places on its command: ``optimizer`` (``--optimizer`` and its flags), ``criterion`` (the criterion's
-    flags; ``criterion`` names it when the method needs its own) and ``extra`` (the model's flags)."""
+    """One method: what it adds to the shared command, in three groups each consumer places: ``optimizer``
+    (``--optimizer`` and its flags), ``criterion`` (the criterion's flags; ``criterion`` names it), ``extra``."""
 
     name: str
     summary: str  # one line, for the tables
@@ -243,9 +226,8 @@ class Method:
 
     @property
     def seq2seq(self) -> bool:
-        """A METHOD of scripts/seq2seq/finetune.sh (--task translation): not RoBERTa's model or head, not the
-        multi-task setting, not EWC's task Fisher (not wired into that script; docs/seq2seq.md's comparison gives
-        the coupled criterion a Fisher file of scripts/fisher.py)."""
+        """A METHOD of scripts/seq2seq/finetune.sh: not RoBERTa's model or head, not the multi-task setting, not EWC's
+        task Fisher (not wired there; docs/seq2seq.md's comparison gives it a file of scripts/fisher.py)."""
         return (self.scripts and self.model is None and self.task is None and not self.extra_fixed
                 and "fisher" not in self.knobs)
 
@@ -455,16 +437,14 @@ TOOLS: Dict[str, Tool] = {t.name: t for t in (
 
 
 def names(scripts: Optional[bool] = None, seq2seq: bool = False) -> List[str]:
-    """Every method's name, in the catalogue's order (``scripts=True``: the task scripts' METHODs; ``seq2seq``:
-    scripts/seq2seq/finetune.sh's)."""
+    """Every method's name, in order (``scripts=True``: the task scripts'; ``seq2seq``: seq2seq/finetune.sh's)."""
     return [n for n, m in METHODS.items() if (scripts is None or m.scripts == scripts) and (m.seq2seq or not seq2seq)]
 
 
 def position(name: str) -> int:
     """Where ``name`` (a method or an alias of it) stands in the catalogue's order; after every method if unknown."""
-    order = list(METHODS)
     n = ALIASES.get(name, name)
-    return order.index(n) if n in METHODS else len(order)
+    return list(METHODS).index(n) if n in METHODS else len(METHODS)
 
 
 _NUMBER = r"[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?"
@@ -488,8 +468,8 @@ def _name_pattern(m: Method) -> "re.Pattern":
 def parse_run_name(name: str) -> Tuple[str, Dict[str, str]]:
     """A run directory's name, a user's grid's, a search's or the comparison's -> (method, {knob: its value as named}):
     ``recadam-fsam-k0.1-t1000-rho0.05`` -> (``recadam-fsam``, {k: 0.1, t0: 1000, rho: 0.05}); the knobs a name
-    leaves out are absent; a search's lr is ``lr``. A name whose settings do not parse keeps its longest method (and no settings); a name of
-    no method is its own."""
+    leaves out are absent; a search's lr is ``lr``. A name whose settings do not parse keeps its longest method (and
+    no settings); a name of no method is its own."""
     first = None
     for m in sorted(METHODS.values(), key=lambda m: -len(m.name)):
         if name == m.name:
