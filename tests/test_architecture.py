@@ -309,6 +309,12 @@ def test_module_names_are_unique_but_the_core_adapter_mirror():
     assert not problems, "\n".join(problems)
 
 
+def test_no_module_is_over_500_lines():
+    """A module does one thing: none of the package's is over 500 lines (split one that grows past it)."""
+    lengths = {path: sum(1 for _ in open(os.path.join(ROOT, path), encoding="utf-8")) for path, _ in sources()}
+    assert max(lengths.values()) > 400 and not {p: n for p, n in lengths.items() if n > 500}
+
+
 def test_no_module_is_loaded_by_file_path():
     """Code shared between scripts lives in the package and is imported: no importlib.util.spec_from_file_location
     (nor a sys.path entry for a scripts/ folder) anywhere in the repository."""
