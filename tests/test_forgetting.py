@@ -1054,6 +1054,26 @@ def test_summary_across_tasks(tmp_path):
     assert e.value.code == 2 and (tmp_path / "bad.md").read_text() == "no markers\n"
 
 
+def test_summary_gaps_have_the_verdicts_sign():
+    """One sign of forgetting: summary.py's comparisons hold ``forgetting`` (positive = forgot) and ``d_forgetting``
+    (positive = forgets more than Adam) as engine/verdicts.py's rows do, for the same points (engine/plot.py reads
+    both); the page's ΔΔAUC (positive = forgets less) is its negative."""
+    from recadam_fairseq.engine import verdicts
+
+    rec = methods.setting_name(methods.parse("recadam:0.1:25"))
+    rows = [verdicts.setting_row("adam", "adam", [(1, 0.86, 0.05), (2, 0.86, 0.06)]),
+            verdicts.setting_row(rec, "recadam", [(1, 0.85, 0.02), (2, 0.86, 0.01)])]
+    for r in rows:
+        r["train_seconds"] = 10.0
+    c = summary.compare({"rows": [dict(r) for r in rows]}, {"adam": "adam", "recadam": rec})["recadam"]
+    judged = {r["name"]: r for r in verdicts.judge("movie", "accuracy", "SNLI AUC", rows)["rows"]}[rec]
+    assert c["forgetting"] == judged["forgetting"] == pytest.approx(0.015)
+    assert c["d_forgetting"] == judged["d_forgetting"] == pytest.approx(-0.04)
+    assert summary.delta_delta_auc(c) == pytest.approx(0.04)
+    md = summary.summary_markdown(summary.summarize({"movie": {"recadam": c}}), ["movie"], [])
+    assert "| -0.005, +0.040 **✓** |" in md  # forgets less, keeps the accuracy
+
+
 def test_multitask_table_says_one_seed(tmp_path):
     """A one-seed multi-task row shows no spread (not ± 0), a two-seed row its std; single-task rows
     are means over the tasks' own tables, with the range of their seed counts; a setting whose two
