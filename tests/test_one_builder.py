@@ -1,5 +1,5 @@
-"""One builder of fairseq-train's arguments (recadam_fairseq/launch): the tiny model's runs (launch/tiny_train.py) as the
-demos, the benchmarks, the GPU pass and tests/helpers' Tiny build them, and scripts/fisher.py's command
+"""One builder of fairseq-train's arguments (recadam_fairseq/launch): the tiny model's runs (launch/tiny_train.py) as
+the demos, the benchmarks, the GPU pass and tests/helpers' Tiny build them, and scripts/fisher.py's command
 (recipe.fisher_command), frozen as each built its own before they moved there: the demos' documented results
 (docs/ewc.md's table) and the GPU pass's recorded commands stay the same runs. The comparisons' commands are checked
 against their records (tests/test_forgetting.py, tests/test_seq2seq_comparison.py)."""
@@ -209,8 +209,8 @@ def test_the_callers_name_no_fairseq_train_flag():
     for rel in CALLERS:
         with open(os.path.join(ROOT, "recadam_fairseq", rel), encoding="utf-8") as f:
             tree = ast.parse(f.read())
-        own = {id(a) for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument"
-               for a in n.args}  # the module's own command line
+        own = {id(a) for n in ast.walk(tree)  # the module's own command line
+               if isinstance(n, ast.Call) and getattr(n.func, "attr", "") == "add_argument" for a in n.args}
         words = {n.value for n in ast.walk(tree)
                  if isinstance(n, ast.Constant) and isinstance(n.value, str) and id(n) not in own}
         flags = {w for w in words if w in known or w.startswith(("--recadam", "--ewc", "--forgetting"))}

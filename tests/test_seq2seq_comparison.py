@@ -43,7 +43,8 @@ def test_the_recorded_commands_are_the_launcher_s(monkeypatch, tmp_path):
     arch = " ".join(arch[:next(i for i, ln in enumerate(arch) if ln.startswith("--criterion"))])
     isfile = os.path.isfile
     monkeypatch.setattr(os.path, "isfile", lambda p: p == rel(pretrained) or isfile(p))
-    monkeypatch.setattr(recipe, "checkpoint_arch", lambda *a, **k: {"CKPT_ARCH": "transformer", "CKPT_ARCH_FLAGS": arch})
+    monkeypatch.setattr(recipe, "checkpoint_arch",
+                        lambda *a, **k: {"CKPT_ARCH": "transformer", "CKPT_ARCH_FLAGS": arch})
     monkeypatch.chdir(ROOT)
     for k, v in {"DRY_RUN": "1", "FP16": "0"}.items():  # the data is not here; the runs were on a CPU
         monkeypatch.setenv(k, v)

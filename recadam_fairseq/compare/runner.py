@@ -25,7 +25,8 @@ def fairseq_train():
 
 
 def shared(ctx):
-    """What every run of the comparison shares, as launch/comparison.py builds its commands (paths as they name them)."""
+    """What every run of the comparison shares, as launch/comparison.py builds its commands (paths as they name
+    them)."""
     def path(p):
         return p and rel(p)
     return comparison.Shared(

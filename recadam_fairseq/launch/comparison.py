@@ -1,13 +1,12 @@
-"""The comparisons' runs: the forgetting comparison's fairseq-train command (scripts/forgetting/run.py; compare/runner.py
-runs it), the translation comparison's runs (scripts/seq2seq/compare.py: seq2seq/finetune.sh's RunSpec of
-launch/translation.py, trained in-process) and its fairseq-validate, the Fisher pass of each (scripts/fisher.py,
-recipe.fisher_command).
+"""The comparisons' runs: the forgetting comparison's fairseq-train command (scripts/forgetting/run.py;
+compare/runner.py runs it), the translation comparison's runs (scripts/seq2seq/compare.py: seq2seq/finetune.sh's
+RunSpec of launch/translation.py, trained in-process) and its fairseq-validate, the Fisher pass of each
+(scripts/fisher.py, recipe.fisher_command).
 
 A recorded run is reused while its command is the same, so a change here shows in tests/test_forgetting.py against
-the commands docs/forgetting*.json recorded."""
+the commands docs/forgetting*.json recorded (tests/test_seq2seq_comparison.py: docs/seq2seq-comparison.json's)."""
 
 import dataclasses
-import os
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence
 
@@ -49,8 +48,8 @@ def train_argv(s: Shared, setting: dict, seed: int, save_dir: str, save_every: O
     arch, task = methods.arch_and_task(f, s.arch, s.num_classes)
     cmd = [s.glue if f["task"] else s.target, "--user-dir", s.user_dir]
     # random init: θ* comes from the same checkpoint, for the pull
-    cmd += ["--restore-file", s.pretrained] if f["restore"] else ["--recadam-pretrained-path", s.pretrained]
-    cmd += [*recipe.RESET, *task, *f["criterion"], *recipe.TOKENS, *arch, *recipe.DROPOUT,
+    cmd += recipe.restore(s.pretrained) if f["restore"] else ["--recadam-pretrained-path", s.pretrained, *recipe.RESET]
+    cmd += [*task, *f["criterion"], *recipe.TOKENS, *arch, *recipe.DROPOUT,
             "--batch-size", str(s.batch_size), *recipe.ANY_BATCH, *f["optimizer"], *recipe.adam("1e-06"),
             *recipe.weight_decay("0.0", clip="0.0"),
             *recipe.polynomial(fmt(s.lr), s.updates, max(1, round(s.warmup * s.updates))), "--seed", str(seed),
@@ -65,9 +64,8 @@ def train_argv(s: Shared, setting: dict, seed: int, save_dir: str, save_every: O
         cmd += ["--no-epoch-checkpoints", "--save-interval", "1000000"]
     # fairseq validates (on the held-out split) at the end and at each intermediate save;
     # checkpoints without optimizer state (measuring needs the weights only)
-    cmd += (["--cpu"] if s.cpu else []) + [
-        "--num-workers", "0", "--save-dir", save_dir, "--no-save-optimizer-state", "--validate-interval", "1000000",
-        *recipe.log(s.log_interval)]
+    cmd += [*recipe.device(s.cpu), "--save-dir", save_dir, "--no-save-optimizer-state", "--validate-interval",
+            "1000000", *recipe.log(s.log_interval)]
     if s.fisher and (i := methods.task_fisher_at(cmd)) is not None:
         cmd[i] = s.fisher  # one F for every EWC run (compare/ewc_fisher.py)
     return cmd
@@ -92,13 +90,12 @@ def translation_fisher(a_bin: str, pretrained: str, arch: Sequence[str], out: st
                        script: str = recipe.FISHER) -> List[str]:
     """scripts/fisher.py's command: F of the pretraining domain's translation objective at θ*."""
     train = [a_bin, *PAIR, *arch, "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-             "--restore-file", pretrained, "--batch-size", "16", "--cpu", "--num-workers", "0",
-             "--user-dir", "recadam_fairseq"]
+             "--restore-file", pretrained, "--batch-size", "16", *recipe.device(True), "--user-dir", "recadam_fairseq"]
     return recipe.fisher_command(out, examples, train, script=script)
 
 
 def translation_validate(b_bin: str, checkpoint: str) -> List[str]:
     """fairseq-validate's arguments: BLEU (greedy) of ``checkpoint`` on the new domain (valid) and the old (test)."""
-    return [b_bin, "--user-dir", "recadam_fairseq", *PAIR, "--path", checkpoint, "--cpu", "--num-workers", "0",
+    return [b_bin, "--user-dir", "recadam_fairseq", *PAIR, "--path", checkpoint, *recipe.device(True),
             "--max-tokens", "2048", "--eval-bleu", "--eval-bleu-args", '{"beam": 1}', "--eval-bleu-detok", "space",
             "--valid-subset", "valid,test"]

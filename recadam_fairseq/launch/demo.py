@@ -1,6 +1,6 @@
 """The tiny model's demonstrations (``make demo``: scripts/demo.sh; docs/ewc.md: scripts/ewc_demo.sh): catalogue
-methods fine-tuned on make_tiny_roberta.py's classification set with launch/tiny_train.py's command (300 updates, lr 1e-4,
-RecAdam's k 0.1, t0 50, γ 5000), the forgetting meter on held-out text.
+methods fine-tuned on make_tiny_roberta.py's classification set with launch/tiny_train.py's command (300 updates,
+lr 1e-4, RecAdam's k 0.1, t0 50, γ 5000), the forgetting meter on held-out text.
 
     launch.py demo SCRIPT OUT [--ewc] [--jobs N] METHOD...
 

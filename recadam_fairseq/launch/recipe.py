@@ -1,7 +1,7 @@
 """What the launcher's commands share: fp16 or not, the model's architecture from the checkpoint, the forgetting
 meter's flags, the warnings for a run that cannot learn and the method's part (catalogue.py through prelaunch.py); the
-flags the task scripts, the comparisons (launch/comparison.py) and the tiny model's runs (launch/tiny_train.py) write alike,
-and scripts/fisher.py's command."""
+flags the task scripts, the comparisons (launch/comparison.py) and the tiny model's runs (launch/tiny_train.py) write
+alike, and scripts/fisher.py's command."""
 
 import functools
 import os
@@ -51,6 +51,11 @@ def fixed(lr: str, updates: int) -> List[str]:
     return ["--lr", lr, "--lr-scheduler", "fixed", "--max-update", str(updates)]
 
 
+def device(cpu: bool, workers: int = 0) -> List[str]:
+    """On the CPU (else fairseq's choice), the batches read by ``workers`` processes (0: the trainer itself)."""
+    return (["--cpu"] if cpu else []) + ["--num-workers", str(workers)]
+
+
 def best_checkpoint(metric: str) -> List[str]:
     """checkpoint_best.pt: the validation with the highest ``metric``."""
     return ["--best-checkpoint-metric", metric, "--maximize-best-checkpoint-metric"]
@@ -60,7 +65,8 @@ def log(interval, form: str = "json") -> List[str]:
     return ["--log-format", form, "--log-interval", str(interval)]
 
 
-def fisher_command(out: str, examples, train: List[str], python: Optional[str] = None, script: str = FISHER) -> List[str]:
+def fisher_command(out: str, examples, train: List[str], python: Optional[str] = None,
+                   script: str = FISHER) -> List[str]:
     """scripts/fisher.py's command: EWC's F at θ* of fairseq-train's arguments ``train`` (its data, task, criterion,
     --restore-file), over ``examples`` of them (0: all), into ``out``."""
     return [python or sys.executable, script, "--out", out, "--examples", str(examples), "--", *train]

@@ -50,15 +50,16 @@ def finetune(data: str, save_dir: str, *extra: str, pretrained: Optional[str] = 
     settings += recipe.weight_decay(weight_decay) if weight_decay else []
     return [str(data), "--user-dir", user_dir, *(recipe.restore(pretrained) if pretrained else []), *task,
             *recipe.TOKENS, *arch, *settings, *recipe.PRECISION[precision], "--batch-size", str(batch_size), *optimizer,
-            *recipe.adam("1e-6"), *recipe.fixed(lr, updates), "--seed", str(seed), *(["--cpu"] if cpu else []),
-            "--num-workers", str(workers), *(["--no-epoch-checkpoints"] if save else ["--no-save"]),
+            *recipe.adam("1e-6"), *recipe.fixed(lr, updates), "--seed", str(seed), *recipe.device(cpu, workers),
+            *(["--no-epoch-checkpoints"] if save else ["--no-save"]),
             "--save-dir", str(save_dir), *([] if validate else ["--disable-validation"]),
             *recipe.log(log_interval, log_format), *(recipe.best_checkpoint(best) if best else []),
             *(["--forgetting-probe", probe] if probe else []),
             *(["--tensorboard-logdir", tensorboard] if tensorboard else []), *extra]
 
 
-def masked_lm_start(data: str, save_dir: str, size: str, tokens: int, seed: int, cpu: bool, precision: str) -> List[str]:
+def masked_lm_start(data: str, save_dir: str, size: str, tokens: int, seed: int, cpu: bool,
+                    precision: str) -> List[str]:
     """One masked-LM update of Adam from random weights (the GPU pass's "pretrained" model), no validation."""
     return [data, *MASKED_LM, *ARCH[size], "--tokens-per-sample", str(tokens), "--batch-size", "8",
             "--optimizer", "adam", *recipe.fixed("1e-4", 1), "--seed", str(seed), *(["--cpu"] if cpu else []),
