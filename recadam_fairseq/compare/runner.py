@@ -1,5 +1,5 @@
-"""One run of one setting and seed: its fairseq-train command, the run, measure.py on its checkpoints, and
-the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --jobs at a time."""
+"""One run of one setting and seed: its fairseq-train command (launch/comparison.py's), the run, measure.py on its
+checkpoints, and the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --jobs at a time."""
 
 import functools
 import os
