@@ -36,10 +36,11 @@ from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import OTHERS, to_float
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.engine.fairseq_log import parse_log
-from recadam_fairseq.launch import comparison
+from recadam_fairseq.launch import comparison, recipe
 from recadam_fairseq.launch.command import launch
 from recadam_fairseq.launch.spec import Stop
 from recadam_fairseq.launch.train import train
+from recadam_fairseq.launch.variables import Variables
 
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
@@ -139,7 +140,7 @@ def fisher_step(args, data):
     """EWC's F of domain A's translation objective at θ* (scripts/fisher.py), once."""
     out = os.path.join(data, "fisher-a.pt")
     cmd = comparison.translation_fisher(rel(os.path.join(data, "a-bin")), rel(os.path.join(data, "pretrained.pt")),
-                                        arch_flags(), rel(out), args.fisher_examples, rel(comparison.recipe.FISHER))
+                                        arch_flags(), rel(out), args.fisher_examples, rel(recipe.FISHER))
     if not os.path.isfile(out):
         log("EWC's Fisher of domain A at θ*")
         run(cmd, os.path.join(args.work, "fisher.log"))
@@ -187,7 +188,7 @@ def last_bleu(run_dir, updates):
 def run_of(args, data, label, method, knobs, seed, fisher, say=print):
     """The run of (label, seed): seq2seq/finetune.sh METHOD's RunSpec under the comparison's variables (and this
     process's, as finetune.sh read them), and those variables."""
-    v = comparison.Variables(dict(os.environ, **finetune_env(args, data, seed, label)), "finetune.sh", say)
+    v = Variables(dict(os.environ, **finetune_env(args, data, seed, label)), "finetune.sh", say)
     values = {k: x.format(fisher=rel(fisher)) for k, x in knobs}
     try:
         return comparison.translation_run(v, method, values, ROOT), v
