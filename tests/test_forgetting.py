@@ -262,6 +262,9 @@ def test_defaults_follow_updates(tmp_path, capsys):
 
 @pytest.mark.parametrize("prefix, argv", [
     ("forgetting", []),  # make forgetting
+    ("forgetting-tweets", ["--task", "tweets"]),
+    ("forgetting-nli", ["--task", "nli"]),
+    ("forgetting-multi", ["--task", "multi"]),
     ("forgetting-adam-400", ["--work", os.path.join(ROOT, "forgetting-out", "adam-400"), "--methods", "adam",
                              "--updates", "400", "--early-every", "100", "--jobs", "1"]),
     ("forgetting-coupled-gamma", ["--methods", "recadam-coupled:0.1:50:5", "recadam-coupled:0.1:50:50", "--jobs", "1"]),
@@ -269,13 +272,15 @@ def test_defaults_follow_updates(tmp_path, capsys):
     ("forgetting-ewc-identity-nli", ["--task", "nli", "--methods", "recadam-coupled:0.1:50:5", "recadam:0.1:50:500"]),
 ])
 def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, argv):
-    """The recorded runs of docs/*.json are reused only while the defaults rebuild their fairseq-train
-    commands exactly (with the same intermediate points)."""
+    """The recorded runs of docs/*.json (every run of the committed comparisons) are reused only while the defaults
+    rebuild their fairseq-train commands exactly (with the same intermediate points): launch/comparison.py's, as
+    compare/runner.py's builder wrote them; so is EWC's Fisher file while its scripts/fisher.py command is the same."""
     path = os.path.join(ROOT, "docs", prefix + ".json")
     with open(path, encoding="utf-8") as f:
         recorded = json.load(f)
-    if prefix == "forgetting":  # make forgetting-report: the third seeds recorded
-        argv = argv + ["--third-seed", *summary.main(["--recorded-third-seed-args", "movie"])]
+    task = argv[argv.index("--task") + 1] if "--task" in argv else "movie"
+    if prefix == f"forgetting{'' if task == 'movie' else '-' + task}":  # make forgetting-report: the third seeds
+        argv = argv + ["--third-seed", *summary.main(["--recorded-third-seed-args", task])]
     args, grid = cli.parse_args(argv + ["--results", str(tmp_path / "results")])
     assert {k: getattr(args, k) for k in recorded["settings"]} == recorded["settings"]
     with open(os.path.join(converted, "arch.json"), encoding="utf-8") as f:
@@ -284,8 +289,11 @@ def test_defaults_rebuild_the_recorded_commands(tmp_path, converted, prefix, arg
     ctx = RunContext(opts=args, runs_dir=runs_dir, data_key=json.dumps(data_settings(args), sort_keys=True),
                      prior={(r["name"], r["seed"]): r for r in recorded["runs"]}, arch=tuple(arch), num_layers=6,
                      pretrained=os.path.join(ROOT, "forgetting-out", "pretrained", "model.pt"),
-                     **task_layout(args, data, {}, create=False))
+                     **task_layout(args, data, {t: task_dirs(args.work, t)[0] for t in args.tasks}, create=False))
     ctx = ewc_fisher.named(ctx, grid)  # the EWC runs name the task's Fisher file
+    if "ewc_fisher" in recorded["data"]:  # (as ewc_fisher.ensure compares it)
+        cmd = ewc_fisher.command(ctx, ctx.fisher)
+        assert [os.path.basename(cmd[1])] + cmd[2:] == recorded["data"]["ewc_fisher"]["command"]
     by_name = {methods.setting_name(s): s for s in grid}
     assert sorted((r["name"], r["seed"]) for r in recorded["runs"]) == sorted(
         (methods.setting_name(s), seed) for s, seed in plan.planned_runs(args, grid))
@@ -1044,6 +1052,26 @@ def test_summary_across_tasks(tmp_path):
     with pytest.raises(SystemExit) as e:
         summary.main(["--results", str(tmp_path / "bad"), "--readme", ""])
     assert e.value.code == 2 and (tmp_path / "bad.md").read_text() == "no markers\n"
+
+
+def test_summary_gaps_have_the_verdicts_sign():
+    """One sign of forgetting: summary.py's comparisons hold ``forgetting`` (positive = forgot) and ``d_forgetting``
+    (positive = forgets more than Adam) as engine/verdicts.py's rows do, for the same points (engine/plot.py reads
+    both); the page's ΔΔAUC (positive = forgets less) is its negative."""
+    from recadam_fairseq.engine import verdicts
+
+    rec = methods.setting_name(methods.parse("recadam:0.1:25"))
+    rows = [verdicts.setting_row("adam", "adam", [(1, 0.86, 0.05), (2, 0.86, 0.06)]),
+            verdicts.setting_row(rec, "recadam", [(1, 0.85, 0.02), (2, 0.86, 0.01)])]
+    for r in rows:
+        r["train_seconds"] = 10.0
+    c = summary.compare({"rows": [dict(r) for r in rows]}, {"adam": "adam", "recadam": rec})["recadam"]
+    judged = {r["name"]: r for r in verdicts.judge("movie", "accuracy", "SNLI AUC", rows)["rows"]}[rec]
+    assert c["forgetting"] == judged["forgetting"] == pytest.approx(0.015)
+    assert c["d_forgetting"] == judged["d_forgetting"] == pytest.approx(-0.04)
+    assert summary.delta_delta_auc(c) == pytest.approx(0.04)
+    md = summary.summary_markdown(summary.summarize({"movie": {"recadam": c}}), ["movie"], [])
+    assert "| -0.005, +0.040 **✓** |" in md  # forgets less, keeps the accuracy
 
 
 def test_multitask_table_says_one_seed(tmp_path):

@@ -1,6 +1,8 @@
 """The domain-adaptation comparison (scripts/seq2seq/compare.py): its committed page and figure are what
---report-only draws from its committed JSON, byte for byte; the rule and the fragments of its pair."""
+--report-only draws from its committed JSON, byte for byte; its recorded commands are the launcher's; the rule and the
+fragments of its pair."""
 
+import json
 import os
 import shutil
 
@@ -20,6 +22,45 @@ def test_report_only_regenerates_the_committed_page_and_figure(tmp_path):
     for ext in ("md", "png", "json"):
         with open(os.path.join(DOCS, f"{name}.{ext}"), "rb") as f:
             assert (tmp_path / f"{name}.{ext}").read_bytes() == f.read(), f"docs/{name}.{ext} differs"
+
+
+def test_the_recorded_commands_are_the_launcher_s(monkeypatch, tmp_path):
+    """Each run of docs/seq2seq-comparison.json is seq2seq/finetune.sh's RunSpec (launch/comparison.py, trained
+    in-process: no finetune.sh) under the comparison's variables, line for line but --eval-bleu-start, which
+    finetune.sh added after these runs (so a rerun trains them again); the Fisher and fairseq-validate commands are
+    as recorded. The checkpoint's architecture is read from it, as the recorded runs read it."""
+    from recadam_fairseq.compare.files import ROOT, rel
+    from recadam_fairseq.launch import recipe
+
+    with open(os.path.join(DOCS, seq2seq.NAME + ".json"), encoding="utf-8") as f:
+        res = json.load(f)
+    runs = {(r["label"], r["seed"]): r for r in res["runs"]}
+    args = seq2seq.parse_args([])
+    data = os.path.join(args.work, "data")
+    pretrained = os.path.join(data, "pretrained.pt")
+    lines = runs[("adam", 1)]["command"].splitlines()
+    arch = [ln.strip(" \\") for ln in lines[lines.index("  --arch transformer \\") + 1:]]
+    arch = " ".join(arch[:next(i for i, ln in enumerate(arch) if ln.startswith("--criterion"))])
+    isfile = os.path.isfile
+    monkeypatch.setattr(os.path, "isfile", lambda p: p == rel(pretrained) or isfile(p))
+    monkeypatch.setattr(recipe, "checkpoint_arch",
+                        lambda *a, **k: {"CKPT_ARCH": "transformer", "CKPT_ARCH_FLAGS": arch})
+    monkeypatch.chdir(ROOT)
+    for k, v in {"DRY_RUN": "1", "FP16": "0"}.items():  # the data is not here; the runs were on a CPU
+        monkeypatch.setenv(k, v)
+    for label, method, knobs in seq2seq.methods():
+        for seed in res["settings"]["seeds"]:
+            spec, _ = seq2seq.run_of(args, data, label, method, knobs, seed, os.path.join(data, "fisher-a.pt"),
+                                     lambda msg: None)
+            built = [ln for ln in seq2seq.portable(spec.command).splitlines() if ln != "  --eval-bleu-start \\"]
+            assert built == runs[(label, seed)]["command"].splitlines(), (label, seed)
+            assert rel(spec.run_dir) == runs[(label, seed)]["run_dir"]
+    monkeypatch.setattr(seq2seq, "run", lambda *a, **k: None)
+    assert seq2seq.portable(seq2seq.fisher_step(args, data)[1]) == res["fisher_command"]
+    monkeypatch.setattr(seq2seq, "run", lambda cmd, logfile, env=None: open(logfile, "w").write(
+        "valid on 'valid' subset | loss 1 | bleu 1.0\nvalid on 'test' subset | loss 1 | bleu 2.0\n"))
+    cmd = seq2seq.validate(args, data, pretrained, str(tmp_path / "v.log"))[1]
+    assert seq2seq.portable("fairseq-validate " + cmd) == res["pretrained"]["command"]
 
 
 def test_the_rule_and_the_fragments():

@@ -23,7 +23,8 @@ import tempfile
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.bench import bench_rows
-from recadam_fairseq.tiny import make_tiny_roberta, tiny_train
+from recadam_fairseq.launch import tiny_train
+from recadam_fairseq.tiny import make_tiny_roberta
 
 SAM_EXTRA = ["--beta", "0.5", "--gamma", "0.5"]  # ESAM's β and γ, for the --sam-type variants
 REC = {"gamma": "500"}  # RecAdam at the catalogue's defaults, γ small enough for --lr 1e-4

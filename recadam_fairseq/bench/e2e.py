@@ -9,7 +9,7 @@ from typing import List
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
-from recadam_fairseq.tiny import tiny_train
+from recadam_fairseq.launch import tiny_train
 
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
@@ -28,7 +28,7 @@ def e2e_train(tiny_dir: str, name: str, updates: int, log_interval: int, threads
     save = os.path.join(tiny_dir, f"e2e-{name}")
     cmd = [sys.executable, "-m", "fairseq_cli.train",
            *tiny_train.finetune(os.path.join(tiny_dir, "cls-bin"), save, pretrained=os.path.join(tiny_dir, "pretrained.pt"),
-                                optimizer=e2e_optimizer(name), lr="1e-5", updates=updates, log_interval=log_interval)]
+                          optimizer=e2e_optimizer(name), lr="1e-5", updates=updates, log_interval=log_interval)]
     env = dict(os.environ, OMP_NUM_THREADS=str(threads))
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if proc.returncode != 0:

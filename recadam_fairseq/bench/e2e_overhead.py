@@ -35,25 +35,19 @@ from recadam_fairseq import catalogue  # its GPU rows
 from recadam_fairseq.engine import methods  # the comparison's specs, on the catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 from recadam_fairseq.bench import bench_rows
-from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta, tiny_train
+from recadam_fairseq.launch import tiny_train
+from recadam_fairseq.launch.recipe import PRECISION
+from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
 from recadam_fairseq.tiny.text_data import glue_layout
 from recadam_fairseq.tools import readme_block
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
-USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 TRAIN_PEAK = os.path.join(ROOT, "scripts", "gpu", "train_peak.py")  # fairseq-train, then its peak CUDA memory
 README_START, README_END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
 
-ARCH = {
-    # roberta_base's shapes, spelled out: methods.flags swaps --arch (ca_mtl_roberta) and keeps them
-    "base": ["--arch", "roberta", "--encoder-layers", "12", "--encoder-embed-dim", "768",
-             "--encoder-ffn-embed-dim", "3072", "--encoder-attention-heads", "12", "--max-positions", "512"],
-    "tiny": tiny_roberta.TINY_ARCH,
-}
+ARCH = tiny_train.ARCH  # the model's shapes: base (roberta-base's) or tiny
 DICT_SIZE = {"base": 50260, "tiny": 96}  # dict.txt lines; fairseq adds 4 specials, the task <mask>: 50265
 LENGTHS = {"base": (64, 126), "tiny": (10, 60)}  # tokens per sentence (+ <s> </s> within max positions)
-PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficient-fp16": ["--memory-efficient-fp16"],
-             "amp": ["--amp"]}
 RECADAM = {"t0": "250"}  # λ(t) at 1/2 in the middle of a longer run than the comparison's
 
 
@@ -85,7 +79,7 @@ def preprocess(args: List[str]) -> None:
     tiny_roberta.preprocess(args)
 
 
-def make_setup(work: str, size: str, n_train: int, seed: int, device_flags: List[str], precision: List[str]) -> Dict:
+def make_setup(work: str, size: str, n_train: int, seed: int, cpu: bool, precision: str) -> Dict:
     """dict.txt, sentiment-bin/{input0,label} (the layout glue_layout links for glue_multitask) and
     pretrained.pt (one masked-LM update from random weights)."""
     rng = random.Random(seed)
@@ -108,11 +102,8 @@ def make_setup(work: str, size: str, n_train: int, seed: int, device_flags: List
     preprocess(pre + ["--trainpref", f"{raw}/train.label", "--validpref", f"{raw}/valid.label",
                       "--destdir", f"{cls}/label"])
     save = os.path.join(work, "pretrain")
-    cmd = [sys.executable, "-m", "fairseq_cli.train", f"{cls}/input0", "--task", "masked_lm", "--criterion", "masked_lm",
-           *ARCH[size], "--tokens-per-sample", str(hi + 2), "--batch-size", "8", "--optimizer", "adam",
-           "--lr", "1e-4", "--lr-scheduler", "fixed", "--max-update", "1", "--seed", str(seed), *device_flags,
-           *precision, "--num-workers", "0", "--save-dir", save, "--no-epoch-checkpoints", "--disable-validation",
-           "--log-format", "simple"]
+    cmd = [sys.executable, "-m", "fairseq_cli.train",
+           *tiny_train.masked_lm_start(f"{cls}/input0", save, size, hi + 2, seed, cpu, precision)]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"e2e_overhead: the masked-LM start failed:\n{proc.stdout[-2000:]}{proc.stderr[-2000:]}")
@@ -125,16 +116,13 @@ def make_setup(work: str, size: str, n_train: int, seed: int, device_flags: List
 def train_command(args, setup: Dict, name: str, save_dir: str) -> List[str]:
     spec, extra, *_ = CATALOGUE[name]
     s = methods.parse(spec)
-    num_layers = int(ARCH[args.size][ARCH[args.size].index("--encoder-layers") + 1])
-    f = methods.flags(s, num_layers)
+    f = methods.flags(s, tiny_train.encoder_layers(args.size))
     arch, task = methods.arch_and_task(f, ARCH[args.size])
     data = setup["glue"] if f["task"] else setup["sentiment"]
     return tiny_train.finetune(
-        data, save_dir, *f["extra"], pretrained=setup["pretrained"], user_dir=USER_DIR, task=[*task, *f["criterion"]],
-        arch=arch, optimizer=[*f["optimizer"], *extra], lr="1e-05", updates=args.updates, batch_size=args.batch_size,
-        settings=["--dropout", "0.1", "--attention-dropout", "0.1", "--required-batch-size-multiple", "1",
-                  "--weight-decay", "0.1", "--clip-norm", "0.0", *PRECISION[args.precision]],
-        cpu="--cpu" in args.device_flags, workers=1, log_interval=args.log_interval)
+        data, save_dir, *f["extra"], pretrained=setup["pretrained"], task=[*task, *f["criterion"]],
+        arch=arch, glue_recipe=True, precision=args.precision, optimizer=[*f["optimizer"], *extra], lr="1e-05",
+        updates=args.updates, batch_size=args.batch_size, cpu=args.cpu, workers=1, log_interval=args.log_interval)
 
 
 def run_one(args, setup: Dict, name: str, rnd) -> Dict:
@@ -291,7 +279,7 @@ def parse_args(argv=None):
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.list:
-        args.device_flags = []
+        args.cpu = False
         print(json.dumps({n: [CATALOGUE[n][0], train_command(args, {"glue": "GLUE", "sentiment": "DATA", "pretrained":
                                                                     "PT"}, n, "SAVE")] for n in args.methods}))
         return 0
@@ -304,12 +292,12 @@ def main(argv=None) -> int:
     if args.device == "cpu" and args.precision != "fp32":
         sys.exit(f"e2e_overhead: --precision {args.precision} needs a GPU (fairseq's half precision does not "
                  "run with --cpu); use --precision fp32")
-    args.device_flags = ["--cpu"] if args.device == "cpu" else []
+    args.cpu = args.device == "cpu"
     args.work = os.path.abspath(args.work or tempfile.mkdtemp(prefix="recadam-e2e-gpu-"))
     info = machine_info()
     print(f"machine: {json.dumps(info)}; work in {args.work}", flush=True)
     t0 = time.time()
-    setup = make_setup(args.work, args.size, args.train_size, 1, args.device_flags, PRECISION[args.precision])
+    setup = make_setup(args.work, args.size, args.train_size, 1, args.cpu, args.precision)
     print(f"setup: {time.time() - t0:.0f} s", flush=True)
     runs = {n: [] for n in args.methods}
     where = (f"{info.get('gpu', info['cpu'])}" + (f", driver {info['driver']}" if info.get("driver") else "")

@@ -50,12 +50,11 @@ def task_layout(opts, data, dirs, create=True):
     """The target's data directory, its class count, the probe, and the glue_multitask layout (freeze,
     ca-mtl): the movie task in SST-2's slot (as its runs were recorded), the others under their own names;
     for the multi-task setting every task's (``targets``), under its own name. ``dirs``: {task: data dir}.
-    ``create=False`` (one task): the paths only, nothing written."""
+    ``create=False``: the paths only, nothing written."""
     if opts.task == MULTI:
-        if not create:
-            raise ValueError("task_layout(create=False): one task only (the multi-task layout is made as it is read)")
         targets = {t: os.path.join(d, "sentiment-bin" if t == "movie" else f"{t}-bin") for t, d in dirs.items()}
-        glue = prepare.multi_layout(task_dirs(opts.work, MULTI)[0], targets)
+        out = task_dirs(opts.work, MULTI)[0]
+        glue = prepare.multi_layout(out, targets) if create else prepare.multi_glue(out)
         return {"targets": {t: os.path.join(glue, f"{t}-bin") for t in targets}, "snli": os.path.join(data, "snli-bin"),
                 "glue": glue, "mt_task": ",".join(targets), "num_classes": None, "multitask": True}
     glue = glue_dir(data)

@@ -12,12 +12,12 @@ both)."""
 import dataclasses
 import os
 import subprocess
-import sys
 import time
 
 from recadam_fairseq.engine import methods
-from recadam_fairseq.compare.files import ROOT, SCRIPTS, read_json, rel, write_json
+from recadam_fairseq.compare.files import ROOT, read_json, rel, write_json
 from recadam_fairseq.compare.runner import RunError, train_command
+from recadam_fairseq.launch import recipe
 
 
 def wanted(ctx, grid) -> bool:
@@ -29,8 +29,7 @@ def wanted(ctx, grid) -> bool:
 def command(ctx, out):
     """scripts/fisher.py over adam's fairseq-train command at seed 1 (its optimizer flags are parsed, unused)."""
     train = train_command(ctx, methods.parse("adam"), 1, os.path.dirname(out))
-    return [sys.executable, rel(os.path.join(os.path.dirname(SCRIPTS), "fisher.py")), "--out", rel(out),
-            "--examples", str(ctx.opts.fisher_examples), "--", *train]
+    return recipe.fisher_command(rel(out), ctx.opts.fisher_examples, train, script=rel(recipe.FISHER))
 
 
 def beside(fisher: str, ext: str) -> str:

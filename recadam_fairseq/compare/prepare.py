@@ -281,11 +281,15 @@ def own_layout(data: str, task: str) -> str:
 
 
 
+def multi_glue(out: str) -> str:
+    return os.path.join(out, "glue")
+
+
 def multi_layout(out: str, targets: Dict[str, str]) -> str:
     """``out/glue/<task>-bin`` for each {task: its data directory}: links to the directory's input0
     (input1) and label, and a labels.json under the task's own name, so that ``--task glue_multitask
     --mt-tasks movie,tweets,nli`` reads every task's prepared files as they are."""
-    glue = os.path.join(out, "glue")
+    glue = multi_glue(out)
     for task, src in targets.items():
         dest = os.path.join(glue, f"{task}-bin")
         os.makedirs(dest, exist_ok=True)

@@ -1,5 +1,5 @@
-"""One run of one setting and seed: its fairseq-train command, the run, measure.py on its checkpoints, and
-the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --jobs at a time."""
+"""One run of one setting and seed: its fairseq-train command (launch/comparison.py's), the run, measure.py on its
+checkpoints, and the reuse of a finished run (in WORK or in RESULTS.json); every planned run, --jobs at a time."""
 
 import functools
 import os
@@ -15,6 +15,7 @@ from recadam_fairseq.engine import methods
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.engine.fairseq_log import read_log
 from recadam_fairseq.engine.settings import fmt
+from recadam_fairseq.launch import comparison
 
 
 def fairseq_train():
@@ -23,42 +24,23 @@ def fairseq_train():
     return [exe] if os.path.isfile(exe) else [sys.executable, "-m", "fairseq_cli.train"]
 
 
+def shared(ctx):
+    """What every run of the comparison shares, as launch/comparison.py builds its commands (paths as they name
+    them)."""
+    def path(p):
+        return p and rel(p)
+    return comparison.Shared(
+        user_dir=rel(USER_DIR), pretrained=rel(ctx.pretrained), arch=ctx.arch, num_layers=ctx.num_layers,
+        target=path(ctx.sentiment), glue=path(ctx.glue), num_classes=ctx.num_classes, mt_task=ctx.mt_task,
+        multitask=ctx.multitask, lr=ctx.opts.lr, updates=ctx.opts.updates, warmup=ctx.opts.warmup,
+        batch_size=ctx.opts.batch_size, log_interval=ctx.opts.log_interval, cpu=ctx.opts.device == "cpu",
+        fisher=path(ctx.fisher))
+
+
 def train_command(ctx, setting, seed, save_dir):
-    """The fairseq-train arguments of one run: one shared command, the method's flags on it."""
-    f = methods.flags(setting, ctx.num_layers, ctx.mt_task, ctx.multitask)
-    warmup = max(1, round(ctx.opts.warmup * ctx.opts.updates))
-    arch, task = methods.arch_and_task(f, ctx.arch, ctx.num_classes)
-    data = ctx.glue if f["task"] else ctx.sentiment
-    cmd = [data, "--user-dir", rel(USER_DIR)]
-    if f["restore"]:
-        cmd += ["--restore-file", ctx.pretrained]
-    else:  # random init: θ* comes from the same checkpoint, for the pull
-        cmd += ["--recadam-pretrained-path", ctx.pretrained]
-    cmd += ["--reset-optimizer", "--reset-dataloader", "--reset-meters",
-            *task, *f["criterion"], "--init-token", "0", "--separator-token", "2", *arch,
-            "--dropout", "0.1", "--attention-dropout", "0.1",
-            "--batch-size", str(ctx.opts.batch_size), "--required-batch-size-multiple", "1",
-            *f["optimizer"], "--adam-betas", "(0.9, 0.98)", "--adam-eps", "1e-06",
-            "--weight-decay", "0.0", "--clip-norm", "0.0",
-            "--lr", fmt(ctx.opts.lr), "--lr-scheduler", "polynomial_decay", "--total-num-update", str(ctx.opts.updates),
-            "--warmup-updates", str(warmup), "--max-update", str(ctx.opts.updates), "--seed", str(seed), *f["extra"]]
-    if early_points(ctx.opts, setting):
-        # an interval save that lands on an epoch's end is an end-of-epoch save: fairseq writes it
-        # as checkpoint<epoch>.pt, and only with --save-interval 1 and without --no-epoch-checkpoints
-        # (else only checkpoint_last.pt, which the next save overwrites). collect() reads each file's
-        # update count and fails when a requested one is missing.
-        cmd += ["--save-interval-updates", str(ctx.opts.early_every), "--keep-interval-updates", "-1",
-                "--save-interval", "1"]
-    else:
-        cmd += ["--no-epoch-checkpoints", "--save-interval", "1000000"]
-    # fairseq validates (on the held-out split) at the end and at each intermediate save;
-    # checkpoints without optimizer state (measuring needs the weights only)
-    cmd += (["--cpu"] if ctx.opts.device == "cpu" else []) + [
-            "--num-workers", "0", "--save-dir", save_dir, "--no-save-optimizer-state",
-            "--validate-interval", "1000000", "--log-format", "json", "--log-interval", str(ctx.opts.log_interval)]
-    if ctx.fisher and (i := methods.task_fisher_at(cmd)) is not None:
-        cmd[i] = ctx.fisher  # one F for every EWC run (ewc_fisher.py)
-    return [rel(c) if c in (save_dir, ctx.pretrained, data, ctx.fisher) else c for c in cmd]
+    """The fairseq-train arguments of one run (launch/comparison.py's), its intermediate points saved."""
+    return comparison.train_argv(shared(ctx), setting, seed, rel(save_dir),
+                                 ctx.opts.early_every if early_points(ctx.opts, setting) else None)
 
 
 def measure_command(ctx, data, checkpoints, out, alphas=()):

@@ -5,9 +5,10 @@
 
 The pair is recadam_fairseq/tiny/make_text_translation.py's: real English text (movie-review snippets: domain
 A, the pretraining domain; tweets: domain B, the new one) written by a rule (each word reversed, in capitals).
-A small transformer is pretrained on A once; each method of the catalogue then fine-tunes it on B through
-scripts/seq2seq/finetune.sh (the real fairseq-train with the catalogue's flags), and BLEU is read from the
-run's own log at its last update: ``valid`` is B's dev set, ``test`` A's. WiSE-FT mixes a run's last weights
+A small transformer is pretrained on A once; each method of the catalogue then fine-tunes it on B with
+scripts/seq2seq/finetune.sh's run (launch/comparison.py: launch/translation.py's RunSpec, the real fairseq-train with
+the catalogue's flags, trained in-process as finetune.sh trains it), and BLEU is read from the run's own log at its
+last update: ``valid`` is B's dev set, ``test`` A's. WiSE-FT mixes a run's last weights
 with θ* (scripts/interpolate.py) and scores both domains with fairseq-validate.
 
 The runs go through the engine's executor (engine/execute.py, --jobs at a time); the page's table, verdicts and
@@ -15,8 +16,8 @@ figure are engine/verdicts.py's, the ones scripts/glue/summarize.py gives a user
 fall of BLEU on A since θ*, judged against Adam by the comparison's noise-aware rule).
 
 Everything a result came from is recorded in WORK/results.json (the commands, the numbers) and copied to
-docs/seq2seq-comparison.json; a run is reused while its command is the same (finetune.sh itself skips a
-finished run); the table and the figure are drawn from the JSON alone, so --report-only regenerates them
+docs/seq2seq-comparison.json; a run is reused while its command is the same (a finished run is not trained
+again); the table and the figure are drawn from the JSON alone, so --report-only regenerates them
 byte for byte.
 """
 
@@ -35,20 +36,24 @@ from recadam_fairseq.engine import verdicts
 from recadam_fairseq.engine.aggregate import OTHERS, to_float
 from recadam_fairseq.engine.execute import RunError, execute
 from recadam_fairseq.engine.fairseq_log import parse_log
+from recadam_fairseq.launch import comparison, recipe
+from recadam_fairseq.launch.command import launch
+from recadam_fairseq.launch.spec import Stop
+from recadam_fairseq.launch.train import train
+from recadam_fairseq.launch.variables import Variables
 
 DOCS = os.path.join(ROOT, "docs")
 NAME = "seq2seq-comparison"
-FINETUNE = os.path.join(ROOT, "scripts", "seq2seq", "finetune.sh")
 # the catalogue's methods this comparison runs -> what each runs as where scripts/seq2seq/finetune.sh lacks it (the
-# METHOD, its extra flags; None: itself): EWC is the coupled objective with F from a file (its runs in WORK/runs-ewc:
+# METHOD, its knobs' values; None: itself): EWC is the coupled objective with F from a file (its runs in WORK/runs-ewc:
 # finetune.sh names a run by the method and its knobs, the same as recadam-coupled's)
 TRANSLATION = {"adam": None, "recadam": None, "recadam-coupled": None,
-               "ewc": ("recadam-coupled", ("--ewc-fisher", "{fisher}")), "r3f": None, "llrd": None, "rdrop": None,
+               "ewc": ("recadam-coupled", (("fisher", "{fisher}"),)), "r3f": None, "llrd": None, "rdrop": None,
                "recadam-rdrop": None}
 
 
 def methods():
-    """(label, the METHOD it runs as, extra fairseq-train flags) of each, in the catalogue's order."""
+    """(label, the METHOD it runs as, ((knob, value), ...) added to it) of each, in the catalogue's order."""
     return tuple((n, *(TRANSLATION[n] or (n, ()))) for n in catalogue.METHODS if n in TRANSLATION)
 
 
@@ -56,8 +61,6 @@ def runs_dir(label: str) -> str:
     """WORK/runs, or WORK/runs-LABEL for a label that runs as another METHOD (its run names would be that one's)."""
     return "runs" if dict((x[0], x[1]) for x in methods()).get(label, label) == label else f"runs-{label}"
 WISE = ("adam", "recadam")  # the runs WiSE-FT mixes with θ*
-# fairseq-train's flags for every run: one CPU core's worth, a validation only at the end
-COMMON_EXTRA = ("--num-workers", "0", "--validate-interval", "1000", "--save-interval", "1000")
 
 
 def parse_args(argv=None):
@@ -100,11 +103,12 @@ def log(msg):
 
 
 def run(cmd, logfile=None, env=None):
-    """``cmd`` at one core, niced, from the checkout's root; its output to ``logfile`` (or the terminal)."""
+    """``cmd`` at one core (niced with the comparison), from the checkout's root; its output to ``logfile`` (or the
+    terminal)."""
     e = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=ROOT, **(env or {}))
     with open(logfile, "a") if logfile else open(os.devnull, "w") as f:
         out = f if logfile else None
-        proc = subprocess.run(["nice", "-n", "10", *cmd], cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
+        proc = subprocess.run(cmd, cwd=ROOT, env=e, stdout=out, stderr=subprocess.STDOUT)
     if proc.returncode:
         raise RunError(f"seq2seq-compare: failed ({proc.returncode}): {shlex.join(cmd)}"
                        + (f" (see {logfile})" if logfile else ""))
@@ -135,11 +139,8 @@ def data_step(args, data):
 def fisher_step(args, data):
     """EWC's F of domain A's translation objective at θ* (scripts/fisher.py), once."""
     out = os.path.join(data, "fisher-a.pt")
-    cmd = [env_python(), "scripts/fisher.py", "--out", rel(out), "--examples", str(args.fisher_examples), "--",
-           rel(os.path.join(data, "a-bin")), "--task", "translation", "--source-lang", "src", "--target-lang", "tgt",
-           *arch_flags(), "--criterion", "label_smoothed_cross_entropy", "--label-smoothing", "0.1",
-           "--restore-file", rel(os.path.join(data, "pretrained.pt")), "--batch-size", "16", "--cpu",
-           "--num-workers", "0", "--user-dir", "recadam_fairseq"]
+    cmd = comparison.translation_fisher(rel(os.path.join(data, "a-bin")), rel(os.path.join(data, "pretrained.pt")),
+                                        arch_flags(), rel(out), args.fisher_examples, rel(recipe.FISHER))
     if not os.path.isfile(out):
         log("EWC's Fisher of domain A at θ*")
         run(cmd, os.path.join(args.work, "fisher.log"))
@@ -151,10 +152,8 @@ BLEU_LINE = re.compile(r"valid on '(\w+)' subset \|.*\| bleu ([0-9.]+)")
 
 def validate(args, data, checkpoint, logfile):
     """{"valid": BLEU on B, "test": BLEU on A} of ``checkpoint`` (fairseq-validate, greedy)."""
-    cmd = [os.path.join(bindir(), "fairseq-validate"), rel(os.path.join(data, "b-bin")), "--user-dir",
-           "recadam_fairseq", "--task", "translation", "--source-lang", "src", "--target-lang", "tgt", "--path",
-           rel(checkpoint), "--cpu", "--num-workers", "0", "--max-tokens", "2048", "--eval-bleu", "--eval-bleu-args",
-           '{"beam": 1}', "--eval-bleu-detok", "space", "--valid-subset", "valid,test"]
+    cmd = [os.path.join(bindir(), "fairseq-validate"),
+           *comparison.translation_validate(rel(os.path.join(data, "b-bin")), rel(checkpoint))]
     if os.path.exists(logfile):
         os.remove(logfile)
     run(cmd, logfile)
@@ -186,22 +185,43 @@ def last_bleu(run_dir, updates):
     return {"valid": float(at[-1]["bleu"]), "test": float(at[-1][OTHERS]["test"]["bleu"])}
 
 
-def finetune(args, data, label, method, extra, seed, fisher, say=print):
-    """One run through scripts/seq2seq/finetune.sh; its record."""
-    extra = [x.format(fisher=rel(fisher)) for x in extra]
-    env = finetune_env(args, data, seed, label)
-    cmd = ["bash", rel(FINETUNE), method, *extra, *COMMON_EXTRA]
-    dry = subprocess.run(cmd, cwd=ROOT, env=dict(os.environ, DRY_RUN="1", **env), stdout=subprocess.PIPE,
-                         stderr=subprocess.STDOUT, text=True)
-    m = re.search(r"--save-dir (\S+)", dry.stdout)
-    if dry.returncode or not m:
-        raise RunError(f"seq2seq-compare: finetune.sh {method} (DRY_RUN=1) failed:\n{dry.stdout[-2000:]}")
-    run_dir = shlex.split(m.group(1))[0]
+def run_of(args, data, label, method, knobs, seed, fisher, say=print):
+    """The run of (label, seed): seq2seq/finetune.sh METHOD's RunSpec under the comparison's variables (and this
+    process's, as finetune.sh read them), and those variables."""
+    v = Variables(dict(os.environ, **finetune_env(args, data, seed, label)), "finetune.sh", say)
+    values = {k: x.format(fisher=rel(fisher)) for k, x in knobs}
+    try:
+        return comparison.translation_run(v, method, values, ROOT), v
+    except Stop as e:
+        raise RunError(f"seq2seq-compare: finetune.sh {method}: {e}") from None
+
+
+def finetune(args, data, label, method, knobs, seed, fisher, say=print):
+    """One run, trained unless done, as scripts/seq2seq/finetune.sh trains it (its lines in WORK/LABEL-SEED.log);
+    its record."""
+    notes = []
+    spec, v = run_of(args, data, label, method, knobs, seed, fisher, notes.append)
+    run_dir = rel(spec.run_dir)
     t = time.time()
-    done = os.path.isfile(os.path.join(ROOT, run_dir, "done"))
+    done = spec.done()
     if not done:
         say(f"seq2seq-compare: {label} seed {seed} -> {run_dir}")
-        run(cmd, os.path.join(args.work, f"{label}-{seed}.log"), env)
+        logfile = os.path.join(args.work, f"{label}-{seed}.log")
+        with open(logfile, "a") as f:
+            def out(text):
+                f.write(text + "\n")
+                f.flush()
+
+            v.say = lambda msg: out(f"finetune.sh: {msg}")
+            for note in notes:
+                v.say(note)
+            env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONPATH=ROOT)
+            try:
+                rc = launch(spec, v, functools.partial(train, env=env, out=out, err=out), out)
+            except Stop as e:  # its run directory holds a run of another command
+                raise RunError(f"seq2seq-compare: {e}") from None
+        if rc:
+            raise RunError(f"seq2seq-compare: failed ({rc}): {label} seed {seed} (see {logfile})")
     bleu = last_bleu(run_dir, args.max_update)
     return {"label": label, "method": method, "seed": seed, "run_dir": run_dir, "command": command_of(run_dir),
             "bleu_b": bleu["valid"], "bleu_a": bleu["test"],
@@ -243,7 +263,10 @@ def compare(args):
             raise SystemExit(f"seq2seq-compare: no {rel(os.path.join(args.docs, NAME + '.json'))}")
         write_report(res, args.docs)
         return 0
-    args.work = os.path.abspath(args.work)
+    args.work, args.docs = os.path.abspath(args.work), os.path.abspath(args.docs)
+    args.sdist_dir = args.sdist_dir and os.path.abspath(args.sdist_dir)
+    os.chdir(ROOT)  # the runs' commands name their files from the checkout, and so do their checks
+    os.nice(10)  # every step at a low priority (its processes inherit it)
     os.makedirs(args.work, exist_ok=True)
     data = os.path.join(args.work, "data")
     info = data_step(args, data)
@@ -252,7 +275,7 @@ def compare(args):
     settings = {"max_update": args.max_update, "lr": args.lr, "k": args.k, "t0": args.t0, "gamma": args.gamma,
                 "seeds": args.seeds, "alphas": args.alphas, "beam": 1, "max_tokens": 2048,
                 "pretrain_updates": args.pretrain_updates, "fisher_examples": args.fisher_examples,
-                "extra": list(COMMON_EXTRA)}
+                "extra": list(comparison.TRANSLATION_EXTRA)}
     res.update({"data": {k: v for k, v in info.items() if k != "seconds"}, "settings": settings})
     if "pretrained" not in res:
         bleu, cmd = validate(args, data, os.path.join(data, "pretrained.pt"), os.path.join(args.work, "pretrained.log"))
@@ -261,13 +284,13 @@ def compare(args):
     res["fisher_command"] = fisher_cmd and portable(fisher_cmd)
     runs = {(r["label"], r["seed"]): r for r in res.get("runs", [])}
     wise = {(w["label"], w["seed"], w["alpha"]): w for w in res.get("wise", [])}
-    plan = [(label, method, extra, seed) for seed in args.seeds for label, method, extra in methods()
+    plan = [(label, method, knobs, seed) for seed in args.seeds for label, method, knobs in methods()
             if label in args.methods]
     recorded, recorded_wise = dict(runs), dict(wise)  # what the runs read (record() changes the others)
 
-    def one(label, method, extra, seed, say):
+    def one(label, method, knobs, seed, say):
         """The run's record and its WiSE-FT points (those of an unchanged run reused)."""
-        rec = finetune(args, data, label, method, extra, seed, fisher, say)
+        rec = finetune(args, data, label, method, knobs, seed, fisher, say)
         old = recorded.get((label, seed))
         same = old and old["command"] == rec["command"] and rec["seconds"] is None
         if same:

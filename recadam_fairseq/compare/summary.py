@@ -84,11 +84,11 @@ def compare(result, settings, specs=None):
         r = rows.get(name)
         if r is None:
             continue
-        # the page's figures: ΔAUC (the change since θ*), ΔΔAUC (its gap to Adam's, positive = forgets less)
-        d_acc, d_fgt = r["target_accuracy"] - adam["target_accuracy"], adam["forgetting"] - r["forgetting"]
+        # forgetting as engine/verdicts.py's rows hold it: positive = forgot, its gap positive = forgets more than Adam
+        d_acc, d_fgt = r["target_accuracy"] - adam["target_accuracy"], r["forgetting"] - adam["forgetting"]
         out[method] = {
             "name": name, "spec": specs.get(method, name), "label": r["label"], "accuracy": r["target_accuracy"],
-            "forgetting": delta_auc(r),
+            "forgetting": r["forgetting"],
             "d_accuracy": d_acc, "d_forgetting": d_fgt, "seeds": len(r["seeds"]), "rank": ranks[name],
             "keeps_accuracy": keeps_accuracy_within_noise(r, adam),
             "forgets_less": forgets_less_beyond_noise(r, adam),
@@ -117,6 +117,11 @@ def summarize(per_task):
     return out
 
 
+def delta_delta_auc(c):
+    """The page's ΔΔAUC of a comparison: its ΔAUC minus Adam's (positive = forgets less), −d_forgetting."""
+    return delta_auc({"forgetting": c["d_forgetting"]})
+
+
 def summary_markdown(summary, tasks, missing):
     head = " | ".join(f"{t}: Δacc, ΔΔAUC" for t in tasks)
     lines = [f"| method (setting) | tasks where it keeps Adam's accuracy and forgets less | mean frontier rank | "
@@ -127,7 +132,7 @@ def summary_markdown(summary, tasks, missing):
         cells = []
         for t in tasks:
             c = s["tasks"].get(t)
-            cells.append("" if c is None else (f"{c['d_accuracy']:+.3f}, {c['d_forgetting']:+.3f}"
+            cells.append("" if c is None else (f"{c['d_accuracy']:+.3f}, {delta_delta_auc(c):+.3f}"
                                                + (" **✓**" if c["wins"] else "")
                                                + (f" ({c['seeds']} seed)" if c["seeds"] < 2 else "")))
         cost = f"{s['cost']:.2f}×" if s["cost"] else ""

@@ -33,6 +33,21 @@ class ChunkOutOfMemory(Exception):
     """A chunk's per-example gradients do not fit the device's memory (torch's OutOfMemoryError, from the vmap)."""
 
 
+@contextlib.contextmanager
+def _refusals(oom: Callable[[Exception], Exception]):
+    """The trace's or vmap's refusal of the model's loss (an operation without a batching rule, a value read from the
+    data: torch raises those as RuntimeError, NotImplementedError or fx's TraceError) as NotBatchable; torch's out of
+    memory as ``oom(e)``. Anything else is a bug and is raised as it is, never taken for the slow way."""
+    from torch.fx.proxy import TraceError
+
+    try:
+        yield
+    except torch.OutOfMemoryError as e:
+        raise oom(e) from e
+    except (RuntimeError, NotImplementedError, TraceError) as e:
+        raise NotBatchable(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") from e
+
+
 def leaves(x, path=()) -> List[Tuple[tuple, object]]:
     """(path, value) of every leaf of nested dicts, lists and tuples."""
     if isinstance(x, dict):
@@ -158,47 +173,40 @@ class Vmapped:
     def grads(self, sample: Sample, n: int, scale: Callable[[], float]) -> Iterator[Dict[str, Tensor]]:
         """Each chunk's gradients {name: [c, *shape]} of the losses × ``scale()`` (read for each chunk; send True to
         get the chunk again, e.g. at a lower scale after an overflow), in example order. NotBatchable: the trace
-        or vmap failed, or a chunk's traced losses are not ``loss_fn``'s (raised before that chunk is yielded)."""
+        or vmap refused the loss, or a chunk's traced losses are not ``loss_fn``'s (raised before that chunk is
+        yielded); any other error (of ``pad``, ``loss_fn``, ...) is raised as it is."""
         from torch.func import grad_and_value, vmap
 
-        try:
-            padded = self.pad(sample) if self.pad is not None else sample
-            key = self._key(padded, n)
-            paths = [p for p, v in leaves(padded) if _per_example(v, n)]
-            gm = self.traces.get(key)
-            if gm is None:
-                try:
-                    gm = self.traces[key] = _trace(self.module, self.traced, self.named, padded, paths)
-                except torch.OutOfMemoryError as e:  # one example's trace: not what the chunk's size bounds
-                    raise NotBatchable(f"out of memory tracing one example ({str(e).splitlines()[0]})") from e
-            with torch.no_grad():
-                want = self.loss_fn(self.module, sample).detach().reshape(-1)
-            values = dict(leaves(padded))
-            s = 0
-            while s < n:
-                xs = [values[p][s:s + self.chunk] for p in paths]
-                k = scale()
+        padded = self.pad(sample) if self.pad is not None else sample
+        key = self._key(padded, n)
+        paths = [p for p, v in leaves(padded) if _per_example(v, n)]
+        with torch.no_grad():
+            want = self.loss_fn(self.module, sample).detach().reshape(-1)
+        gm = self.traces.get(key)
+        if gm is None:
+            # one example's trace out of memory: not what the chunk's size bounds
+            with _refusals(lambda e: NotBatchable(f"out of memory tracing one example ({str(e).splitlines()[0]})")):
+                gm = self.traces[key] = _trace(self.module, self.traced, self.named, padded, paths)
+        values = dict(leaves(padded))
+        s = 0
+        while s < n:
+            xs = [values[p][s:s + self.chunk] for p in paths]
+            k = scale()
 
-                def scaled(p, *x):
-                    loss = gm(p, *x)
-                    return loss * k, loss
+            def scaled(p, *x):
+                loss = gm(p, *x)
+                return loss * k, loss
 
-                # randomness "same": eval mode's random draws decide nothing (LayerDrop draws even there)
+            # randomness "same": eval mode's random draws decide nothing (LayerDrop draws even there)
+            with _refusals(lambda e: ChunkOutOfMemory(str(e).splitlines()[0])):
                 grads, (_, loss) = vmap(grad_and_value(scaled, has_aux=True), in_dims=(None,) + (0,) * len(paths),
                                         randomness="same")(self.params, *xs)
-                self._check(loss.detach(), want[s:s + loss.numel()])
-                again = yield grads
-                if again:
-                    yield None  # the reply to send(); the same chunk comes next
-                    continue
-                s += loss.numel()
-        except NotBatchable:
-            raise
-        except torch.OutOfMemoryError as e:
-            raise ChunkOutOfMemory(str(e).splitlines()[0]) from e
-        except Exception as e:  # vmap or the trace: an operation they do not take
-            raise NotBatchable(f"{type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}") \
-                from e
+            self._check(loss.detach(), want[s:s + loss.numel()])
+            again = yield grads
+            if again:
+                yield None  # the reply to send(); the same chunk comes next
+                continue
+            s += loss.numel()
 
     def _check(self, traced: Tensor, want: Tensor) -> None:
         gap = (traced.to(want.dtype) - want).abs()

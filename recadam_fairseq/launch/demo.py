@@ -1,6 +1,6 @@
 """The tiny model's demonstrations (``make demo``: scripts/demo.sh; docs/ewc.md: scripts/ewc_demo.sh): catalogue
-methods fine-tuned on make_tiny_roberta.py's classification set with tiny_train.py's command (300 updates, lr 1e-4,
-RecAdam's k 0.1, t0 50, γ 5000), the forgetting meter on held-out text.
+methods fine-tuned on make_tiny_roberta.py's classification set with launch/tiny_train.py's command (300 updates,
+lr 1e-4, RecAdam's k 0.1, t0 50, γ 5000), the forgetting meter on held-out text.
 
     launch.py demo SCRIPT OUT [--ewc] [--jobs N] METHOD...
 
@@ -18,34 +18,22 @@ from typing import List, Optional
 
 from recadam_fairseq import catalogue
 from recadam_fairseq.engine.execute import RunError, execute
-from recadam_fairseq.tiny import tiny_train
+
+from . import tiny_train
 
 RECADAM = {"anneal_fun": "sigmoid", "k": "0.1", "t0": "50", "gamma": "5000"}
-CLASSIFIER = ["--task", "sentence_prediction", "--criterion", "sentence_prediction_recadam", "--num-classes", "2"]
-REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 def argv(out: str, method: str, run_dir: str, fisher: Optional[str] = None, save: bool = True) -> List[str]:
     """fairseq-train's command for ``method`` (RecAdam's knobs at the demo's values, EWC's F ``fisher``)."""
     m = catalogue.get(method)
     values = {k: v for k, v in {**RECADAM, "fisher": fisher}.items() if k in m.knobs and v}
-    tiny = os.path.join(out, "tiny")
+    model = os.path.join(out, "tiny")
     return ["fairseq-train", *tiny_train.finetune(
-        os.path.join(tiny, "cls-bin"), run_dir, "--best-checkpoint-metric", "accuracy",
-        "--maximize-best-checkpoint-metric", "--forgetting-probe", os.path.join(out, "probe"),
-        *(["--tensorboard-logdir", os.path.join(run_dir, "tb")] if save else []),
-        pretrained=os.path.join(tiny, "pretrained.pt"), task=CLASSIFIER, settings=["--weight-decay", "0.01"],
-        optimizer=m.all_flags(values), updates=300, saves=["--no-epoch-checkpoints"] if save else ["--no-save"],
-        validate=True, log_interval=10)]
-
-
-def fisher_argv(out: str, path: str) -> List[str]:
-    """scripts/fisher.py's command: F of the masked-LM objective on the pretraining text, at θ*."""
-    tiny = os.path.join(out, "tiny")
-    return [sys.executable, os.path.join(REPO, "scripts", "fisher.py"), "--out", path, "--examples", "0", "--",
-            os.path.join(tiny, "lm-bin"), "--task", "masked_lm", "--criterion", "masked_lm", *tiny_train.TINY_ARCH,
-            "--tokens-per-sample", "64", "--batch-size", "16", "--restore-file", os.path.join(tiny, "pretrained.pt"),
-            "--user-dir", tiny_train.USER_DIR, "--cpu"]
+        os.path.join(model, "cls-bin"), run_dir, pretrained=os.path.join(model, "pretrained.pt"),
+        task=tiny_train.classifier("sentence_prediction_recadam"), weight_decay="0.01", optimizer=m.all_flags(values),
+        updates=300, save=save, validate=True, log_interval=10, best="accuracy", probe=os.path.join(out, "probe"),
+        tensorboard=os.path.join(run_dir, "tb") if save else None)]
 
 
 def run(cmd: List[str], log: str) -> None:
@@ -98,7 +86,7 @@ def main(argv_: List[str]) -> int:
 
     try:
         if fisher:  # once, for both EWC runs
-            run(fisher_argv(a.out, fisher), os.path.join(root, "fisher.log"))
+            run(tiny_train.masked_lm_fisher(os.path.join(a.out, "tiny"), fisher), os.path.join(root, "fisher.log"))
         execute([one(m) for m in a.methods], jobs=a.jobs)
     except RunError as e:
         print(f"{os.path.basename(a.script)}: error: {e}", file=sys.stderr)

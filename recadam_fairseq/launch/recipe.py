@@ -1,8 +1,11 @@
-"""What the task scripts' commands share: fp16 or not, the model's architecture from the checkpoint, the forgetting
-meter's flags, the warnings for a run that cannot learn and the method's part (catalogue.py through prelaunch.py)."""
+"""What the launcher's commands share: fp16 or not, the model's architecture from the checkpoint, the forgetting
+meter's flags, the warnings for a run that cannot learn and the method's part (catalogue.py through prelaunch.py); the
+flags the task scripts, the comparisons (launch/comparison.py) and the tiny model's runs (launch/tiny_train.py) write
+alike, and scripts/fisher.py's command."""
 
 import functools
 import os
+import sys
 from typing import List, Optional, Tuple
 
 from recadam_fairseq import catalogue
@@ -13,6 +16,60 @@ from .variables import Variables
 
 ADAM = ["--adam-betas", "(0.9, 0.98)"]
 FP16_FLAGS = ["--fp16", "--fp16-init-scale", "4", "--threshold-loss-scale", "1", "--fp16-scale-window", "128"]
+# fairseq's precisions by name (the GPU pass's --precision); fp32: none
+PRECISION = {"fp16": ["--fp16"], "bf16": ["--bf16"], "fp32": [], "memory-efficient-fp16": ["--memory-efficient-fp16"],
+             "amp": ["--amp"]}
+TOKENS = ["--init-token", "0", "--separator-token", "2"]  # RoBERTa's <s> and </s>
+DROPOUT = ["--dropout", "0.1", "--attention-dropout", "0.1"]  # RoBERTa's fine-tuning recipe
+ANY_BATCH = ["--required-batch-size-multiple", "1"]  # (fairseq's default rounds a batch to a multiple of 8)
+RESET = ["--reset-optimizer", "--reset-dataloader", "--reset-meters"]  # weights only from the checkpoint
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+FISHER = os.path.join(REPO, "scripts", "fisher.py")
+
+
+def adam(eps: str) -> List[str]:
+    return [*ADAM, "--adam-eps", eps]
+
+
+def weight_decay(decay: str, clip: Optional[str] = None) -> List[str]:
+    """AdamW's decay, and the gradient's norm clipped at ``clip`` (0.0: never; None: fairseq's default)."""
+    return ["--weight-decay", decay] + (["--clip-norm", clip] if clip is not None else [])
+
+
+def restore(pretrained: str) -> List[str]:
+    """Start from ``pretrained``'s weights, with a new optimizer, data loader and meters."""
+    return ["--restore-file", pretrained, *RESET]
+
+
+def polynomial(lr: str, total: int, warmup: int) -> List[str]:
+    """``lr`` after ``warmup`` updates, decaying to 0 at ``total``, the run's end."""
+    return ["--lr", lr, "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total),
+            "--warmup-updates", str(warmup), "--max-update", str(total)]
+
+
+def fixed(lr: str, updates: int) -> List[str]:
+    return ["--lr", lr, "--lr-scheduler", "fixed", "--max-update", str(updates)]
+
+
+def device(cpu: bool, workers: int = 0) -> List[str]:
+    """On the CPU (else fairseq's choice), the batches read by ``workers`` processes (0: the trainer itself)."""
+    return (["--cpu"] if cpu else []) + ["--num-workers", str(workers)]
+
+
+def best_checkpoint(metric: str) -> List[str]:
+    """checkpoint_best.pt: the validation with the highest ``metric``."""
+    return ["--best-checkpoint-metric", metric, "--maximize-best-checkpoint-metric"]
+
+
+def log(interval, form: str = "json") -> List[str]:
+    return ["--log-format", form, "--log-interval", str(interval)]
+
+
+def fisher_command(out: str, examples, train: List[str], python: Optional[str] = None,
+                   script: str = FISHER) -> List[str]:
+    """scripts/fisher.py's command: EWC's F at θ* of fairseq-train's arguments ``train`` (its data, task, criterion,
+    --restore-file), over ``examples`` of them (0: all), into ``out``."""
+    return [python or sys.executable, script, "--out", out, "--examples", str(examples), "--", *train]
 
 
 def method(v: Variables, name: str, multitask: bool = False, seq2seq: bool = False) -> dict:
@@ -116,6 +173,5 @@ def forgetting(v: Variables, metric: str) -> Tuple[List[str], str]:
 
 def tail(v: Variables, run_dir: str, seed: int, save_interval: int, best: str, log_interval: str = "100") -> List[str]:
     """The flags every task script ends with: the checkpoint rule, the seed, the run directory and the log."""
-    return ["--best-checkpoint-metric", best, "--maximize-best-checkpoint-metric", "--seed", str(seed),
-            "--save-dir", run_dir, "--no-epoch-checkpoints", "--save-interval-updates", str(save_interval),
-            "--keep-interval-updates", "1", "--log-format", "json", "--log-interval", log_interval]
+    return [*best_checkpoint(best), "--seed", str(seed), "--save-dir", run_dir, "--no-epoch-checkpoints",
+            "--save-interval-updates", str(save_interval), "--keep-interval-updates", "1", *log(log_interval)]

@@ -440,9 +440,9 @@ def dumps(save, world):
 def tiny_classifier_args(arch=True):
     """The tiny classifier's fairseq-train arguments, without the optimizer, save dir and data (``arch``: with its
     architecture flags)."""
-    from recadam_fairseq.tiny import tiny_train
+    from recadam_fairseq.launch import recipe, tiny_train
 
-    return [*tiny_train.CLASSIFIER, *tiny_train.TOKENS, *(tiny_train.TINY_ARCH if arch else [])]
+    return [*tiny_train.CLASSIFIER, *recipe.TOKENS, *(tiny_train.ARCH["tiny"] if arch else [])]
 
 
 class Tiny:
@@ -457,15 +457,14 @@ class Tiny:
 
     def finetune_args(self, save_dir, *extra, optimizer="recadam", updates=12, restore=True, validate=False,
                       device="cpu", data=None):
-        from recadam_fairseq.tiny import tiny_train
+        from recadam_fairseq.launch import tiny_train
 
         # lr 1e-3 needs lr·γ < 2 for RecAdam (the authors' γ = 5000 goes with lr ~1e-5)
         gamma = ["--recadam-pretrain-cof", "500"] if optimizer == "recadam" else []
         return tiny_train.finetune(
             data or self.cls_bin, save_dir, *extra, pretrained=self.pretrained if restore else None, user_dir=USER_DIR,
-            optimizer=["--optimizer", optimizer, *gamma],
-            lr="1e-3", updates=updates, batch_size=16, seed=7, cpu=device == "cpu", saves=["--no-epoch-checkpoints"],
-            validate=validate, log_format="simple", log_interval=1)
+            optimizer=["--optimizer", optimizer, *gamma], lr="1e-3", updates=updates, batch_size=16, seed=7,
+            cpu=device == "cpu", save=True, validate=validate, log_format="simple", log_interval=1)
 
     def train(self, save_dir, *extra, check=True, env=None, fresh=False, **kw):
         """One fairseq-train run (tests/train_entry.py; ``env``: extra environment; ``fresh``: in a new
