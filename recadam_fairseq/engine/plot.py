@@ -353,7 +353,7 @@ def overview_panel(ax, summary, names, tasks, marks, labels):
     """One family's gaps to Adam on every task: a method's tasks joined, one colour per method; a gap
     below OVERVIEW_MIN_GAP marked at the bottom edge."""
     for color, m in zip(PALETTE, names):
-        pts = [(summary[m]["tasks"][t]["d_forgetting"], summary[m]["tasks"][t]["d_accuracy"], t)
+        pts = [(-summary[m]["tasks"][t]["d_forgetting"], summary[m]["tasks"][t]["d_accuracy"], t)  # x: forgets less
                for t in tasks if t in summary[m]["tasks"]]
         ax.plot([p[0] for p in pts], [max(p[1], OVERVIEW_MIN_GAP) for p in pts], color=color, lw=0.8, alpha=0.6,
                 label=m)
@@ -375,7 +375,7 @@ def overview_figure(summary, tasks):
     marks = dict(zip(tasks, "os^D"))
     fams = families(summary)
     fig, gs = grid(plt, len(fams) + 1, width=4.2, height=3.4)
-    xs = [t["d_forgetting"] for s in summary.values() for t in s["tasks"].values()]
+    xs = [-t["d_forgetting"] for s in summary.values() for t in s["tasks"].values()]  # (drawn as forgets less)
     ys = [t["d_accuracy"] for s in summary.values() for t in s["tasks"].values()]
     pad = 0.05 * (max(xs) - min(xs) or 0.01)
     ylim = (OVERVIEW_MIN_GAP - 0.01, max(ys) + 0.01) if min(ys) < OVERVIEW_MIN_GAP else (min(ys) - 0.01, max(ys) + 0.01)
