@@ -90,15 +90,13 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str], name_l
 
     train = v.trainer()
     cmd = [*train, data, "--user-dir", v.user_dir(), "--finetune-from-model", path or "",
-           "--task", "sentence_prediction", "--num-classes", str(t["NUM_CLASSES"]), "--init-token", "0",
-           "--separator-token", "2", "--max-positions", str(positions), "--required-batch-size-multiple", "1",
-           "--batch-size", str(batch), "--max-tokens", "4400", *arch_flags, "--dropout", "0.1",
-           "--attention-dropout", "0.1", "--criterion", criterion, *t["TASK_FLAGS"]]
+           "--task", "sentence_prediction", "--num-classes", str(t["NUM_CLASSES"]), *recipe.TOKENS,
+           "--max-positions", str(positions), *recipe.ANY_BATCH, "--batch-size", str(batch), "--max-tokens", "4400",
+           *arch_flags, *recipe.DROPOUT, "--criterion", criterion, *t["TASK_FLAGS"]]
     if criterion == "sentence_prediction" and t["METRIC"] in METRIC_FLAGS:  # fairseq computes these only when asked
         cmd.append(METRIC_FLAGS[t["METRIC"]])
-    cmd += [*m["METHOD_FLAGS"], *recipe.ADAM, "--adam-eps", "1e-06", "--weight-decay", "0.1", "--clip-norm", "0.0",
-            "--lr", lr, "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total),
-            "--warmup-updates", str(warmup), "--max-update", str(total)]
+    cmd += [*m["METHOD_FLAGS"], *recipe.adam("1e-06"), *recipe.weight_decay("0.1", "0.0"),
+            *recipe.polynomial(lr, total, warmup)]
     if not max_update:  # the recipe's 10 epochs are its update count; a MAX_UPDATE is the run's length
         cmd += ["--max-epoch", "10"]
     cmd += recipe.FP16_FLAGS if fp16 else []

@@ -60,12 +60,9 @@ def build(v: Variables, extra: List[str]) -> RunSpec:
     train = v.trainer()
     cmd = [*train, data_dir, "--user-dir", v.user_dir(), "--finetune-from-model", path or v.get("ROBERTA_PATH", ""),
            "--task", "glue_multitask", "--mt-tasks", tasks, "--mt-sampling", sampling, "--criterion", "glue_multitask",
-           "--init-token", "0", "--separator-token", "2", "--max-positions", str(positions), *arch_flags,
-           "--dropout", "0.1", "--attention-dropout", "0.1", "--batch-size", str(batch),
-           "--required-batch-size-multiple", "1", "--max-epoch", str(epochs), *m["METHOD_FLAGS"], *recipe.ADAM,
-           "--adam-eps", "1e-06", "--weight-decay", "0.1", "--clip-norm", "0.0", "--lr", lr,
-           "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--warmup-updates", str(warmup),
-           "--max-update", str(total)]
+           *recipe.TOKENS, "--max-positions", str(positions), *arch_flags, *recipe.DROPOUT, "--batch-size", str(batch),
+           *recipe.ANY_BATCH, "--max-epoch", str(epochs), *m["METHOD_FLAGS"], *recipe.adam("1e-06"),
+           *recipe.weight_decay("0.1", "0.0"), *recipe.polynomial(lr, total, warmup)]
     cmd += ["--freeze-encoder-layers", freeze] if freeze != "none" else []
     cmd += recipe.FP16_FLAGS if fp16 else []
     cmd += ["--distributed-world-size", str(gpus)] if gpus != 1 else []

@@ -53,9 +53,8 @@ def build(v: Variables, method_arg: str, extra: List[str]) -> RunSpec:
     cmd = [*train, data or "", "--user-dir", v.user_dir(), "--finetune-from-model", path or "",
            "--task", "translation", "--source-lang", src, "--target-lang", tgt, "--max-tokens", str(max_tokens),
            *arch_flags, "--criterion", m["METHOD_CRITERION"], "--label-smoothing", v.get("LABEL_SMOOTHING", "0.1"),
-           *m["METHOD_FLAGS"], *recipe.ADAM, "--adam-eps", "1e-08", "--clip-norm", "0.0", "--lr", lr,
-           "--lr-scheduler", "polynomial_decay", "--total-num-update", str(total), "--warmup-updates", str(warmup),
-           "--max-update", str(total), "--eval-bleu", "--eval-bleu-args", f'{{"beam": {beam}}}',
+           *m["METHOD_FLAGS"], *recipe.adam("1e-08"), "--clip-norm", "0.0", *recipe.polynomial(lr, total, warmup),
+           "--eval-bleu", "--eval-bleu-args", f'{{"beam": {beam}}}',
            "--eval-bleu-detok", v.get("DETOK", "space"), "--eval-bleu-start"]
     cmd += ["--eval-bleu-remove-bpe", v.get("REMOVE_BPE")] if v.get("REMOVE_BPE") else []
     cmd += ["--fp16"] if fp16 else []
