@@ -69,7 +69,9 @@ class Knob:
     name_part: Optional[Callable[[str], str]] = None  # its value in run names, when not the value itself
     checks: Optional[Callable[[str], Optional[str]]] = None  # why a value (of the right type) cannot be used, or None
     choices: Tuple[str, ...] = ()  # a word knob's values (its run-name part is then one of them)
-    space: Optional[Space] = None  # where tune.sh searches it (None: never; pinned at its default or its variable)
+    # where tune.sh searches it; None: never (pinned at its default or its variable): a knob not in run names (no tag)
+    # cannot be searched, two trials would share a run directory
+    space: Optional[Space] = None
 
     def flags(self, value: str) -> List[str]:
         return self.render(value) if self.render else [self.flag, value]
@@ -138,16 +140,13 @@ KNOBS: Dict[str, Knob] = {k.key: k for k in (
          tag="lambda", tag_if_changed=True, json="r3f_lambda", group="criterion", off_default="0.2", label="λ",
          bounds=("[0, inf)", "R3F's λ"), space=Space("0.1", "5", log=True)),
     Knob("eps", "R3F_EPS", "1e-05", float, "--eps", "the range of R3F's noise on the embeddings", json="r3f_eps",
-         implicit=True, group="criterion", off_default="2e-05", bounds=("(0, inf)", "R3F's noise range"),
-         space=Space("1e-6", "1e-4", log=True, searched=False)),
+         implicit=True, group="criterion", off_default="2e-05", bounds=("(0, inf)", "R3F's noise range")),
     Knob("rho", "RHO", "0.05", float, "--rho", "SAM's radius ρ", tag="rho", group="optimizer", off_default="0.11",
          label="ρ", bounds=("(0, inf)", "ρ"), space=Space("0.01", "0.5", log=True)),
     Knob("keep_ratio", "KEEP_RATIO", "0.1", float, "--keep-ratio", "FSAM: the fraction of weights perturbed",
-         group="optimizer", off_default="0.2", bounds=("(0, 1]", "the kept fraction"),
-         space=Space("0.01", "0.5", log=True, searched=False)),
+         group="optimizer", off_default="0.2", bounds=("(0, 1]", "the kept fraction")),
     Knob("mask_iter_e", "MASK_ITER_E", "100", int, "--mask-iter-e", "FSAM: updates between Fisher masks",
-         group="optimizer", off_default="7", bounds=("[1, inf)", "the updates between masks"),
-         space=Space("10", "1000", log=True, searched=False)),
+         group="optimizer", off_default="7", bounds=("[1, inf)", "the updates between masks")),
     Knob("decay", "LLRD", "0.9", float, "--layer-lr-decay", "the lr factor per layer, top down", tag="d",
          json="layer_lr_decay", group="optimizer", off_default="0.8", label="lr decay",
          bounds=("(0, 1]", "the lr decay"), space=Space("0.5", "1")),
@@ -273,12 +272,12 @@ class Method:
         f = self.flags(values)
         return f["optimizer"] + (["--criterion", self.criterion] if self.criterion else []) + f["criterion"] + f["extra"]
 
-    def run_name(self, values: Mapping[str, str], explicit: bool = False, lr: Optional[str] = None) -> str:
+    def run_name(self, values: Mapping[str, str], explicit: bool = False) -> str:
         """A run directory's name (:func:`parse_run_name` reads it back): the method, then each named knob as its tag
         and value, RecAdam's first: ``recadam-k0.1-t1000``, ``sam-rho0.05``, ``lora-r8-a8``. The task scripts name
         every knob but those left out at their default (γ, λ(t)'s schedule, R3F's λ); ``explicit`` (the
-        comparison's): exactly the knobs of ``values``, at whatever value; ``lr`` (a search's runs, whose lr is
-        searched too): the learning rate last, ``-lr2e-05``."""
+        comparison's): exactly the knobs of ``values``, at whatever value. (A search's runs add their lr last,
+        ``-lr2e-05``: launch/glue.py.)"""
         name = self.name
         for key in self.name_order():
             k = KNOBS[key]
@@ -288,7 +287,7 @@ class Method:
             if not explicit and k.tag_if_changed and value == k.default:
                 continue
             name += f"-{k.tag}{k.name_part(value) if k.name_part and not value.startswith('$') else value}"
-        return name + (f"-{LR_TAG}{lr}" if lr is not None else "")
+        return name
 
     def name_order(self) -> List[str]:
         """Its knobs in the order of its run names: RecAdam's first (k, t0, γ, λ(t)'s schedule), then its own."""

@@ -12,6 +12,7 @@ import glob
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import pytest
 
 from helpers import ROOT, base_env, fast_python, fast_train, marked_bash_lines
 from recadam_fairseq.engine import trials as T
-from recadam_fairseq.launch import search, space
+from recadam_fairseq.launch import search, space, study
 from recadam_fairseq.launch.spec import Stop
 
 TUNE = os.path.join(ROOT, "scripts", "glue", "tune.sh")
@@ -42,7 +43,11 @@ with open(os.path.join(save, "starts"), "a") as f:
     f.write(("resumed" if os.path.exists(last) else "fresh") + f" {os.getpid()}\n")
 torch.save({"optimizer_history": [{"num_updates": 1}]}, last)
 time.sleep(float(os.environ.get("FAKE_SLEEP") or 0))
-x, k = math.log10(float(flag("--lr"))) + 4, float(flag("--recadam-anneal-k", "1"))
+lr = float(flag("--lr"))
+if os.environ.get("FAKE_REFUSE") == "all" or lr > float(os.environ.get("FAKE_REFUSE") or "inf"):  # (before training)
+    sys.exit("fake_train.py: error: " + ("unrecognized arguments: --bogus" if os.environ["FAKE_REFUSE"] == "all" else
+                                         f"--lr {flag('--lr')} is more than this trainer takes"))
+x, k = math.log10(lr) + 4, float(flag("--recadam-anneal-k", "1"))
 acc, fgt = 80 + 10 * math.exp(-x * x), 0.01 * 10 ** x * (0.5 + k)
 print('2026-01-01 | INFO | valid | ' + json.dumps({"epoch": 1, "valid_accuracy": f"{acc:.2f}",
       "valid_fgt_mlm_loss_delta": f"{fgt:.5f}", "valid_num_updates": "2"}))
@@ -95,6 +100,9 @@ BAD = [
     ({"LR": "1e-4"}, "METHODS: adam has nothing to search (LR set): unset LR to search it"),
     ({"FORGETTING_PROBE": ""}, "FORGETTING_PROBE is not set: forgetting is the search's second objective"),
     ({"RESTART": "1"}, "RESTART=1: not taken by tune.sh"),
+    ({"METHODS": "fsam", "KEEP_RATIO_RANGE": "0.05 0.5"}, "KEEP_RATIO_RANGE: keep_ratio is not searched (its value is "
+                                                          "not in a run's name: two trials would share"),
+    ({"KK_RANGE": "0.01 1"}, "KK_RANGE: no knob is searched so (did you mean K_RANGE?)"),
 ]
 
 
@@ -103,6 +111,14 @@ def test_bad_input_is_one_line_before_anything(fake, env, message):
     with pytest.raises(Stop) as e:
         search.Search("SST-2", [], {**fake, **env})
     assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_tune_sh_says_it_in_one_line(fake, capsys, monkeypatch):
+    """tune.sh's command line: a Stop is `tune.sh: error: ...` (exit 2) and nothing is written; another command's
+    *_RANGE variables are none of its business."""
+    monkeypatch.setattr(os, "environ", {**fake, "TRIALS": "0", "DATE_RANGE": "2020 2021"})
+    assert search.main(["SST-2"]) == 2
+    assert capsys.readouterr().err == "tune.sh: error: TRIALS must be a positive integer, got '0'\n"
     assert not os.path.exists(fake["SAVE_DIR"])
 
 
@@ -113,13 +129,19 @@ def test_the_spaces_and_a_study_made_for_another_search(fake):
                     "recadam": [("LR", 1e-5, 1e-3, True), ("T0", 0.05, 0.8, False), ("GAMMA", 100, 1e4, True)],
                     "llrd": [("LR", 1e-5, 1e-3, True), ("LLRD", 0.6, 0.9, False)]}
     assert s.spaces["recadam"].pinned == {"k": "0.2"} and (s.task, s.metric, s.updates) == ("SST-2", "accuracy", 100)
-    s.open()
+    assert s.space_text("recadam") == "LR 1e-05 to 0.001 (log), T0 0.05 to 0.8 of 100 updates, GAMMA 100 to 10000 (log), " \
+                                     "fixed K=0.2"
+    s.study.open(print)
     del s  # (its lock goes with it)
-    for env, what in (({"METHODS": "adam recadam"}, "methods adam recadam llrd, not methods adam recadam"),
-                      ({"METHODS": "adam recadam llrd", "MAX_UPDATE": "50"}, "updates 100, not updates 50"),
-                      ({"METHODS": "adam recadam llrd", "SEEDS": "2 1"}, "trial_seed 1, not trial_seed 2")):
-        with pytest.raises(Stop, match=f"holds a search made for {what} "):
-            search.Search("SST-2", [], {**fake, **env}).open()
+    same = {"METHODS": "adam recadam llrd", "K": "0.2", "LLRD_RANGE": "0.6 0.9"}
+    for env, what in (({"METHODS": "adam recadam", "K": "0.2"}, "METHODS adam recadam llrd, not METHODS adam recadam"),
+                      (dict(same, MAX_UPDATE="50"), "MAX_UPDATE 100, not MAX_UPDATE 50"),
+                      (dict(same, SEEDS="2 1"), "SEEDS' first 1, not SEEDS' first 2"),
+                      (dict(same, SEARCH_SEED="3"), "SEARCH_SEED 0, not SEARCH_SEED 3"),
+                      (dict(same, LLRD_RANGE="0.7 0.9"), "llrd's ranges LR 1e-05 to 0.001 (log), LLRD 0.6 to 0.9, not "
+                                                         "llrd's ranges LR 1e-05 to 0.001 (log), LLRD 0.7 to 0.9")):
+        with pytest.raises(Stop, match=re.escape(f"holds a search made for {what}: give the same, or another SAVE_DIR")):
+            search.Search("SST-2", [], {**fake, **env}).study.open(print)
 
 
 def test_fronts_and_picks_by_hand():
@@ -152,22 +174,39 @@ def test_the_same_seed_proposes_the_same_trials(fake, tmp_path):
     scores); another seed draws others; a new launcher on a study goes on without drawing a trial again."""
     def draw(save, seed, n, tell=True):
         s = search.Search("SST-2", [], {**fake, "SAVE_DIR": str(save), "SEARCH_SEED": str(seed)})
-        s.open()
+        s.study.open(print)
         out = []
         for _ in range(n):
-            number, values = s.ask("recadam")
+            number, values = s.study.ask("recadam")
             out.append(values)
             if tell:
                 acc, fgt = fake_scores(float(values["LR"]), float(values["K"]))
-                s.tell("recadam", number, {"state": "complete", "metric": acc, "forgetting": fgt})
+                s.study.tell("recadam", number, {"state": "complete", "metric": acc, "forgetting": fgt})
         return out
 
-    first = draw(tmp_path / "a", 7, search.STARTUP + 2)
-    assert draw(tmp_path / "b", 7, search.STARTUP + 2) == first
+    first = draw(tmp_path / "a", 7, study.STARTUP + 2)
+    assert draw(tmp_path / "b", 7, study.STARTUP + 2) == first
+    assert len({v["LR"] for v in first}) == len(first)  # (each draw its own: the seed moves with the trials)
     assert draw(tmp_path / "c", 8, 1)[0] != first[0]
     assert set(first[0]) == {"LR", "K", "T0", "GAMMA"} and 5 <= int(first[0]["T0"]) <= 80  # a fraction of 100
     more = draw(tmp_path / "a", 7, 3)
     assert not [v for v in more if v in first]
+    # a lower TRIALS than the trials run is refused; a trial whose launcher stopped between drawing its parameters and
+    # keeping its values is rebuilt from them
+    s = search.Search("SST-2", [], {**fake, "SAVE_DIR": str(tmp_path / "a"), "SEARCH_SEED": "7", "TRIALS": "3"})
+    s.study.open(print)
+    with pytest.raises(Stop, match="TRIALS=3: the search has 10 trials of recadam already: TRIALS only grows"):
+        s.plan(s.study.records())
+    trial = s.study.studies["adam"].ask()
+    trial.suggest_float("lr", 1e-5, 1e-3, log=True)  # drawn, not kept: its launcher stopped here
+    (orphan,) = [r for r in s.study.records() if r["method"] == "adam"]
+    assert orphan["state"] == "running" and orphan["values"] == {"LR": space.three_figures(trial.params["lr"])}
+
+
+def test_three_figures_is_one_text_a_value():
+    cases = {2.3e-05: "2.3e-05", 0.000127: "1.27e-04", 0.00099996: "0.001", 0.001: "0.001", 0.0518: "0.0518",
+             57.0: "57", 1234.5: "1230", 9999.6: "10000", 10000.0: "10000"}
+    assert {x: space.three_figures(x) for x in cases} == cases
 
 
 # --------------------------------------------------------------------------- tune.sh
@@ -285,6 +324,34 @@ def test_ctrl_c_then_the_same_command_then_more_trials(fake):
     assert [(t["method"], t["state"]) for t in more] == [("adam", "complete")] * 4 + [("recadam", "complete")] * 4
     assert kept(after).items() <= kept(more).items()
     assert all(open(os.path.join(t["run_dir"], "starts")).read().split()[::2] == starts[t["run_dir"]] for t in after)
+
+
+def test_refused_trials_are_drawn_again_and_a_refusal_of_every_trial_stops(fake):
+    """A trial the trainer refuses before training (its one line) is recorded with its reason and does not count: the
+    method still gets TRIALS trained ones. A refusal that names none of the trial's values would meet every trial:
+    the search stops with it, one line (exit 2)."""
+    p = tune(dict(fake, METHODS="adam", TRIALS="3", FAKE_REFUSE="4e-5"))
+    trials = read_trials(fake["SAVE_DIR"])
+    refused = [t for t in trials if t["state"] == "refused"]
+    assert len([t for t in trials if t["state"] == "complete"]) == 3 and refused, p.stdout
+    assert all(t["reason"] == f"--lr {t['LR']} is more than this trainer takes" for t in refused)
+    assert all(float(t["LR"]) <= 4e-5 for t in trials if t["state"] == "complete")
+    p = tune(dict(fake, METHODS="adam", SAVE_DIR=fake["SAVE_DIR"] + "-all", FAKE_REFUSE="all"), check=2)
+    assert p.stdout.splitlines()[-1] == ("tune.sh: error: adam #0 refused, not for its values: unrecognized arguments: "
+                                         "--bogus"), p.stdout
+
+
+def test_every_method_trains_the_same_updates(fake, tmp_path):
+    """RTE: R3F's recipe is its example's (batch 8, 3120 updates), Adam's fairseq's (16, 2036): every trial of either
+    runs the first method's 2036 updates, and a line says the batches differ."""
+    (tmp_path / "glue-bin" / "RTE-bin" / "input0").mkdir(parents=True)
+    said = []
+    env = {k: v for k, v in fake.items() if k != "MAX_UPDATE"}
+    s = search.Search("RTE", [], {**env, "METHODS": "adam r3f"})
+    s.v.say = said.append
+    specs = [s.build(m, {"LR": "1e-4"}) for m in ("adam", "r3f")]
+    assert [sp.argv[sp.argv.index("--max-update") + 1] for sp in specs] == ["2036", "2036"] and s.updates == 2036
+    assert [sp.argv[sp.argv.index("--batch-size") + 1] for sp in specs] == ["16", "8"]
 
 
 def test_a_search_on_a_pretend_slurm_cluster(fake, tmp_path):

@@ -51,13 +51,14 @@ def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None
             stop.set()
         if on_stop is not None:
             on_stop()
-        while True:  # the runs under way end (their trainers got the Ctrl-C too)
-            try:
-                pool.shutdown(wait=True)
+        while running:  # the runs under way end (their trainers got the Ctrl-C too); waited on as futures (a join
+            try:        # that a Ctrl-C interrupted would not wait again)
+                wait(list(running))
                 break
             except KeyboardInterrupt:
                 if on_interrupt is not None:
                     on_interrupt()
+        pool.shutdown(wait=False)
         raise
     pool.shutdown(wait=True)
     if errors:

@@ -75,7 +75,7 @@ def csv_rows(records: List[dict], front_of: Dict[str, List[dict]]):
         rows.append({"method": r["method"], "trial": r["number"], "state": r["state"],
                      **{c: r["values"].get(c, "") for c in columns},
                      "metric": "" if r.get("metric") is None else f"{r['metric']:.4f}",
-                     "forgetting": "" if r.get("forgetting") is None else f"{r['forgetting']:.5f}",
+                     "forgetting": "" if r.get("forgetting") is None else f"{r['forgetting']:.6g}",
                      "front": "yes" if (r["method"], r["number"]) in on else "",
                      "run_dir": r.get("run_dir") or "", "reason": r.get("reason") or ""})
     return rows, fields
@@ -125,6 +125,10 @@ def markdown(records: List[dict], chosen: Dict[str, List[dict]], meta: dict) -> 
         md.append(f"| {method} | {c.get('complete', 0)} / {failed} / {c.get('refused', 0)} | "
                   f"{front_text(front_of.get(method, []))} | {picked} |")
     md.append("")
+    short = [(m, sum(r["method"] == m and r["state"] in TRAINED for r in records)) for m in meta["methods"]]
+    md += [f"{m} trained {n} of its {meta['trials']} trials: after {counts(records, m).get('refused', 0)} refusals no "
+           f"more were asked." for m, n in short if n < meta["trials"]] + ([""] if any(n < meta["trials"]
+                                                                                 for _, n in short) else [])
     why = [r for r in records if r["state"] in ("failed", "diverged", "refused")]
     if why:
         md += ["Trials that did not complete:", ""]

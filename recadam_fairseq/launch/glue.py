@@ -44,7 +44,7 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str], name_l
         warmup, total = max(1, (warmup * max_update + total // 2) // total), max_update
     save_interval = v.whole("SAVE_INTERVAL_UPDATES", default_save_interval(total))
     # joined as the shell scripts joined them (SAVE_DIR=runs/: runs//RTE/...), so that their runs resume
-    named = m["METHOD_NAME"] + (f"-{catalogue.LR_TAG}{lr}" if name_lr else "")  # (Method.run_name's lr part)
+    named = m["METHOD_NAME"] + (f"-{catalogue.LR_TAG}{lr}" if name_lr else "")  # (parse_run_name reads it back)
     run_dir = f"{v.get('SAVE_DIR', 'runs')}/{task}/{named}/seed{seed}"
 
     data = f"{data_dir}/{task}-bin"

@@ -25,7 +25,7 @@ from typing import Dict, List
 from recadam_fairseq.engine.execute import RunError
 from recadam_fairseq.launch import glue
 from recadam_fairseq.launch.command import launch
-from recadam_fairseq.launch.runs import INTERRUPTED, Runs, SpecJob, cluster_params, interrupted_exit
+from recadam_fairseq.launch.runs import INTERRUPTED, Runs, SpecJob, cluster_params, interrupted_exit, sigterm_is_ctrl_c
 from recadam_fairseq.launch.spec import Conflict, RunSpec, Stop
 from recadam_fairseq.launch.variables import Variables
 
@@ -114,6 +114,7 @@ def main(argv: List[str]) -> int:
         print("grid.sh: error: expected TASK", file=sys.stderr)
         return 2
     task, extra = argv[0], argv[1:]
+    sigterm_is_ctrl_c()
     env = dict(os.environ)
     v = Variables(env, "grid.sh")
     try:  # every variable checked, every run built, before any is trained
@@ -164,7 +165,7 @@ def main(argv: List[str]) -> int:
                     if jobs > 1:
                         say(f"grid.sh: {task}: {done} of {len(todo)} ended, {running} running, "
                             f"{len(todo) - done - running} left")
-            if rc == INTERRUPTED:  # no other run starts (the Ctrl-C reached the trainers)
+            if rc == INTERRUPTED or (rc != 0 and pool.stop.is_set()):  # no other run starts (a second Ctrl-C: SIGTERM)
                 pool.stop.set()
                 return rc
             if rc != 0:

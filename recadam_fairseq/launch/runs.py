@@ -20,6 +20,7 @@ from .spec import RunSpec, Stop
 from .variables import Variables
 
 INTERRUPTED = 130  # a run Ctrl-C ended: not done, not failed
+NODE_OWN = ("CUDA_VISIBLE_DEVICES", "TMPDIR", "TMP", "TEMP", "HOSTNAME")  # a cluster node's, not the login node's
 
 
 def gpu_list(env: Dict[str, str]) -> List[str]:
@@ -36,11 +37,13 @@ def gpu_list(env: Dict[str, str]) -> List[str]:
 def gpu_groups(devices: List[str], jobs: int, n_gpus: int) -> List[List[str]]:
     """NUM_GPUS GPUs for each of JOBS runs, none shared: [] on a machine without GPUs (or one run at a time, which
     sees them all); Stop when they are not enough."""
-    if not devices or jobs == 1:
+    if not devices:
         return []
     if n_gpus > len(devices):
         raise Stop(f"NUM_GPUS={n_gpus}: a run's GPUs, but this machine has {len(devices)} "
                    f"({','.join(devices)}): NUM_GPUS={len(devices)} or fewer")
+    if jobs == 1:
+        return []
     if jobs * n_gpus > len(devices):
         raise Stop(f"JOBS={jobs} runs of NUM_GPUS={n_gpus} GPU{'s' if n_gpus > 1 else ''} need {jobs * n_gpus} GPUs, "
                    f"this machine has {len(devices)} ({','.join(devices)}): JOBS={len(devices) // n_gpus} or fewer")
@@ -70,9 +73,9 @@ class SpecJob:
     its newest checkpoint; the first attempt's trainer ends with the job (a process group of its own)."""
 
     def __init__(self, spec: RunSpec, env: Dict[str, str]):
-        # the scheduler's own variables are the job's, not the login node's
+        # the scheduler's and the node's own variables are the job's, not the login node's
         self.spec, self.env = spec, {k: v for k, v in env.items()
-                                     if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
+                                     if not k.startswith("SLURM_") and k not in NODE_OWN}
 
     def __call__(self) -> int:
         from .train import train
@@ -107,9 +110,10 @@ class Runs:
         self.stop = threading.Event()  # Ctrl-C: no more runs, and a cluster run is no longer waited for
         self.poll = float(self.env.get("GRID_POLL_S") or 10)
 
-    def train(self, spec: RunSpec, say: Callable[[str], None], name: str = "") -> int:
+    def train(self, spec: RunSpec, say: Callable[[str], None], name: str = "", err=None) -> int:
         """Train ``spec`` here (its command.sh written, its state checked by the caller): its exit status, 130
-        when Ctrl-C ended it. With runs side by side, each line carries ``name``."""
+        when Ctrl-C ended it (or came before it started). With runs side by side, each line carries ``name``;
+        ``err``: where a failure's line goes (default: stderr, or the run's lines)."""
         from .train import train
 
         with self.lock:
@@ -120,7 +124,8 @@ class Runs:
         out = (lambda text: say(f"[{name}] {text}")) if self.jobs > 1 else None
         try:
             return train(spec, lambda msg: (out or say)(f"{os.path.basename(spec.script)}: {msg}"), env=env, out=out,
-                         err=out or (lambda text: print(text, file=sys.stderr, flush=True)), procs=self.procs)
+                         err=err or out or (lambda text: print(text, file=sys.stderr, flush=True)), procs=self.procs,
+                         stop=self.stop)
         finally:
             with self.lock:
                 self.free.append(slot)
@@ -184,3 +189,11 @@ def interrupted_exit(script: str, what: str) -> int:
     print(f"{script}: interrupted: {what}; the same command goes on from there", file=sys.stderr, flush=True)
     return INTERRUPTED
 
+
+def sigterm_is_ctrl_c() -> None:
+    """SIGTERM to the launcher (a cluster's kill, ``kill PID``) takes Ctrl-C's path: the trainers are sent it too and
+    waited for, none left running unwatched."""
+    def handler(signum, frame):
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, handler)

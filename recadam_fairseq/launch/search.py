@@ -16,14 +16,10 @@ plug-in refuses before training (a one-line error: RecAdam's overshooting pull, 
 recorded with its reason and does not count against the budget, up to TRIALS refusals a method; one that fails or
 diverges is recorded and counts."""
 
-import fcntl
-import json
 import math
 import os
 import sys
 import threading
-import warnings
-import zlib
 from typing import Dict, List, Optional
 
 from recadam_fairseq import catalogue
@@ -31,15 +27,13 @@ from recadam_fairseq.engine import trials as T
 from recadam_fairseq.engine.execute import RunError
 
 from . import glue, prelaunch, recipe, space
-from .runs import INTERRUPTED, Runs, SpecJob, cluster_params, interrupted_exit
+from .runs import INTERRUPTED, Runs, SpecJob, cluster_params, interrupted_exit, sigterm_is_ctrl_c
 from .spec import Conflict, RunSpec, Stop
+from .study import JOURNAL, Jobs, Studies
 from .variables import Variables
 
 SCRIPT = "tune.sh"
 DEFAULTS = {"METHODS": "adam recadam", "SEEDS": "1 2 3", "TRIALS": 10}
-STARTUP = 5  # a method's first trials are drawn at random, before TPE models its front
-JOURNAL = "journal.log"  # Optuna's journal file: optuna-dashboard SAVE_DIR/TASK/search/journal.log
-MADE_FOR = ("task", "metric", "forgetting_meter", "methods", "updates", "trial_seed")
 
 
 def words(v: Variables, name: str) -> List[str]:
@@ -84,133 +78,68 @@ class Search:
                       f"(K or T0 fixes one)")
         # the task, its recipe, the data and checkpoint checked; the notes (fp32 without CUDA) said once, but T0's
         # at its default (each trial's is drawn inside the run)
-        notes = []
+        self.updates, notes = None, []
         base = self.build(self.methods[0], {}, say=notes.append)
         for note in notes:
             if v.get("T0") or not note.startswith("warning: T0="):
                 v.say(note)
         self.task, self.metric = base.run_json["task"], base.run_json["metric"]
+        # every method's trials run exactly this many updates (MAX_UPDATE, else the first method's recipe)
         self.updates = int(base.run_json["total_updates"])
         self.meter = v.get("FORGETTING_METER") or "mlm"
         layers = 0
         if space.needs_layers(self.methods):
             layers = int(recipe.checkpoint_arch(v, v.get("ROBERTA_PATH"), "ROBERTA_PATH").get("CKPT_LAYERS") or 0)
         self.spaces = space.spaces(self.methods, v.env, layers)
-        for m in self.methods[1:]:  # each method's own checks (LoRA's architecture, EWC's file, ...)
-            self.build(m, {})
+        batches = {m: self.build(m, {}).run_json["batch"] for m in self.methods}  # each method's own checks too
+        if len(set(batches.values())) > 1:
+            v.say(f"warning: the methods' recipes differ in batch ({', '.join(f'{m} {b}' for m, b in batches.items())})"
+                  f": BATCH=N gives every trial the same")
         self.root = v.get("SAVE_DIR", "runs")
         self.dir = os.path.join(os.path.dirname(os.path.dirname(base.run_dir)), "search")
+        self.study = Studies(self.dir, self.task, self.spaces, self.made_for(), self.updates, self.sampler_seed)
         self.lock = threading.Lock()
-        self.inflight: Dict[str, threading.Event] = {}  # run directories being trained: {run_dir: set once ended}
-        self.storage = self.studies = self.runs = None
+        self.inflight: Dict[str, list] = {}  # run directories being trained: [set once ended, its exit status]
+        self.active = {m: 0 for m in self.methods}  # trials under way (drawn, building, training)
+        self.capped: set = set()  # methods asked no more: TRIALS refusals
+        self.fatal: Optional[str] = None  # a refusal every trial would meet
+        self.runs = None
 
     # ------------------------------------------------------------------ runs
     def build(self, method: str, values: Dict[str, str], seed: Optional[int] = None, say=None) -> RunSpec:
-        """The run of ``method`` at ``values`` (its variables: LR, K, T0, ...), named with its lr; its notes to
-        ``say`` (None: not said)."""
+        """The run of ``method`` at ``values`` (its variables: LR, K, T0, ...), named with its lr, ``self.updates``
+        long; its notes to ``say`` (None: not said)."""
         env = {**self.v.env, **values, "SEED": str(self.trial_seed if seed is None else seed)}
+        if self.updates is not None:
+            env["MAX_UPDATE"] = str(self.updates)
         return glue.build(Variables(env, "finetune.sh", say=say or (lambda msg: None), cuda=self.cuda), self.task_arg,
                           method, self.extra, name_lr=True)
 
     def made_for(self) -> dict:
         return {"task": self.task, "metric": self.metric, "forgetting_meter": self.meter,
                 "methods": sorted(self.methods, key=catalogue.position), "updates": self.updates,
-                "trial_seed": self.trial_seed}
+                "trial_seed": self.trial_seed, "sampler_seed": self.sampler_seed,
+                "spaces": {m: self.space_text(m) for m in sorted(self.spaces, key=catalogue.position)}}
 
-    # ------------------------------------------------------------------ the study
-    def open(self) -> None:
-        """The search's directory: one made for another task, metric, forgetting meter, METHODS, budget or trial seed
-        is refused; another tune.sh running it is refused; then Optuna's studies, one a method."""
-        import optuna
-
-        path = os.path.join(self.dir, "search.json")
-        mine = self.made_for()
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                theirs = json.load(f)
-            differ = [k for k in MADE_FOR if theirs.get(k) != mine[k]]
-            if differ:
-                shown = lambda d: ", ".join(f"{k} {' '.join(d[k]) if k == 'methods' else d[k]}" for k in differ)  # noqa
-                raise Stop(f"{self.dir} holds a search made for {shown(theirs)}, not {shown(mine)} (MAX_UPDATE sets "
-                           f"the updates, SEEDS' first the trials' seed): give the same, or another SAVE_DIR")
-        os.makedirs(self.dir, exist_ok=True)
-        self.lock_file = open(os.path.join(self.dir, "tune.lock"), "w")
-        try:
-            fcntl.flock(self.lock_file, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            raise Stop(f"another tune.sh runs the search in {self.dir} (it holds tune.lock)") from None
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(mine, f, indent=1)
-        optuna.logging.set_verbosity(optuna.logging.WARNING)
-        warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
-        from optuna.storages import JournalStorage
-        from optuna.storages.journal import JournalFileBackend
-
-        self.storage = JournalStorage(JournalFileBackend(os.path.join(self.dir, JOURNAL)))
-        self.studies = {m: optuna.create_study(study_name=self.study_name(m), storage=self.storage, load_if_exists=True,
-                                               directions=["maximize", "minimize"]) for m in self.methods}
-
-    def study_name(self, method: str) -> str:
-        return f"{self.task}/{method}"
-
-    def ask(self, method: str):
-        """A new trial of ``method``: (its number, its variables), drawn by a sampler seeded from SEARCH_SEED, the method
-        and the trials it has: the same command proposes the same trials, a resumed one no trial twice."""
-        import optuna
-
-        n = len(self.studies[method].get_trials(deepcopy=False))
-        seed = zlib.crc32(f"{self.sampler_seed}/{method}/{n}".encode()) & 0x7FFFFFFF
-        sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=STARTUP, multivariate=True, constant_liar=True)
-        study = optuna.load_study(study_name=self.study_name(method), storage=self.storage, sampler=sampler)
-        trial = study.ask()
-        values = self.spaces[method].values(trial, self.updates)
-        trial.set_user_attr("values", values)
-        return trial.number, values
-
-    def set_attr(self, method: str, number: int, key: str, value) -> None:
-        study = self.studies[method]
-        self.storage.set_trial_user_attr(self.storage.get_trial_id_from_study_id_trial_number(
-            study._study_id, number), key, value)
-
-    def tell(self, method: str, number: int, outcome: dict) -> None:
-        from optuna.trial import TrialState
-
-        self.set_attr(method, number, "outcome", outcome["state"])
-        if outcome.get("reason"):
-            self.set_attr(method, number, "reason", outcome["reason"])
-        if outcome["state"] == "complete":
-            self.studies[method].tell(number, [outcome["metric"], outcome["forgetting"]])
-        else:
-            self.studies[method].tell(number, state=TrialState.FAIL)
-
-    def records(self) -> List[dict]:
-        """Every trial of every method as engine/trials.py reads them."""
-        from optuna.trial import TrialState
-
-        out = []
-        for m in self.methods:
-            for t in self.studies[m].get_trials(deepcopy=False):
-                a = t.user_attrs
-                state = {TrialState.COMPLETE: "complete", TrialState.FAIL: a.get("outcome", "failed")}.get(t.state,
-                                                                                                         "running")
-                run_dir = a.get("run_dir", "")
-                out.append({"method": m, "number": t.number, "state": state, "reason": a.get("reason", ""),
-                            "values": a.get("values", {}), "metric": t.values[0] if state == "complete" else None,
-                            "forgetting": t.values[1] if state == "complete" else None, "run_dir": run_dir,
-                            "setting": os.path.basename(os.path.dirname(run_dir))})
-        return out
+    def space_text(self, method: str) -> str:
+        """A method's search space in words: each range, then the knobs fixed by their variable."""
+        s = self.spaces[method]
+        fixed = [f"{catalogue.KNOBS[k].var}={v}" for k, v in s.pinned.items()]
+        return ", ".join([f"{d.var} {d.shown(self.updates)}" for d in s.dims] + (["fixed " + " ".join(fixed)]
+                                                                                    if fixed else []))
 
     # ------------------------------------------------------------------ a trial
-    def outcome(self, spec: RunSpec, rc: int) -> dict:
-        """What a trial's run gave: its scores at the validation the engine picks, or why it has none."""
+    def outcome(self, spec: RunSpec, rc: int, offset: int) -> dict:
+        """What a trial's run gave: its scores at the validation the engine picks, or why it has none (its log from
+        byte ``offset``: this attempt's)."""
         from recadam_fairseq.engine.read import read_run
 
         from .train import REFUSAL, last_error
 
-        if rc == INTERRUPTED:
+        if rc == INTERRUPTED or (rc != 0 and self.runs.stop.is_set()):  # (a second Ctrl-C's SIGTERM too)
             return {"state": "interrupted"}
         if rc != 0:  # its one-line refusal before training, a divergence (fairseq's FloatingPointError), or else
-            error = last_error(os.path.join(spec.run_dir, "train.log")) or f"fairseq-train exited with {rc}"
+            error = last_error(os.path.join(spec.run_dir, "train.log"), offset) or f"fairseq-train exited with {rc}"
             refused = REFUSAL.match(error)
             state = "refused" if refused else "diverged" if "FloatingPointError" in error else "failed"
             return {"state": state, "reason": error[refused.end():] if refused else error}
@@ -221,52 +150,55 @@ class Search:
             return {"state": "diverged", "reason": f"{self.metric} {r['best']}, forgetting {r['forgetting']}"}
         return {"state": "complete", "metric": r["best"], "forgetting": r["forgetting"]}
 
-    def train(self, spec: RunSpec, say, name: str) -> int:
-        """``spec`` trained, here or as a cluster job; its exit status, 130 for Ctrl-C. A run another trial of this
-        search is training (two trials drawn to the same values) is waited for, then read: nothing trains twice."""
+    def train(self, spec: RunSpec, say, name: str):
+        """``spec`` trained, here or as a cluster job: (its exit status, 130 for Ctrl-C; where this attempt's log
+        began). A run another trial of this search is training (two trials drawn to the same values) is waited for,
+        and its status is this one's: nothing trains twice."""
+        log = os.path.join(spec.run_dir, "train.log")
+        offset = os.path.getsize(log) if os.path.exists(log) else 0
         with self.lock:
             busy = self.inflight.get(spec.run_dir)
             if busy is None:
-                self.inflight[spec.run_dir] = threading.Event()
+                mine = self.inflight[spec.run_dir] = [threading.Event(), 1]
         if busy is not None:
-            busy.wait()
-            return 0 if spec.done() else 1
+            busy[0].wait()
+            return busy[1], offset
         try:
-            return 0 if spec.done() else self.train_here(spec, say, name) if self.params is None else \
+            mine[1] = 0 if spec.done() else self.train_here(spec, say, name) if self.params is None else \
                 self.train_there(spec, say, name)
+            return mine[1], offset
         finally:
             with self.lock:
-                self.inflight.pop(spec.run_dir).set()
+                self.inflight.pop(spec.run_dir)[0].set()
 
     def train_here(self, spec: RunSpec, say, name: str) -> int:
         if os.path.exists(os.path.join(spec.run_dir, "train.log")):
             say(f"resume {spec.run_dir} (unfinished)")
         spec.write()
         (say if self.jobs == 1 else (lambda t: say(f"[{name}] {t}")))(spec.banner)
-        return self.runs.train(spec, say, name)
+        return self.runs.train(spec, say, name, err=lambda text: None)  # (the trial's line says why)
 
     def train_there(self, spec: RunSpec, say, name: str) -> int:
-        """As a cluster job, its id kept in search/jobs.json: a launcher that died waits for that job again (SLURM's:
-        one still queued or running, or ended well), and sends another only when it failed."""
-        path = os.path.join(self.dir, "jobs.json")
+        """As a cluster job, its id kept in search/jobs.json: a launcher that died waits for a SLURM job again (one
+        still queued or running, or ended well), and sends another only when it failed. Ctrl-C leaves SLURM's jobs
+        running and cancels CLUSTER=local's (they run on this machine)."""
+        jobs = Jobs(self.dir)
         with self.lock:
-            sent = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else {}
+            sent = jobs.read().get(spec.run_dir)
         job = None
-        if sent.get(spec.run_dir) and self.v.get("CLUSTER") == "slurm":
-            job = self.runs.job(sent[spec.run_dir])
+        if sent and self.v.get("CLUSTER") == "slurm":
+            job = self.runs.job(sent)
             if job.done() and job.state != "COMPLETED":
                 job = None
         if job is None:
             job = self.runs.executor().submit(SpecJob(spec, self.runs.env))
             with self.lock:
-                sent = json.load(open(path, encoding="utf-8")) if os.path.exists(path) else {}
-                sent[spec.run_dir] = job.job_id
-                with open(path + ".tmp", "w", encoding="utf-8") as f:
-                    json.dump(sent, f, indent=1)
-                os.replace(path + ".tmp", path)
+                jobs.add(spec.run_dir, job.job_id)
             say(f"{SCRIPT}: {self.task}: {name} sent to {self.v.get('CLUSTER')} (job {job.job_id}; its log: "
                 f"{job.paths.stdout})")
         why = self.runs.wait_job(job)
+        if why == "interrupted" and self.v.get("CLUSTER") == "local":
+            job.cancel(check=False)
         return INTERRUPTED if why == "interrupted" else 0 if why is None else 1
 
     def slot(self, method: str, orphan: Optional[dict] = None):
@@ -277,50 +209,59 @@ class Search:
             while not self.runs.stop.is_set():
                 with self.lock:
                     if trial is None:
-                        refused = T.counts(self.records(), method).get("refused", 0)
+                        refused = T.counts(self.study.records(), method).get("refused", 0)
                         if refused >= self.trials:
-                            say(f"{SCRIPT}: {self.task}: {method}: {refused} trials refused, no more asked: narrow "
-                                f"its ranges (LR_RANGE, ...; the reasons: {os.path.join(self.dir, 'trials.csv')})")
+                            if method not in self.capped:
+                                say(f"{SCRIPT}: {self.task}: {method}: {refused} trials refused, no more asked: "
+                                    f"narrow its ranges (the reasons: {os.path.join(self.dir, 'trials.csv')})")
+                            self.capped.add(method)
                             return None
-                        trial = self.ask(method)
+                        trial = self.study.ask(method)
+                    self.active[method] += 1
                 number, values = trial
-                try:
-                    spec = self.build(method, values)
-                except Stop as e:
-                    outcome = {"state": "refused", "reason": str(e)}
-                else:
-                    with self.lock:
-                        self.set_attr(method, number, "run_dir", spec.run_dir)
-                    try:
-                        spec.state()
-                        rc = self.train(spec, say, f"{method} #{number}")
-                        outcome = self.outcome(spec, rc)
-                    except Conflict as e:
-                        outcome = {"state": "failed", "reason": str(e)}
-                if outcome["state"] == "interrupted":
-                    self.runs.stop.set()  # left running in the study: the same command resumes it
-                    return None
+                outcome = self.attempt(method, number, values, say)
                 with self.lock:
-                    self.tell(method, number, outcome)
+                    self.active[method] -= 1
+                    if outcome["state"] == "interrupted":
+                        self.runs.stop.set()  # left running in the study: the same command resumes it
+                        return None
+                    self.study.tell(method, number, outcome)
                     self.report(method, number, values, outcome, say)
+                    if outcome["state"] == "refused" and not any(v in outcome["reason"] for v in values.values()):
+                        self.fatal = self.fatal or f"{method} #{number} refused, not for its values: {outcome['reason']}"
+                        self.runs.stop.set()  # every trial would be: one line, not a refusal a trial
                 if outcome["state"] != "refused":
                     return outcome
                 trial = None
             return None
         return go
 
+    def attempt(self, method: str, number: int, values: Dict[str, str], say) -> dict:
+        """One trial's run: built (a Stop is a refusal), trained, read."""
+        try:
+            spec = self.build(method, values)
+        except Stop as e:
+            return {"state": "refused", "reason": str(e)}
+        with self.lock:
+            self.study.set_attr(method, number, "run_dir", spec.run_dir)
+        try:
+            spec.state()
+        except Conflict as e:
+            return {"state": "failed", "reason": str(e)}
+        return self.outcome(spec, *self.train(spec, say, f"{method} #{number}"))
+
     def report(self, method: str, number: int, values: Dict[str, str], outcome: dict, say) -> None:
         """trials.csv rewritten; a line for the trial, the counts, each method's front so far."""
-        recs = self.records()
+        recs = self.study.records()
         self.write_csv(recs)
-        total = self.trials * len(self.methods)
-        ended = sum(r["state"] in T.TRAINED for r in recs)
-        running = self.jobs - len(self.runs.free) if self.params is None else sum(r["state"] == "running" for r in recs)
+        trained = {m: sum(r["method"] == m and r["state"] in T.TRAINED for r in recs) for m in self.methods}
+        running = sum(self.active.values())
+        left = sum(max(0, self.trials - trained[m] - self.active[m]) for m in self.methods if m not in self.capped)
         shown = " ".join(f"{k}={v}" for k, v in values.items())
         what = (f"{self.metric} {outcome['metric']:.4g}, forgetting {outcome['forgetting']:+.3g}"
                 if outcome["state"] == "complete" else outcome.get("reason", ""))
-        say(f"{SCRIPT}: {self.task}: {method} #{number} {outcome['state']}: {what} ({shown}); {ended} of {total} "
-            f"trials ended, {running} running, {max(0, total - ended - running)} left")
+        say(f"{SCRIPT}: {self.task}: {method} #{number} {outcome['state']}: {what} ({shown}); {sum(trained.values())} "
+            f"of {self.trials * len(self.methods)} trials ended, {running} running, {left} left")
         say(f"{SCRIPT}: {self.task}: fronts ({self.metric}/forgetting): "
             + "; ".join(f"{m} {T.front_text(f)}" for m, f in T.fronts(recs).items()))
 
@@ -335,11 +276,17 @@ class Search:
     # ------------------------------------------------------------------ the whole
     def plan(self, recs: List[dict]):
         """The slots left, a method's after another's in turn: its orphans (resumed) first, then new trials up to
-        TRIALS trained ones."""
+        TRIALS trained ones. An orphan its launcher stopped before it was drawn is told as refused (it never ran)."""
         per = {}
         for m in self.methods:
             orphans = [r for r in recs if r["method"] == m and r["state"] == "running"]
+            for r in [r for r in orphans if not r["values"]]:
+                self.study.tell(m, r["number"], {"state": "refused", "reason": "never drawn: its launcher stopped"})
+            orphans = [r for r in orphans if r["values"]]
             trained = sum(r["method"] == m and r["state"] in T.TRAINED for r in recs)
+            if trained > self.trials:
+                raise Stop(f"TRIALS={self.trials}: the search has {trained} trials of {m} already: TRIALS only grows "
+                           f"(another SAVE_DIR starts a search over)")
             n = max(self.trials - trained, len(orphans))
             per[m] = [self.slot(m, orphans[i] if i < len(orphans) else None) for i in range(n)]
         out = []
@@ -359,9 +306,18 @@ class Search:
                     lines.append(str(e))
         return lines
 
+    def stopped(self) -> int:
+        """The line after Ctrl-C (or a refusal every trial would meet), and the exit status."""
+        if self.fatal:
+            raise Stop(self.fatal)
+        what = "the trials under way ended" if self.params is None else (
+            "the local jobs were cancelled" if self.v.get("CLUSTER") == "local" else
+            "the trials' jobs go on in SLURM, and the same command waits for them")
+        return interrupted_exit(SCRIPT, what)
+
     def run(self) -> int:
-        self.open()
-        recs = self.records()
+        self.study.open(self.v.say)
+        recs = self.study.records()
         clash = self.conflicts(recs)
         if clash:
             raise Stop("\n".join(clash))
@@ -373,10 +329,10 @@ class Search:
         try:
             self.runs.execute(plan)
         except KeyboardInterrupt:
-            return interrupted_exit(SCRIPT, "the trials under way ended")
+            return self.stopped()
         if self.runs.stop.is_set():
-            return interrupted_exit(SCRIPT, "the trials under way ended")
-        recs = self.records()
+            return self.stopped()
+        recs = self.study.records()
         self.write_csv(recs)
         return self.confirm(recs)
 
@@ -402,8 +358,8 @@ class Search:
                     s.state()
                 except Conflict as e:
                     raise RunError(str(e)) from None
-                rc = self.train(s, say, os.path.relpath(s.run_dir, os.path.dirname(os.path.dirname(s.run_dir))))
-                if rc == INTERRUPTED:
+                rc, _ = self.train(s, say, os.path.relpath(s.run_dir, os.path.dirname(os.path.dirname(s.run_dir))))
+                if rc == INTERRUPTED or (rc != 0 and self.runs.stop.is_set()):
                     self.runs.stop.set()
                 elif rc != 0:
                     say(f"{SCRIPT}: run failed: {s.run_dir}")
@@ -416,9 +372,9 @@ class Search:
         except RunError as e:
             failed = str(e).split("\n\n")
         except KeyboardInterrupt:
-            return interrupted_exit(SCRIPT, "the confirmation runs under way ended")
+            return self.stopped()
         if self.runs.stop.is_set():
-            return interrupted_exit(SCRIPT, "the confirmation runs under way ended")
+            return self.stopped()
         self.summarize(recs, chosen, [s.run_dir for s in specs])
         if failed:
             print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
@@ -443,8 +399,7 @@ class Search:
         meta = {"task": self.task, "metric": self.metric, "trials": self.trials, "updates": self.updates,
                 "seed": self.sampler_seed, "trial_seed": self.trial_seed, "forgetting_metric": label,
                 "floor": verdicts.floors(label)[0], "seeds": self.seeds, "methods": self.methods, "figure": figure,
-                "spaces": {m: ", ".join(f"{d.var} {d.shown(self.updates)}" for d in s.dims)
-                           for m, s in self.spaces.items()}}
+                "spaces": {m: self.space_text(m) for m in self.methods}}
         head = T.markdown(recs, chosen, meta) + [f"![every trial of each method, its front and its picks]({figure})", ""]
         write_summary(self.dir, self.root, runs, summarize(counted), answers=answers, head=head)
         if trials_plot.plot(recs, chosen, self.methods, os.path.join(self.dir, figure),
@@ -458,9 +413,12 @@ def main(argv: List[str]) -> int:
     if not argv:
         print(f"{SCRIPT}: error: expected TASK", file=sys.stderr)
         return 2
+    sigterm_is_ctrl_c()
     try:
         return Search(argv[0], argv[1:], dict(os.environ)).run()
     except Stop as e:
         for line in str(e).splitlines():
             print(f"{SCRIPT}: error: {line}", file=sys.stderr, flush=True)
         return 2
+    except KeyboardInterrupt:  # (before the trials: reading a checkpoint, the study)
+        return interrupted_exit(SCRIPT, "nothing was under way")

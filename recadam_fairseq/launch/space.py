@@ -62,10 +62,12 @@ class Dim:
 
 
 def three_figures(x: float) -> str:
-    """``x`` to three significant figures, in e-notation below 1e-3 (an lr: 2.13e-05, 1.5e-04; a k: 0.0518, 0.5)."""
-    if x == 0 or abs(x) >= 1e-3:
-        return f"{x:.3g}"
-    mantissa, exponent = f"{x:.2e}".split("e")
+    """``x`` to three significant figures, one text a value: e-notation below 1e-3 (an lr: 2.13e-05, 1.5e-04), plain
+    digits from there (a k: 0.0518, 0.5; a γ: 1230, 10000)."""
+    r = float(f"{x:.3g}")
+    if r == 0 or abs(r) >= 1e-3:
+        return format(r, ".15g")
+    mantissa, exponent = f"{r:.2e}".split("e")
     return f"{mantissa.rstrip('0').rstrip('.')}e{exponent}"
 
 
@@ -149,16 +151,26 @@ def spaces(methods: List[str], env: Mapping[str, str], layers: int) -> Dict[str,
     ``<VAR>_RANGE`` is searched in that range, one the catalogue searches by default in its range, the others stay at
     their defaults. Stop: a range for a knob no method has, a range and a value for one knob, a method with nothing
     to search."""
+    import difflib
+
     knobs = catalogue.KNOBS
     used = {k for m in methods for k in catalogue.get(m).knobs}
-    ranges = {f"{k.var}_RANGE": k for k in knobs.values() if k.space is not None}
+    ranges = {f"{k.var}_RANGE": k for k in knobs.values()}
+    searched = ["LR_RANGE"] + sorted({r for r, k in ranges.items() if k.key in used and k.space is not None})
     for var in sorted(v for v in env if v.endswith("_RANGE") and env.get(v)):
         knob = ranges.get(var)
-        if var != "LR_RANGE" and (knob is None or knob.key not in used):
-            owner = knob.key if knob else None
-            raise Stop(f"{var}: " + (f"none of METHODS ({' '.join(methods)}) has {owner}" if owner else
-                                     f"no knob searched so (the ranges: LR_RANGE, "
-                                     f"{', '.join(sorted({r for r, k in ranges.items() if k.key in used}))})"))
+        if var == "LR_RANGE":
+            pass
+        elif knob is None:  # another program's variable, unless it looks like one of ours mistyped
+            near = difflib.get_close_matches(var, searched, n=1, cutoff=0.8)
+            if near:
+                raise Stop(f"{var}: no knob is searched so (did you mean {near[0]}?)")
+            continue
+        elif knob.key not in used:
+            raise Stop(f"{var}: none of METHODS ({' '.join(methods)}) has {knob.key}")
+        elif knob.space is None:
+            raise Stop(f"{var}: {knob.key} is not searched (its value is not in a run's name: two trials would share "
+                       f"a run directory): set {knob.var} to fix it")
         value_var = var[:-len("_RANGE")]
         if env.get(value_var):
             raise Stop(f"{value_var}={env[value_var]} fixes it and {var} searches it: give one")

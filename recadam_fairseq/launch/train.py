@@ -62,13 +62,14 @@ def _stderr(text: str) -> None:
     print(text, file=sys.stderr, flush=True)
 
 
-def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, session=False) -> int:
+def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, session=False, stop=None) -> int:
     """Train ``spec`` in its directory (its command.sh written); the exit status (fairseq-train's when it failed, 130
     when Ctrl-C ended it). ``env``: the trainer's environment (None: this process's); ``out``: where the progress
     and end lines go (None: stdout; a grid's runs side by side prefix their name), ``err`` the failure's line;
     ``procs``: a set the trainer is in while it runs (for a second Ctrl-C's SIGTERM from the main thread);
     ``session``: the trainer in a process group of its own (a cluster job's: the job's end ends it). Whatever ends
-    this call early (a cluster's requeue exits the job) ends the trainer too."""
+    this call early (a cluster's requeue exits the job) ends the trainer too. ``stop`` (a threading.Event, the
+    launcher's Ctrl-C): set, no trainer starts (130), and one that started as it was set is sent SIGINT."""
     from recadam_fairseq.launch import progress  # (it loads the engine: not at the scripts' start)
 
     out = out or progress.echo
@@ -78,6 +79,8 @@ def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, sessi
         say(msg)
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"{os.path.basename(spec.script)}: {msg}\n")
+    if stop is not None and stop.is_set():  # (Ctrl-C while it was resumed: reading a checkpoint takes a while)
+        return 130
     with open(log, "a", encoding="utf-8") as f:
         offset = f.tell()
         try:
@@ -87,8 +90,10 @@ def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, sessi
             raise Stop(f"cannot run {spec.argv[0]} ({e.strerror}): set FAIRSEQ_TRAIN") from None
         if procs is not None:
             procs.add(proc)
-        stop = threading.Event()
-        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric, stop.is_set, 0.1, out),
+        if stop is not None and stop.is_set():  # Ctrl-C came as it started: the launcher's SIGINT may have missed it
+            proc.send_signal(signal.SIGINT)
+        ended = threading.Event()
+        follower = threading.Thread(target=progress.follow, args=(log, offset, spec.metric, ended.is_set, 0.1, out),
                                     daemon=True)
         follower.start()
         try:
@@ -99,9 +104,9 @@ def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, sessi
                 proc.wait()
             if procs is not None:
                 procs.discard(proc)
-            stop.set()
+            ended.set()
             follower.join()
-    if interrupted:
+    if interrupted or (rc != 0 and stop is not None and stop.is_set()):  # (a second Ctrl-C's SIGTERM too)
         return 130
     if rc != 0:
         rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
