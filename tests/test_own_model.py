@@ -283,8 +283,8 @@ def test_bad_input_is_one_line_and_leaves_nothing(hf, converted, tmp_path, capsy
 
 
 def test_pair_probe_from_a_file_of_sentence_pairs(hf, converted, tmp_path, capsys):
-    """scripts/binarize_probe.py --pairs FILE --model DIR: the header row skipped, each sentence tokenized by the model's
-    tokenizer once, the pairs' rows and labels; a probe of more than 500 sentences warned of (its cost at every
+    """scripts/binarize_probe.py --pairs FILE --model DIR: the header row skipped, each sentence tokenized by the
+    model's tokenizer once, the pairs' rows and labels; a probe of more than 500 sentences warned of (its cost at every
     validation), --sample keeping fewer; a masked-LM probe of a model converted without its head, and a pairs file
     of two columns, one line naming the script."""
     import numpy as np
@@ -341,10 +341,14 @@ def test_pair_probe_from_a_file_of_sentence_pairs(hf, converted, tmp_path, capsy
 def test_the_converted_model_takes_every_fine_tuning_variant(hf, converted, tmp_path):
     """finetune.sh's plan on the converted BERT, its architecture from the checkpoint (ARCH unset): the plug-in's
     roberta_ft with --layer-norm-eps 1e-12 for plain Adam and for the roberta_ft variants (re-init, LoRA, Mixout);
-    each model fairseq builds from the plan computes with eps 1e-12 in every LayerNorm."""
+    each model fairseq builds from the plan computes with eps 1e-12 in every LayerNorm; a LoRA model merged
+    (scripts/merge_lora.py) stays roberta_ft with that eps and computes what the LoRA model does."""
+    import copy
+
     from fairseq import tasks
 
     from helpers import parse_config
+    from recadam_fairseq.use import merge_lora
     from recadam_fairseq.launch import glue as launch_glue
     from recadam_fairseq.launch.variables import Variables
     from recadam_fairseq.prepare.hf_source import quiet
@@ -361,8 +365,26 @@ def test_the_converted_model_takes_every_fine_tuning_variant(hf, converted, tmp_
         assert argv[argv.index("--layer-norm-eps") + 1] == "1e-12" and (flag is None or flag in argv), argv
         with quiet():
             cfg = parse_config(*argv)
-            model = tasks.setup_task(cfg.task).build_model(cfg.model)
+            task = tasks.setup_task(cfg.task)
+            model = task.build_model(cfg.model).eval()
         assert {m.eps for m in model.modules() if isinstance(m, torch.nn.LayerNorm)} == {1e-12}, method
+        if method == "lora":
+            with torch.no_grad():
+                for name, p in model.named_parameters():  # B is 0 at init: an update's worth of it
+                    if name.endswith("lora_B"):
+                        p.normal_(0, 0.1)
+            state = merge_lora.merged_checkpoint({"model": model.state_dict(), "cfg": {"model": copy.deepcopy(
+                cfg.model)}})
+            args = state["cfg"]["model"]
+            assert (args.arch, args.layer_norm_eps, hasattr(args, "lora_rank")) == ("roberta_ft", 1e-12, False)
+            with quiet():
+                merged = task.build_model(args).eval()
+            merged.load_state_dict(state["model"], strict=True)
+            tokens = torch.tensor([[0, 5, 9, 17, 2]])
+            with torch.no_grad():
+                a, b = model(tokens, features_only=True)[0], merged(tokens, features_only=True)[0]
+            assert (a - b).abs().max() < 1e-5 and {m.eps for m in merged.modules()
+                                                   if isinstance(m, torch.nn.LayerNorm)} == {1e-12}
 
 
 PAGE = "docs/forgetting-your-task.md"

@@ -6,11 +6,9 @@ from the function the user's checkpoint computes, not from one 1e-3 away (MiniLM
 
 import math
 
-from fairseq.utils import safe_getattr
-
 from ..core.errors import ConfigError
 
-FAIRSEQ_EPS = 1e-5  # fairseq.modules.LayerNorm's
+FAIRSEQ_EPS = 1e-5  # fairseq.modules.LayerNorm's (this module imports no fairseq: the converter reads it too)
 
 
 def add_args(parser) -> None:
@@ -20,6 +18,8 @@ def add_args(parser) -> None:
 
 
 def defaults(args) -> None:
+    from fairseq.utils import safe_getattr
+
     args.layer_norm_eps = safe_getattr(args, "layer_norm_eps", FAIRSEQ_EPS)
 
 

@@ -63,9 +63,8 @@ import torch
 
 from recadam_fairseq.prepare.hf_source import (ACTIVATIONS, IGNORED, INSTALL, PACKAGE, PAD, ConversionError, Source,
                                                max_positions, packaged_model_dir, quiet, read_model, vocab_order)
+from recadam_fairseq.models.layer_norm_eps import FAIRSEQ_EPS
 from recadam_fairseq.prepare.verify_hf import verify, verify_line
-
-FAIRSEQ_EPS = 1e-5  # fairseq's LayerNorms' (models/layer_norm_eps.py's FAIRSEQ_EPS; that imports fairseq)
 
 
 def arch_args(source: Source, eps: float = FAIRSEQ_EPS) -> List[str]:

@@ -26,10 +26,12 @@ def plain_arch(arch: str) -> str:
 def _plain_model_args(ns) -> None:
     """The checkpoint's model namespace, in place: fairseq's RoBERTa arch, no roberta_ft flags (with another
     LayerNorm eps than fairseq's, roberta_ft's arch and eps: only it computes with that eps)."""
+    from recadam_fairseq.models.layer_norm_eps import FAIRSEQ_EPS
+
     if ns is None:
         return
     eps = getattr(ns, "layer_norm_eps", None)
-    keep = eps is not None and float(eps) != 1e-5  # fairseq's LayerNorm eps
+    keep = eps is not None and float(eps) != FAIRSEQ_EPS
     if not keep:
         for key in ("arch", "_name"):
             if isinstance(getattr(ns, key, None), str) and getattr(ns, key).startswith("roberta_ft"):
