@@ -348,6 +348,7 @@ def test_the_converted_model_takes_every_fine_tuning_variant(hf, converted, tmp_
     from fairseq import tasks
 
     from helpers import parse_config
+    from recadam_fairseq.core.errors import ConfigError
     from recadam_fairseq.use import merge_lora
     from recadam_fairseq.launch import glue as launch_glue
     from recadam_fairseq.launch.variables import Variables
@@ -385,6 +386,10 @@ def test_the_converted_model_takes_every_fine_tuning_variant(hf, converted, tmp_
                 a, b = model(tokens, features_only=True)[0], merged(tokens, features_only=True)[0]
             assert (a - b).abs().max() < 1e-5 and {m.eps for m in merged.modules()
                                                    if isinstance(m, torch.nn.LayerNorm)} == {1e-12}
+    cfg.model.layer_norm_eps = 0.0  # (a hand-written flag): one line naming it
+    with pytest.raises(ConfigError, match=r"^--layer-norm-eps 0.0: must be a positive number \(fairseq's is 1e-5, "
+                                          r"BERT's 1e-12\)$"):
+        task.build_model(cfg.model)
 
 
 PAGE = "docs/forgetting-your-task.md"

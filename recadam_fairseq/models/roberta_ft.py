@@ -59,7 +59,6 @@ def check_args(args) -> None:
         raise ConfigError(f"--reinit-layers {n}: must be between 0 and the model's {layers} encoder layers")
     modules = lora.parse_modules(args.lora_modules)
     r, alpha = args.lora_rank, args.lora_alpha
-    layer_norm_eps.check(args)
     p = args.mixout
     if not 0 <= p < 1:  # nan too
         raise ConfigError(f"--mixout {p:g}: must be in [0, 1) (0: off; at 1 every weight would be its pretrained "
@@ -125,6 +124,7 @@ class RobertaFtModel(RobertaModel):
                               f"classification; --task translation needs an encoder-decoder (transformer*, bart_*)")
         roberta_ft_architecture(args)
         check_args(args)
+        layer_norm_eps.check(args)
         return super().build_model(args, task)
 
     def __init__(self, args, encoder):
