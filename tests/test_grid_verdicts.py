@@ -171,11 +171,49 @@ def test_the_figure_holds_the_grid_s_points(grid):
 
     assert points(panels["recadam"]) == {(0.11, 81.0), (0.045, 81.0), (0.105, 83.0)}
     assert points(panels["llrd"]) == {(0.11, 81.0), (0.095, 77.5)}
-    for ax in panels.values():  # Adam's validations, grey and dotted, through its point at update 12
+    for ax in panels.values():  # Adam's validations, grey and dotted, ending at its point (its best: update 12)
         (curve,) = [line for line in ax.lines if line.get_linestyle() == ":" and line.get_marker() == "."]
         assert [tuple(round(float(v), 4) for v in xy) for xy in curve.get_xydata()] == [
-            (0.04, 71.0), (0.08, 77.0), (0.11, 81.0), (0.11, 81.0)]
+            (0.04, 71.0), (0.08, 77.0), (0.11, 81.0)]
+    # the key's "a method's settings" in the colour a panel's first method is drawn in (black is Adam's)
+    (key,) = [ax for ax in fig.axes if not ax.axison]
+    (entry,) = [h for h, t in zip(key.get_legend().legend_handles, key.get_legend().get_texts())
+                if t.get_text().startswith("a method's settings")]
+    colours = {ln.get_color() for ln in panels["llrd"].lines if ln.get_marker() == "o"}
+    assert entry.get_color() == "tab:blue" and colours == {"black", "tab:blue"}, colours
     plot.pyplot().close(fig)
+
+
+def test_adam_s_curve_is_its_validations_not_its_point(tmp_path):
+    """Adam's seeds at their best at different validations (8 and 12): its point is their mean (at update "10"), and
+    its curve the mean of its validations at 4, 8 and 12, in that order, without that point among them (it was
+    drawn as one: 8 -> "10" -> 12 zigzagged); Adam's panel along its updates the same."""
+    from recadam_fairseq.engine import plot
+
+    adam = {1: [(4, 70.0, 0.03), (8, 80.0, 0.07), (12, 79.0, 0.10)], 2: [(4, 72.0, 0.05), (8, 78.0, 0.09),
+                                                                         (12, 82.0, 0.12)]}
+    root = write_grid(str(tmp_path / "runs"), grid={"adam": adam, "llrd-d0.9": GRID["llrd-d0.9"]})
+    (a,) = verdicts.answer([r for d in find_runs(root) for r in read_runs(d, root)], root).values()
+    assert (a["adam"]["at_update"], a["adam"]["target_accuracy"], a["adam"]["forgetting"]) == (
+        10.0, 81.0, pytest.approx(0.095))
+    fig, panels, _ = plot.figure(a["rows"] + a["curve"], None, a["updates"], verdicts.figure_text(a))
+    (curve,) = [ln for ln in panels["llrd"].lines if ln.get_linestyle() == ":" and ln.get_marker() == "."]
+    assert [tuple(round(float(v), 4) for v in xy) for xy in curve.get_xydata()] == [
+        (0.04, 71.0), (0.08, 79.0), (0.11, 80.5)]
+    (updates,) = [ax for ax in fig.axes if ax.get_xlabel() == "updates"]
+    assert [list(ln.get_xdata()) for ln in updates.lines if ln.get_marker() == "o"] == [[4, 8, 12]]
+    plot.pyplot().close(fig)
+
+
+def test_a_grid_of_adam_alone_has_nothing_to_compare_with(tmp_path):
+    """Only Adam's runs: its row, and an answer saying there is nothing to weigh it against (not that no setting
+    keeps its accuracy)."""
+    root = write_grid(str(tmp_path / "runs"), grid={"adam": GRID["adam"]})
+    answers = verdicts.answer([r for d in find_runs(root) for r in read_runs(d, root)], root)
+    md = "\n".join(verdicts.markdown(answers))
+    assert "| adam | 2 | 81.00 ± 1.41 |" in md and "no setting keeps" not in md, md
+    assert ("**Answer**: nothing to compare Adam with: no other method's runs logged the probe (run them beside "
+            "Adam's with the same probe, e.g. METHODS=\"adam recadam llrd\" for grid.sh).") in md, md
 
 
 def test_runs_without_a_probe_are_summarized_as_before(tmp_path, capsys):

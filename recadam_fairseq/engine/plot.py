@@ -183,14 +183,16 @@ def lay_out(fig, panels, labels):
 
 
 def update_of(r, default=1e9):
-    """The update a row stands at: an intermediate point's, a row's own ``at_update`` (a grid's setting at its
-    best validation, engine/verdicts.py), else ``default`` (the comparison's final checkpoint: the end)."""
-    return r.get("stopped_at") or r.get("at_update") or default
+    """The update a row of Adam's curve stands at: an intermediate point's, else ``default`` (the comparison's final
+    checkpoint: the end)."""
+    return r.get("stopped_at") or default
 
 
 def by_update(rows):
-    """Adam's rows along its updates (the comparison's: its intermediate checkpoints first, its final row last)."""
-    return sorted((r for r in rows if r["method"] == "adam"), key=update_of)
+    """Adam's runs along their updates: the comparison's intermediate checkpoints, then its final row; a grid's
+    validations (engine/verdicts.py's curve). Not a grid's setting row (``at_update``): the mean of its seeds' best
+    validations, at updates of their own, is no point of the curve."""
+    return sorted((r for r in rows if r["method"] == "adam" and "at_update" not in r), key=update_of)
 
 
 def draw_curves(ax, rs, color, off, lims, labels):
@@ -273,8 +275,9 @@ def key_panel(ax, plt, rows, final, off):
     edge (``off``: settings off the scale)."""
     ax.axis("off")
     adam = by_update(rows)
-    handles = [plt.Line2D([], [], color=ADAM if adam else "grey", marker="o",
-                          label=("adam (each point: mean ± std over seeds)" if adam
+    point = any(r["method"] == "adam" for r in final)
+    handles = [plt.Line2D([], [], color=ADAM if point else "grey", marker="o",
+                          label=("adam (each point: mean ± std over seeds)" if point
                                  else "each point: mean ± std over seeds"))]
     if len(adam) > 1:
         ups = [r["stopped_at"] for r in adam if r.get("stopped_at")]  # a grid's: every validation, a range then
@@ -289,8 +292,9 @@ def key_panel(ax, plt, rows, final, off):
     if sum(bool(r["frontier"]) for r in final) > 1:  # draw_reference's step: a line from two points on
         handles.append(plt.Line2D([], [], color="red", ls="--", lw=0.8, label="frontier over all methods"))
     joined = any(sum(bool(r["method_frontier"]) for r in final if group(r) == g) > 1 for g in {group(r) for r in final})
-    handles.append(plt.Line2D([], [], color="black", lw=1 if joined else 0, marker="o",
-                              label="a method's settings" + (", its frontier joined" if joined else "")))
+    if any(r["method"] != "adam" for r in final):
+        handles.append(plt.Line2D([], [], color=PALETTE[0], lw=1 if joined else 0, marker="o",  # (black: Adam's)
+                                  label="a method's settings" + (", its frontier joined" if joined else "")))
     if off:
         handles.append(plt.Line2D([], [], color="grey", marker=">", ls="", ms=8,
                                   label="off the scale (near chance, or far out):\nat the edge, its value written"))
@@ -333,7 +337,7 @@ def figure(rows, base, updates, text=None):
         if i + cols >= len(fams):
             ax.set_xlabel(textwrap.fill(text["x"], 56), fontsize=9)
     fig.supylabel(text["y"])
-    fig.suptitle(text["title"] + (", Adam in each" if adam else ""))
+    fig.suptitle(text["title"] + (", Adam in each" if any(r["method"] == "adam" for r in final) else ""))
     lay_out(fig, panels, labels)
     return fig, panels, (first.get_xlim(), first.get_ylim())
 

@@ -260,6 +260,9 @@ def task_markdown(a, wise_text=WISE_TEXT):
     if a["adam"] is None:
         return md + [" ".join(filter(None, ["No adam runs with the probe: no verdicts against Adam.", a.get("add_adam")])),
                      ""]
+    if all(r is a["adam"] for r in a["rows"]):  # nothing but Adam's runs: no setting to weigh against it
+        return md + ["**Answer**: nothing to compare Adam with: no other method's runs logged the probe (run them "
+                     "beside Adam's with the same probe, e.g. METHODS=\"adam recadam llrd\" for grid.sh).", ""]
     best = winners(a)
     # one seed everywhere: no spread to measure, the floors alone stand for the noise (and the line says so)
     one_seed = all(len(r["seeds"]) <= 1 for r in a["rows"])

@@ -30,6 +30,7 @@ from fairseq.utils import safe_getattr, safe_hasattr
 from torch import Tensor
 
 from ..core.errors import ConfigError
+from . import layer_norm_eps
 from .tiny import tiny_sizes
 from ..core.layers import parse_layers
 from ..core.conditional_modules import (
@@ -253,6 +254,7 @@ class CaMtlRobertaModel(RobertaModel):
                                  "max(1, embed dim // L), the authors' rule; tiny: 4)")
         parser.add_argument("--ca-mtl-no-alignment", action="store_true",
                             help="leave out the conditional alignment after the embeddings (an ablation)")
+        layer_norm_eps.add_args(parser)  # (a converted BERT's 1e-12, as roberta_ft's)
 
     @classmethod
     def build_model(cls, args, task):
@@ -266,6 +268,7 @@ class CaMtlRobertaModel(RobertaModel):
         if OmegaConf.is_config(args):
             OmegaConf.set_struct(args, False)
         ca_mtl_base_architecture(args)
+        layer_norm_eps.check(args)
         if not safe_hasattr(args, "max_positions"):
             if not safe_hasattr(args, "tokens_per_sample"):
                 args.tokens_per_sample = task.max_positions()
@@ -279,6 +282,7 @@ class CaMtlRobertaModel(RobertaModel):
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # re-initialises every Linear/Embedding (BERT init) ...
         reset_conditional_parameters(self.encoder)  # ... so put the conditional modules back to the identity
+        layer_norm_eps.apply(self, safe_getattr(args, "layer_norm_eps", layer_norm_eps.FAIRSEQ_EPS))
 
     @property
     def num_tasks(self) -> int:
@@ -319,6 +323,7 @@ def _ca_mtl_defaults(args, attn_max_len=128, attn_blocks=0):
     args.ca_mtl_attn_max_len = safe_getattr(args, "ca_mtl_attn_max_len", attn_max_len)
     args.ca_mtl_attn_blocks = safe_getattr(args, "ca_mtl_attn_blocks", attn_blocks)
     args.ca_mtl_no_alignment = safe_getattr(args, "ca_mtl_no_alignment", False)
+    layer_norm_eps.defaults(args)
 
 
 @register_model_architecture("ca_mtl_roberta", "ca_mtl_roberta")

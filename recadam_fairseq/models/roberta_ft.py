@@ -1,4 +1,5 @@
-"""``--arch roberta_ft_*``: fairseq's RoBERTa with two fine-tuning variants that change the model itself.
+"""``--arch roberta_ft_*``: fairseq's RoBERTa with the fine-tuning variants that change the model itself, and the
+LayerNorms' eps of a model converted from Hugging Face.
 
 - ``--reinit-layers N``: the top N encoder layers start from the model's own fresh initialisation
   (BERT's, as RobertaModel.__init__ applies it) instead of the pretrained weights (Zhang et al.,
@@ -11,7 +12,11 @@
   encoder layer (q, k, v, out, fc1, fc2), toward the pretrained weights: in training each reads as
   θ* + M⊙(W − θ*)/(1 − p), M ~ Bernoulli(1 − p) per input neuron; in evaluation as W.
 
-All act where fairseq loads ``--restore-file`` / ``--finetune-from-model``, before the optimizer
+- ``--layer-norm-eps EPS``: every LayerNorm's eps (``models/layer_norm_eps.py``; fairseq's 1e-5 by default): a
+  model converted from Hugging Face keeps its source's (a BERT's 1e-12) in the checkpoint's args; set when the
+  model is built.
+
+The first three act where fairseq loads ``--restore-file`` / ``--finetune-from-model``, before the optimizer
 is built: ``upgrade_state_dict_named`` puts the model's own tensors under the names that are not
 to be loaded (as fairseq does for new classification heads), so loading leaves them as they are and
 RecAdam's anchor-by-name treats them as new (plain Adam). With no flag the model is fairseq's
@@ -36,6 +41,7 @@ from fairseq.utils import safe_getattr
 
 from ..core import lora, mixout
 from ..core.errors import ConfigError
+from . import layer_norm_eps
 from .tiny import tiny_sizes
 
 # under fairseq's logger: recadam's anchor re-runs the upgrade quietly (it silences "fairseq.models" around it)
@@ -105,6 +111,7 @@ class RobertaFtModel(RobertaModel):
                             help="mixout probability p in [0, 1) on the six Linear weights of every encoder layer "
                                  "(q, k, v, out, fc1, fc2), toward the pretrained weights loaded from the checkpoint; "
                                  "kept in the checkpoint, not reset when resuming (default 0: off)")
+        layer_norm_eps.add_args(parser)
 
     @classmethod
     def build_model(cls, args, task):
@@ -117,10 +124,12 @@ class RobertaFtModel(RobertaModel):
                               f"classification; --task translation needs an encoder-decoder (transformer*, bart_*)")
         roberta_ft_architecture(args)
         check_args(args)
+        layer_norm_eps.check(args)
         return super().build_model(args, task)
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # BERT's init on every tensor: what --reinit-layers keeps
+        layer_norm_eps.apply(self, safe_getattr(args, "layer_norm_eps", layer_norm_eps.FAIRSEQ_EPS))
         n = args.reinit_layers
         self.reinit_indices = list(range(args.encoder_layers - n, args.encoder_layers))
         if n:
@@ -254,6 +263,7 @@ def _ft_defaults(args):
     args.lora_alpha = safe_getattr(args, "lora_alpha", DEFAULT_ALPHA)
     args.lora_modules = safe_getattr(args, "lora_modules", DEFAULT_MODULES)
     args.mixout = safe_getattr(args, "mixout", 0.0)
+    layer_norm_eps.defaults(args)
 
 
 @register_model_architecture("roberta_ft", "roberta_ft")

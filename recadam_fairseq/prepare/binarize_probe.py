@@ -11,12 +11,15 @@ tokenizer as data-prep/prepare_task.py tokenizes a task (a pairs file may start 
 ``sentence1<TAB>sentence2<TAB>label``; a masked-LM probe needs a model converted with its masked-LM head). DIR gets
 ``sentences.{bin,idx}``, ``dict.txt`` (the model's) and for pairs ``pairs.npz``
 (premise / hypothesis sentence rows, label): the layout of the forgetting comparison's SNLI probe,
-which is thus a pairs probe as it is. Bad input: one line, exit 2.
+which is thus a pairs probe as it is. The meter runs every sentence at each validation: a probe of more than
+MANY_SENTENCES gets a warning (``--sample N`` keeps N pairs or sentences, drawn at random). Bad input: one line,
+exit 2.
 """
 
 import argparse
 import json
 import os
+import random
 import shutil
 import sys
 import tempfile
@@ -28,6 +31,14 @@ from .prepare_glue import fairseq_preprocess
 
 LABELS = {"entailment": 1, "1": 1, "contradiction": 0, "0": 0}
 HEADER = ("sentence1", "sentence2", "label")  # a pairs file's optional header row
+PROG = "binarize_probe.py"
+# docs/forgetting-meter.md: a few hundred sentences; each validation runs the probe once (the own-model walk-through's
+# 1,973 sentences, against 500 dev examples, took 40-46% of its runs)
+MANY_SENTENCES = 500
+
+
+class ProbeError(ValueError):
+    """Bad input: one line."""
 
 
 def read_pairs(path: str):
@@ -41,8 +52,8 @@ def read_pairs(path: str):
             if n == 1 and [c.strip() for c in cols] == list(HEADER):
                 continue
             if len(cols) != 3:
-                raise SystemExit(f"error: {path}:{n}: expected premise<TAB>hypothesis<TAB>label, "
-                                 f"got {len(cols)} columns")
+                raise ProbeError(f"--pairs {path}, line {n}: expected premise<TAB>hypothesis<TAB>label, got "
+                                 f"{len(cols)} column{'s' if len(cols) != 1 else ''}")
             if cols[2].strip() not in LABELS:
                 skipped += 1
                 continue
@@ -66,9 +77,14 @@ def binarize(lines: List[str], out: str, dict_txt: str) -> None:
         shutil.copyfile(os.path.join(tmp, "dict.txt"), os.path.join(out, "dict.txt"))
 
 
+def sample(n: int, k: Optional[int]) -> List[int]:
+    """``k`` of the rows 0..n-1 at random (seed 0), in their order; all without ``k``."""
+    return list(range(n)) if k is None or k >= n else sorted(random.Random(0).sample(range(n), k))
+
+
 def main(argv: Optional[List[str]] = None) -> dict:
-    ap = argparse.ArgumentParser(prog="binarize_probe.py", description="Binarize a forgetting-meter probe (--forgetting-probe DIR) with the "
-                                             "model's dictionary.")
+    ap = argparse.ArgumentParser(prog=PROG, description="Binarize a forgetting-meter probe (--forgetting-probe DIR) "
+                                                        "with the model's dictionary.")
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--text", help="one sentence a line (--forgetting-meter mlm)")
     src.add_argument("--pairs", help="premise<TAB>hypothesis<TAB>label lines, label 1/entailment for a pair that "
@@ -79,7 +95,15 @@ def main(argv: Optional[List[str]] = None) -> dict:
     model.add_argument("--model", help="a directory of data-prep/convert_hf_to_fairseq.py: plain text, tokenized by "
                                        "its tokenizer")
     ap.add_argument("--out", required=True, help="the probe directory to write")
+    ap.add_argument("--sample", type=int, metavar="N", help="keep N of the pairs (--pairs) or sentences (--text), "
+                                                            "drawn at random (seed 0): a probe of a few hundred "
+                                                            "sentences (default: all)")
     args = ap.parse_args(argv)
+    if args.sample is not None and args.sample < 1:
+        ap.error(f"--sample {args.sample}: a number of pairs or sentences, at least 1")
+    given = ("--text", args.text) if args.text else ("--pairs", args.pairs)
+    if not os.path.isfile(given[1]):
+        ap.error(f"{given[0]} {given[1]}: no such file")
     tokens = None
     if args.model:
         from .prepare_task import PrepError, Tokens
@@ -110,10 +134,16 @@ def main(argv: Optional[List[str]] = None) -> dict:
             lines = [x.strip() for x in f if x.strip()]
         if not lines:
             ap.error(f"--text {args.text}: no sentence in it")
+        lines = [lines[i] for i in sample(len(lines), args.sample)]
         binarize(tokenized(lines, f"--text {args.text}"), args.out, args.dict)
         info = {"sentences": len(lines)}
     else:
-        prem, hyp, lab, skipped = read_pairs(args.pairs)
+        try:
+            prem, hyp, lab, skipped = read_pairs(args.pairs)
+        except ProbeError as e:
+            ap.error(str(e))
+        keep = sample(len(lab), args.sample)
+        prem, hyp, lab = [prem[i] for i in keep], [hyp[i] for i in keep], lab[keep]
         if not ((lab == 1).any() and (lab == 0).any()):
             ap.error(f"--pairs {args.pairs}: {int((lab == 1).sum())} entailment and {int((lab == 0).sum())} "
                      f"contradiction pairs; the probe needs both")
@@ -123,6 +153,12 @@ def main(argv: Optional[List[str]] = None) -> dict:
         np.savez(os.path.join(args.out, "pairs.npz"), premise=inverse[:n], hypothesis=inverse[n:], label=lab)
         info = {"pairs": n, "sentences": len(uniq), "skipped": skipped}
     print(f"{args.out}: " + ", ".join(f"{v} {k}" for k, v in info.items()), file=sys.stderr)
+    if info["sentences"] > MANY_SENTENCES:
+        what = "pairs" if args.pairs else "sentences"
+        print(f"{PROG}: warning: {info['sentences']:,} sentences: the meter runs each at every validation, which "
+              f"then costs about what validating {info['sentences']:,} examples does; a few hundred measure it "
+              f"(docs/forgetting-meter.md): --sample {MANY_SENTENCES // (2 if args.pairs else 1)} keeps that many "
+              f"{what}", file=sys.stderr)
     return info
 
 

@@ -30,7 +30,8 @@ def main(argv=None) -> int:
                     help="where the two sdists are, or are downloaded to (default: %(default)s)")
     ap.add_argument("--train", type=int, default=2000, help="training snippets (default: %(default)s)")
     ap.add_argument("--dev", type=int, default=500, help="dev snippets (default: %(default)s)")
-    ap.add_argument("--pairs", type=int, default=1000, help="probe pairs, half of each label (default: %(default)s)")
+    ap.add_argument("--pairs", type=int, default=200, help="probe pairs, half of each label (default: %(default)s: "
+                                                           "about 400 sentences, which each validation runs)")
     ap.add_argument("--seed", type=int, default=1)
     a = ap.parse_args(argv)
     try:

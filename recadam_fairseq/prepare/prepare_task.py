@@ -5,8 +5,9 @@
         --text-column text --label-column label --out DATA_DIR
 
 ``MODEL_DIR`` is a directory of data-prep/convert_hf_to_fairseq.py (``dict.txt``, ``tokenizer.json``,
-``arch.json``). ``--train`` and ``--valid`` (and ``--test``) are TSV, CSV or JSONL files (by their extension, or
-``--format``) with a header row (JSONL: each line an object) naming the columns: ``--text-column`` (and
+``arch.json``). ``--train`` and ``--valid`` (and ``--test``) are TSV, CSV, JSONL or Parquet files (by their extension,
+or ``--format``) with a header row (JSONL: each line an object; Parquet: its columns, read by pyarrow, the
+``parquet`` extra: what the datasets library writes) naming the columns: ``--text-column`` (and
 ``--text2-column`` for sentence pairs) and ``--label-column``, labels as words or numbers (``--regression``: a
 number to predict). ``DATA_DIR/NAME-bin/`` gets fairseq-preprocess's layout (``input0/``, ``input1/`` for pairs,
 ``label/``; a regression's ``label/<split>.label``) and ``labels.json``: the task's name, its classes (``id2label``:
@@ -34,7 +35,8 @@ from typing import Dict, List, Optional
 
 from recadam_fairseq.prepare.prepare_glue import PrepError, building, fairseq_preprocess, finish, write_lines
 
-FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl"}
+FORMATS = {".tsv": "tsv", ".csv": "csv", ".jsonl": "jsonl", ".json": "jsonl", ".parquet": "parquet"}
+SEPARATORS = {"tsv": "\t", "csv": ","}
 SPECIALS = 2  # <s> before, </s> after: what fairseq adds to a text
 PAIR_SPECIALS = 4  # <s> A </s> </s> B </s> (sentence_prediction's --separator-token 2)
 METRICS = {"accuracy": "classification", "f1": "two classes", "mcc": "two classes", "pearson": "regression"}
@@ -63,6 +65,8 @@ def read_rows(path: str, fmt: str, columns: List[str]) -> List[Dict[str, str]]:
     """The file's rows as {column: text} for ``columns``; a missing file, header or column is a PrepError."""
     if not os.path.isfile(path):
         raise PrepError(f"{path}: no such file")
+    if fmt == "parquet":
+        return parquet_rows(path, columns)
     try:
         with open(path, encoding="utf-8-sig", newline="") as f:
             if fmt == "jsonl":
@@ -90,7 +94,12 @@ def read_rows(path: str, fmt: str, columns: List[str]) -> List[Dict[str, str]]:
                 raise PrepError(f"{path}: empty")
             missing = [c for c in columns if c not in header]
             if missing:
-                shown = "\t".join(header) if fmt == "tsv" else ",".join(header)
+                shown = SEPARATORS[fmt].join(header)
+                other = "csv" if fmt == "tsv" else "tsv"
+                if len(header) == 1 and all(c in header[0].split(SEPARATORS[other]) for c in columns):
+                    raise PrepError(f"{path}: its header row is one column, {shown[:120]!r}: the separator looks "
+                                    f"like a {'comma' if other == 'csv' else 'tab'}, not a "
+                                    f"{'tab' if fmt == 'tsv' else 'comma'}: give --format {other}")
                 raise PrepError(f"{path}: no column {', '.join(map(repr, missing))} in its header row "
                                 f"({shown[:120]!r}); the file needs a header row naming its columns")
             where = [header.index(c) for c in columns]
@@ -105,6 +114,33 @@ def read_rows(path: str, fmt: str, columns: List[str]) -> List[Dict[str, str]]:
             return rows
     except UnicodeDecodeError as e:
         raise PrepError(f"{path}: not UTF-8 ({e})") from None
+
+
+def parquet_rows(path: str, columns: List[str]) -> List[Dict[str, str]]:
+    """A Parquet file's rows as {column: text} for ``columns`` (numbers as Python writes them, as a CSV holds them;
+    None as empty); a missing column or a nested one is a PrepError."""
+    try:
+        import pyarrow.parquet as pq
+        import pyarrow.types as pt
+    except ImportError:
+        raise PrepError(f"{path}: reading Parquet needs pyarrow: pip install 'recadam-fairseq[parquet]' (make "
+                        f"installs it)") from None
+    try:
+        schema = pq.read_schema(path)
+    except Exception as e:  # noqa: BLE001 - pyarrow's own words, one line
+        raise PrepError(f"{path}: not a Parquet file ({str(e).splitlines()[0][:200]})") from None
+    missing = [c for c in columns if c not in schema.names]
+    if missing:
+        raise PrepError(f"{path}: no column {', '.join(map(repr, missing))} among its columns "
+                        f"({', '.join(schema.names)[:120]})")
+    for c in columns:
+        t = schema.field(c).type
+        if not (pt.is_string(t) or pt.is_large_string(t) or pt.is_integer(t) or pt.is_floating(t)
+                or pt.is_boolean(t) or pt.is_dictionary(t)):
+            raise PrepError(f"{path}: column {c!r} is of type {t}: a text or a number is expected")
+    table = pq.read_table(path, columns=list(dict.fromkeys(columns)))
+    values = {c: table.column(c).to_pylist() for c in dict.fromkeys(columns)}
+    return [{c: "" if values[c][i] is None else str(values[c][i]) for c in columns} for i in range(table.num_rows)]
 
 
 def read_split(name: str, path: str, fmt: str, text_columns: List[str], label_column: str) -> Split:
@@ -334,7 +370,7 @@ def main(argv=None) -> int:
                                        "--text-column C [--text2-column C] --label-column C --out DIR")
     ap.add_argument("--model", required=True, help="a directory of data-prep/convert_hf_to_fairseq.py")
     ap.add_argument("--task-name", required=True, help="your task's name: DIR/NAME-bin, the runs' TASK")
-    ap.add_argument("--train", required=True, help="the training examples (TSV, CSV or JSONL with a header)")
+    ap.add_argument("--train", required=True, help="the training examples (TSV, CSV or JSONL with a header; Parquet)")
     ap.add_argument("--valid", required=True, help="the dev examples")
     ap.add_argument("--test", help="held-out examples (binarized as the test split)")
     ap.add_argument("--format", choices=sorted(set(FORMATS.values())), help="the files' format (default: their "

@@ -5,9 +5,11 @@ another model needs no architecture flags, and a wrong ``--arch`` is one line, n
 import argparse
 from typing import Dict, List, Optional, Tuple
 
-# What makes two RoBERTa encoders different shapes: fairseq-train flags read from the checkpoint.
+# What makes two RoBERTa encoders different shapes, or functions: fairseq-train flags read from the checkpoint
 SIZE_KEYS = ("encoder_layers", "encoder_embed_dim", "encoder_ffn_embed_dim", "encoder_attention_heads",
-             "activation_fn")
+             "activation_fn", "layer_norm_eps")
+# the plug-in's models' flags (a converted BERT's 1e-12): said only to an arch that takes them
+PLUGIN_KEYS = ("layer_norm_eps",)
 # ... and two encoder-decoders (transformer*, bart_*); a boolean is its flag when on and off by default
 SEQ2SEQ_SIZE_KEYS = SIZE_KEYS + (
     "decoder_layers", "decoder_embed_dim", "decoder_ffn_embed_dim", "decoder_attention_heads", "max_source_positions",
@@ -52,7 +54,7 @@ def arch_flags(m: dict, what: str, keys=SIZE_KEYS) -> Tuple[str, List[str]]:
     defaults = arch_defaults(arch)
     flags = []
     for k in keys:
-        if k not in m or m[k] is None or str(m[k]) == str(defaults.get(k)):
+        if k not in m or m[k] is None or str(m[k]) == str(defaults.get(k)) or (k in PLUGIN_KEYS and k not in defaults):
             continue
         if isinstance(m[k], bool):  # a store_true flag: only its being on can be said
             flags += [f"--{k.replace('_', '-')}"] if m[k] and not defaults.get(k) else []

@@ -7,7 +7,8 @@ computes it, so the merged model gives the same outputs), A, B and the scalings 
 arch becomes fairseq's (``roberta_ft_base`` -> ``roberta_base``, ``roberta_ft_large`` ->
 ``roberta_large``, ``roberta_ft`` / ``roberta_ft_tiny`` -> ``roberta`` with the sizes kept) and the
 optimizer state is left out. The result loads without the plug-in (fairseq-validate, hub
-``from_pretrained``, ``--restore-file ... --reset-optimizer``).
+``from_pretrained``, ``--restore-file ... --reset-optimizer``), but for a model with another LayerNorm eps than
+fairseq's (``--layer-norm-eps``, a converted BERT's): it stays ``roberta_ft``, which computes with it.
 """
 
 import argparse
@@ -23,13 +24,19 @@ def plain_arch(arch: str) -> str:
 
 
 def _plain_model_args(ns) -> None:
-    """The checkpoint's model namespace, in place: fairseq's RoBERTa arch, no roberta_ft flags."""
+    """The checkpoint's model namespace, in place: fairseq's RoBERTa arch, no roberta_ft flags (with another
+    LayerNorm eps than fairseq's, roberta_ft's arch and eps: only it computes with that eps)."""
+    from recadam_fairseq.models.layer_norm_eps import FAIRSEQ_EPS
+
     if ns is None:
         return
-    for key in ("arch", "_name"):
-        if isinstance(getattr(ns, key, None), str) and getattr(ns, key).startswith("roberta_ft"):
-            setattr(ns, key, plain_arch(getattr(ns, key)))
-    for key in FT_FLAGS:
+    eps = getattr(ns, "layer_norm_eps", None)
+    keep = eps is not None and float(eps) != FAIRSEQ_EPS
+    if not keep:
+        for key in ("arch", "_name"):
+            if isinstance(getattr(ns, key, None), str) and getattr(ns, key).startswith("roberta_ft"):
+                setattr(ns, key, plain_arch(getattr(ns, key)))
+    for key in FT_FLAGS + (() if keep else ("layer_norm_eps",)):
         if hasattr(ns, key):
             delattr(ns, key)
 
