@@ -386,6 +386,14 @@ def test_the_converted_model_takes_every_fine_tuning_variant(hf, converted, tmp_
                 a, b = model(tokens, features_only=True)[0], merged(tokens, features_only=True)[0]
             assert (a - b).abs().max() < 1e-5 and {m.eps for m in merged.modules()
                                                    if isinstance(m, torch.nn.LayerNorm)} == {1e-12}
+    # an ARCH of fairseq's own, of the right sizes, would build eps 1e-5 and load the weights silently: one line
+    from recadam_fairseq.tools.checkpoint_arch import mismatch
+
+    base_bert = {"arch": "roberta_ft", "encoder_layers": 12, "encoder_embed_dim": 768, "layer_norm_eps": 1e-12}
+    assert mismatch(base_bert, "roberta_base", "ROBERTA_PATH=m.pt", "ARCH=", "leave ARCH unset") == (
+        "ARCH=roberta_base builds LayerNorms of eps 1e-05, but ROBERTA_PATH=m.pt holds a model of eps 1e-12: leave "
+        "ARCH unset to take the checkpoint's (roberta_ft --layer-norm-eps 1e-12)")
+    assert mismatch(dict(base_bert, layer_norm_eps=1e-5), "roberta_base", "m", "ARCH=", "unset") is None
     cfg.model.layer_norm_eps = 0.0  # (a hand-written flag): one line naming it
     with pytest.raises(ConfigError, match=r"^--layer-norm-eps 0.0: must be a positive number \(fairseq's is 1e-5, "
                                           r"BERT's 1e-12\)$"):

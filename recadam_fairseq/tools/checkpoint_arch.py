@@ -69,15 +69,22 @@ def max_positions(m: dict) -> int:
 
 def mismatch(m: dict, given: str, what: str, flag: str, unset: str) -> Optional[str]:
     """Why ``given`` (an --arch) cannot load the checkpoint of model config ``m``, or None: its layers or width
-    differ. ``flag``: how the user gave it (ARCH=, --arch ); ``unset``: how to take the checkpoint's instead."""
+    differ, or its LayerNorm eps (a converted BERT's 1e-12 would silently become fairseq's 1e-5). ``flag``: how the
+    user gave it (ARCH=, --arch ); ``unset``: how to take the checkpoint's instead."""
+    from recadam_fairseq.models.layer_norm_eps import FAIRSEQ_EPS
+
     want = arch_defaults(given)
     size = [(want.get(k), m.get(k)) for k in ("encoder_layers", "encoder_embed_dim")]
-    if not any(w is not None and h is not None and int(w) != int(h) for w, h in size):
+    eps = (float(want.get("layer_norm_eps") or FAIRSEQ_EPS), float(m.get("layer_norm_eps") or FAIRSEQ_EPS))
+    if any(w is not None and h is not None and int(w) != int(h) for w, h in size):
+        (wl, hl), (wd, hd) = size
+        why = f"builds {wl} layers of width {wd}, but {what} holds {hl} layers of width {hd}"
+    elif eps[0] != eps[1]:
+        why = f"builds LayerNorms of eps {eps[0]:g}, but {what} holds a model of eps {eps[1]:g}"
+    else:
         return None
-    (wl, hl), (wd, hd) = size
     arch, flags = arch_flags(m, what)
-    return (f"{flag}{given} builds {wl} layers of width {wd}, but {what} holds {hl} layers of width {hd}: {unset} to "
-            f"take the checkpoint's ({arch} {' '.join(flags)}".rstrip() + ")")
+    return f"{flag}{given} {why}: {unset} to take the checkpoint's ({arch} {' '.join(flags)}".rstrip() + ")"
 
 
 def size_flags(state: dict, what: str) -> Dict[str, object]:
