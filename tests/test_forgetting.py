@@ -438,19 +438,19 @@ def test_figure_has_a_panel_per_family_and_marks_the_far_out_at_the_edge():
 def test_overview_has_a_panel_per_family_and_marks_the_clipped_gaps():
     """The summary's figure: one panel per family, its methods in distinct colours; a gap below
     OVERVIEW_MIN_GAP is a marker at the bottom edge with its value."""
-    gap = lambda f, a: {"d_forgetting": f, "d_accuracy": a}  # noqa: E731
+    gap = lambda f, a: {"d_forgetting": f, "d_accuracy": a}  # noqa: E731  (d_forgetting < 0: forgets less than Adam)
     summary_ = {"adam": {"tasks": {"movie": gap(0, 0), "nli": gap(0, 0)}},
-                "recadam": {"tasks": {"movie": gap(0.02, -0.01), "nli": gap(0.03, -0.02)}},
-                "recadam-coupled": {"tasks": {"movie": gap(0.01, 0.0)}},
-                "lora": {"tasks": {"movie": gap(0.05, -0.07), "nli": gap(0.1, -0.3)}},
-                "recadam-r3f": {"tasks": {"movie": gap(0.03, 0.0)}}}
+                "recadam": {"tasks": {"movie": gap(-0.02, -0.01), "nli": gap(-0.03, -0.02)}},
+                "recadam-coupled": {"tasks": {"movie": gap(-0.01, 0.0)}},
+                "lora": {"tasks": {"movie": gap(-0.05, -0.07), "nli": gap(-0.1, -0.3)}},
+                "recadam-r3f": {"tasks": {"movie": gap(-0.03, 0.0)}}}
     fig, panels = plot.overview_figure(summary_, ["movie", "nli"])
     assert list(panels) == ["recadam", "r3f", "lora"]
     assert list(_colours(panels["recadam"])) == ["recadam", "recadam-coupled"]
     for ax in panels.values():
         colours = list(_colours(ax).values())
         assert len(set(colours)) == len(colours)
-    (edge,) = _edge_markers(panels["lora"], "v")
+    (edge,) = _edge_markers(panels["lora"], "v")  # (drawn at its forgetting saved: 0.1)
     assert edge[0] == pytest.approx(0.1) and edge[1] == pytest.approx(plot.OVERVIEW_MIN_GAP, abs=0.01)
     assert "nli: -0.300" in [t.get_text() for t in panels["lora"].texts]
     assert panels["lora"].get_ylim()[0] >= plot.OVERVIEW_MIN_GAP - 0.01
