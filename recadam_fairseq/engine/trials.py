@@ -88,7 +88,7 @@ def settings_text(record: dict) -> str:
 
 def front_text(front: List[dict]) -> str:
     """A front in a line: ``84.6/+0.031, 83.0/+0.012`` (metric/forgetting, best metric first)."""
-    return ", ".join(f"{r['metric']:.4g}/{r['forgetting']:+.3g}" for r in front) or "none yet"
+    return ", ".join(f"{r['metric']:.4g}/{r['forgetting'] + 0.0:+.3g}" for r in front) or "none yet"  # (no -0)
 
 
 def counts(records: List[dict], method: str) -> Dict[str, int]:

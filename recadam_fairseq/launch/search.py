@@ -258,7 +258,7 @@ class Search:
         running = sum(self.active.values())
         left = sum(max(0, self.trials - trained[m] - self.active[m]) for m in self.methods if m not in self.capped)
         shown = " ".join(f"{k}={v}" for k, v in values.items())
-        what = (f"{self.metric} {outcome['metric']:.4g}, forgetting {outcome['forgetting']:+.3g}"
+        what = (f"{self.metric} {outcome['metric']:.4g}, forgetting {outcome['forgetting'] + 0.0:+.3g}"
                 if outcome["state"] == "complete" else outcome.get("reason", ""))
         say(f"{SCRIPT}: {self.task}: {method} #{number} {outcome['state']}: {what} ({shown}); {sum(trained.values())} "
             f"of {self.trials * len(self.methods)} trials ended, {running} running, {left} left")
