@@ -100,6 +100,11 @@ def counts(records: List[dict], method: str) -> Dict[str, int]:
     return out
 
 
+def trained(records: List[dict], method: str) -> int:
+    """A method's trials that trained (its budget spent): complete, failed or diverged."""
+    return sum(n for state, n in counts(records, method).items() if state in TRAINED)
+
+
 def markdown(records: List[dict], chosen: Dict[str, List[dict]], meta: dict) -> List[str]:
     """summary.md's search section: the budget, each method's trials by state, its front and its picks."""
     metric, fl = meta["metric"], meta["floor"]
@@ -118,17 +123,17 @@ def markdown(records: List[dict], chosen: Dict[str, List[dict]], meta: dict) -> 
                f"run is the trial's own).", ""]
     md += [f"| method | trials: complete / failed / refused | front ({metric}/forgetting) | picks |", "|---|---|---|---|"]
     front_of = fronts(records)
+    short = []
     for method in meta["methods"]:
         c = counts(records, method)
         failed = c.get("failed", 0) + c.get("diverged", 0)
         picked = "; ".join(f"{r['setting']} ({r['why']})" for r in chosen.get(method, [])) or "none"
         md.append(f"| {method} | {c.get('complete', 0)} / {failed} / {c.get('refused', 0)} | "
                   f"{front_text(front_of.get(method, []))} | {picked} |")
-    md.append("")
-    short = [(m, sum(r["method"] == m and r["state"] in TRAINED for r in records)) for m in meta["methods"]]
-    md += [f"{m} trained {n} of its {meta['trials']} trials: after {counts(records, m).get('refused', 0)} refusals no "
-           f"more were asked." for m, n in short if n < meta["trials"]] + ([""] if any(n < meta["trials"]
-                                                                                 for _, n in short) else [])
+        if c.get("complete", 0) + failed < meta["trials"]:
+            short.append(f"{method} trained {c.get('complete', 0) + failed} of its {meta['trials']} trials: after "
+                         f"{c.get('refused', 0)} refusals no more were asked.")
+    md += [""] + short + ([""] if short else [])
     why = [r for r in records if r["state"] in ("failed", "diverged", "refused")]
     if why:
         md += ["Trials that did not complete:", ""]

@@ -5,8 +5,8 @@ methods' fronts in grey behind each, so a method is read against the others. mat
 import math
 from typing import Dict, List
 
-from recadam_fairseq.engine.plot import PALETTE
-from recadam_fairseq.engine.trials import fronts
+from recadam_fairseq.engine.plot import PALETTE, pyplot
+from recadam_fairseq.engine.trials import counts, fronts
 
 
 def _staircase(front: List[dict]):
@@ -24,14 +24,11 @@ def _staircase(front: List[dict]):
 
 def plot(records: List[dict], chosen: Dict[str, List[dict]], methods: List[str], path: str, texts: dict):
     """Draw the figure at ``path``; None without matplotlib or without a complete trial."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-        from matplotlib.ticker import MaxNLocator
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return None
+    from matplotlib.ticker import MaxNLocator
+
     done = [r for r in records if r["state"] == "complete"]
     if not done:
         return None
@@ -57,9 +54,9 @@ def plot(records: List[dict], chosen: Dict[str, List[dict]], methods: List[str],
         picked = chosen.get(method, [])
         ax.scatter([r["forgetting"] for r in picked], [r["metric"] for r in picked], s=90, facecolors="none",
                    edgecolors="black", lw=1.2, zorder=4)
-        c = sum(r["method"] == method and r["state"] == "complete" for r in records)
-        bad = sum(r["method"] == method and r["state"] in ("failed", "diverged") for r in records)
-        ax.set_title(f"{method}: {c} complete" + (f", {bad} failed" if bad else ""), fontsize=10)
+        c = counts(records, method)
+        bad = c.get("failed", 0) + c.get("diverged", 0)
+        ax.set_title(f"{method}: {c.get('complete', 0)} complete" + (f", {bad} failed" if bad else ""), fontsize=10)
         ax.set_xlim(min(xs) - pad_x, max(xs) + pad_x)
         ax.set_ylim(min(ys) - pad_y, max(ys) + pad_y)
         ax.grid(alpha=0.3)

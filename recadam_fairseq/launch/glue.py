@@ -18,9 +18,11 @@ METRIC_FLAGS = {"mcc": "--report-mcc", "f1": "--report-acc-and-f1", "pearson": "
 R3F_RTE = {"RECIPE_LR": "1e-5", "RECIPE_BATCH": 8, "RECIPE_TOTAL": 3120, "RECIPE_WARMUP": 187}
 
 
-def build(v: Variables, task_arg: str, method_arg: str, extra: List[str], name_lr: bool = False) -> RunSpec:
+def build(v: Variables, task_arg: str, method_arg: str, extra: List[str], name_lr: bool = False,
+          t0_drawn: bool = False) -> RunSpec:
     """The run ``finetune.sh TASK METHOD EXTRA...`` makes under the variables ``v``; Stop (one line) if it cannot.
-    ``name_lr``: the run's name ends in its lr (a search's trials, whose lr varies: recadam-k0.1-t50-lr2e-05)."""
+    ``name_lr``: the run's name ends in its lr (a search's trials, whose lr varies: recadam-k0.1-t50-lr2e-05);
+    ``t0_drawn``: T0 is each trial's own (a search's), not warned of at its default."""
     data_dir = v.get("DATA_DIR", "./glue-bin")
     m = recipe.method(v, method_arg)
     t = prelaunch.task_plan(task_arg, data_dir)
@@ -85,7 +87,7 @@ def build(v: Variables, task_arg: str, method_arg: str, extra: List[str], name_l
         end = per_epoch * 10
         v.say(f"warning: the recipe's 10 epochs are about {end} updates on this data, not its {total}: the lr schedule "
               f"(warmup {warmup}, decay to 0 at {total}) is cut short; MAX_UPDATE={end} scales it to the data")
-    recipe.schedule_warnings(v, end, warmup, lr, bool(m["METHOD_RECADAM"]))
+    recipe.schedule_warnings(v, end, warmup, lr, bool(m["METHOD_RECADAM"]) and not t0_drawn)
     arch_flags, positions = recipe.arch_flags(v, ckpt, "roberta_ft_large" if ft else "roberta_large", arch)
 
     train = v.trainer()

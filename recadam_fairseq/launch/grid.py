@@ -24,8 +24,9 @@ from typing import Dict, List
 
 from recadam_fairseq.engine.execute import RunError
 from recadam_fairseq.launch import glue
-from recadam_fairseq.launch.command import launch
-from recadam_fairseq.launch.runs import INTERRUPTED, Runs, SpecJob, cluster_params, interrupted_exit, sigterm_is_ctrl_c
+from recadam_fairseq.launch.command import say_error
+from recadam_fairseq.launch.runs import (INTERRUPTED, Runs, SpecJob, cluster_params, ended, failure, interrupted_exit,
+                                         run_name, sigterm_is_ctrl_c)
 from recadam_fairseq.launch.spec import Conflict, RunSpec, Stop
 from recadam_fairseq.launch.variables import Variables
 
@@ -34,15 +35,10 @@ DEFAULTS = {"KS": "0.05 0.1 0.2 0.5 1", "T0S": "100 250 500 1000", "SEEDS": "1",
 
 def plan(env: Dict[str, str]) -> List[Dict[str, str]]:
     """The grid's runs in the order they run: each the variables its finetune.sh call gets (SEED, METHOD, K, T0)."""
-    from recadam_fairseq.launch.prelaunch import method_plan
+    from recadam_fairseq.launch.prelaunch import methods_plans
 
     words = {k: env.get(k) or v for k, v in DEFAULTS.items()}
-    recadam = {}
-    for m in words["METHODS"].split():  # the catalogue's names, as finetune.sh takes them
-        try:
-            recadam[m] = bool(method_plan(m, env)["METHOD_RECADAM"])
-        except Stop as e:
-            raise Stop(f"METHODS: {e}") from None
+    recadam = {m: bool(p["METHOD_RECADAM"]) for m, p in methods_plans(words["METHODS"].split(), env).items()}
     if not (words["KS"].split() and words["T0S"].split() and words["SEEDS"].split()):
         raise Stop("KS, T0S and SEEDS must not be empty")
     runs = []
@@ -67,11 +63,6 @@ def spec(task: str, run: Dict[str, str], env: Dict[str, str], extra: List[str], 
     return glue.build(variables(run, env, cuda=cuda), task, run["METHOD"], extra)
 
 
-def run_name(d: str) -> str:
-    """METHOD/seedN of a run directory SAVE_DIR/TASK/METHOD/seedN."""
-    return os.path.relpath(d, os.path.dirname(os.path.dirname(d)))
-
-
 def on_cluster(task: str, todo, runs: Runs, skipped: int) -> int:
     """The runs as submitit jobs (one array, each carrying its spec), waited for: a line as each ends, the failures
     at the end. Ctrl-C stops the waiting, not the jobs."""
@@ -89,24 +80,18 @@ def on_cluster(task: str, todo, runs: Runs, skipped: int) -> int:
                     if not job.done():
                         continue
                     del waiting[i]
-                    d, state = todo[i][1].run_dir, "done"
-                    try:
-                        job.result()
-                    except Exception:  # noqa: BLE001 - the job's own log has why
+                    d, why = todo[i][1].run_dir, failure(job)
+                    if why:
                         failed.append(d)
-                        state = "failed"
-                        print(f"grid.sh: run failed: {d} (its log: {job.paths.stderr})", file=sys.stderr, flush=True)
+                        print(f"grid.sh: run failed: {d} ({why})", file=sys.stderr, flush=True)
+                    state = "failed" if why else "done"
                     print(f"grid.sh: {task}: {run_name(d)} {state}; "
                           f"{len(jobs) - len(waiting)} of {len(jobs)} ended", flush=True)
                 if waiting:
                     time.sleep(runs.poll)
         except KeyboardInterrupt:
             return interrupted_exit("grid.sh", f"{len(waiting)} jobs still on {runs.env['CLUSTER']}, not waited for")
-    print(f"grid.sh: {task}: ran {len(todo)}, skipped {skipped}, failed {len(failed)}", flush=True)
-    if failed:
-        print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
-        return 1
-    return 0
+    return ended("grid.sh", task, len(todo), skipped, failed)
 
 
 def main(argv: List[str]) -> int:
@@ -126,8 +111,7 @@ def main(argv: List[str]) -> int:
         folder = os.path.join(os.path.dirname(os.path.dirname(specs[0].run_dir)), ".submitit") if specs else None
         pool = Runs(v, jobs, n_gpus, params, folder)
     except Stop as e:
-        for line in str(e).splitlines():
-            print(f"grid.sh: error: {line}", file=sys.stderr)
+        say_error("grid.sh", e)
         return 2
 
     todo, conflicts = [], 0
@@ -147,25 +131,22 @@ def main(argv: List[str]) -> int:
         return 2
     if params is not None:
         return on_cluster(task, todo, pool, len(runs) - len(todo))
-    lock, ended = threading.Lock(), [0]
+    lock, count = threading.Lock(), [0]
 
     def one(run, s):
         def go(say):
             name = run_name(s.run_dir)
             tell = (lambda msg: say(f"[{name}] {msg}")) if jobs > 1 else say
-            if os.path.exists(os.path.join(s.run_dir, "train.log")) and not v.restart:
-                say(f"resume {s.run_dir} (unfinished)")
-            rv = variables(run, env, say=lambda msg: tell(f"finetune.sh: {msg}"))
             try:
-                rc = launch(s, rv, trainer=lambda sp, _: pool.train(sp, say, name), out=tell)
+                rc = pool.launch(s, variables(run, env, say=lambda msg: tell(f"finetune.sh: {msg}")), say, name)
             finally:
                 with lock:  # (said under the lock: the counts in order)
-                    ended[0] += 1
-                    done, running = ended[0], jobs - len(pool.free)
+                    count[0] += 1
+                    done, running = count[0], jobs - len(pool.free)
                     if jobs > 1:
                         say(f"grid.sh: {task}: {done} of {len(todo)} ended, {running} running, "
                             f"{len(todo) - done - running} left")
-            if rc == INTERRUPTED or (rc != 0 and pool.stop.is_set()):  # no other run starts (a second Ctrl-C: SIGTERM)
+            if rc == INTERRUPTED:  # no other run starts
                 pool.stop.set()
                 return rc
             if rc != 0:
@@ -184,8 +165,4 @@ def main(argv: List[str]) -> int:
         return interrupted_exit("grid.sh", "the runs under way ended")
     if pool.stop.is_set():  # (a run's trainer was interrupted, the Ctrl-C not seen here)
         return interrupted_exit("grid.sh", "the runs under way ended")
-    print(f"grid.sh: {task}: ran {len(todo)}, skipped {len(runs) - len(todo)}, failed {len(failed)}", flush=True)
-    if failed:
-        print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
-        return 1
-    return 0
+    return ended("grid.sh", task, len(todo), len(runs) - len(todo), failed)

@@ -167,6 +167,17 @@ def method_plan(name: str, env, multitask: bool = False, seq2seq: bool = False) 
             "METHOD_JSON": m.settings(values)}
 
 
+def methods_plans(names: List[str], env) -> dict:
+    """{name: method_plan} of METHODS (grid.sh's, tune.sh's); Stop naming METHODS for one that is unknown."""
+    plans = {}
+    for m in names:
+        try:
+            plans[m] = method_plan(m, env)
+        except Stop as e:
+            raise Stop(f"METHODS: {e}") from None
+    return plans
+
+
 def script_methods(multitask: bool = False, seq2seq: bool = False) -> List[str]:
     """The METHODs a task script takes, in the catalogue's order."""
     return [n for n in catalogue.names(scripts=True, seq2seq=seq2seq) if catalogue.METHODS[n].multitask or not multitask]

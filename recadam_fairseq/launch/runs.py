@@ -110,11 +110,23 @@ class Runs:
         self.stop = threading.Event()  # Ctrl-C: no more runs, and a cluster run is no longer waited for
         self.poll = float(self.env.get("GRID_POLL_S") or 10)
 
+    def launch(self, spec: RunSpec, v: Variables, say: Callable[[str], None], name: str, err=None) -> int:
+        """One run of a grid's or a search's, its state checked by the caller, as the task scripts launch it
+        (command.launch: RESTART=1, command.sh, the banner) and trained here: its exit status, 130 when Ctrl-C ended
+        it (or a second Ctrl-C's SIGTERM, or came before it started)."""
+        from .command import launch
+
+        if os.path.exists(os.path.join(spec.run_dir, "train.log")) and not v.restart:
+            say(f"resume {spec.run_dir} (unfinished)")
+        tell = (lambda msg: say(f"[{name}] {msg}")) if self.jobs > 1 else say
+        rc = launch(spec, v, trainer=lambda sp, _: self.train(sp, say, name, err), out=tell)
+        return INTERRUPTED if rc != 0 and self.stop.is_set() else rc
+
     def train(self, spec: RunSpec, say: Callable[[str], None], name: str = "", err=None) -> int:
         """Train ``spec`` here (its command.sh written, its state checked by the caller): its exit status, 130
         when Ctrl-C ended it (or came before it started). With runs side by side, each line carries ``name``;
         ``err``: where a failure's line goes (default: stderr, or the run's lines)."""
-        from .train import train
+        from .train import _stderr, train
 
         with self.lock:
             slot = self.free.pop(0)
@@ -124,8 +136,7 @@ class Runs:
         out = (lambda text: say(f"[{name}] {text}")) if self.jobs > 1 else None
         try:
             return train(spec, lambda msg: (out or say)(f"{os.path.basename(spec.script)}: {msg}"), env=env, out=out,
-                         err=err or out or (lambda text: print(text, file=sys.stderr, flush=True)), procs=self.procs,
-                         stop=self.stop)
+                         err=err or out or _stderr, procs=self.procs, stop=self.stop)
         finally:
             with self.lock:
                 self.free.append(slot)
@@ -150,19 +161,14 @@ class Runs:
         while not job.done():
             if self.stop.wait(self.poll):
                 return "interrupted"
-        try:
-            job.result()
-        except Exception:  # noqa: BLE001 - the job's own log has why
-            return f"its log: {job.paths.stderr}"
-        return None
+        return failure(job)
 
-    def execute(self, plan: List[Callable], order=None, on_done=None):
+    def execute(self, plan: List[Callable]):
         """engine/execute.py's plan ``self.jobs`` at a time. Ctrl-C: no run starts after it, those under way end
         (their trainers got it too; a second Ctrl-C stops them), then KeyboardInterrupt."""
         from recadam_fairseq.engine.execute import execute
 
-        return execute(plan, jobs=self.jobs, order=order, on_done=on_done, stop=self.stop, on_interrupt=self.terminate,
-                       on_stop=self.pass_interrupt)
+        return execute(plan, jobs=self.jobs, stop=self.stop, on_interrupt=self.terminate, on_stop=self.pass_interrupt)
 
     def pass_interrupt(self, grace: float = 0.5) -> None:
         """SIGINT to the trainers still running ``grace`` seconds after the launcher's Ctrl-C (in a thread)."""
@@ -182,6 +188,29 @@ class Runs:
     def terminate(self) -> None:
         """SIGTERM to every trainer still running here."""
         self.signal(signal.SIGTERM)
+
+
+def failure(job) -> Optional[str]:
+    """Why a cluster job that ended did not end well (its log named), or None."""
+    try:
+        job.result()
+    except Exception:  # noqa: BLE001 - the job's own log has why
+        return f"its log: {job.paths.stderr}"
+    return None
+
+
+def run_name(d: str) -> str:
+    """METHOD/seedN of a run directory SAVE_DIR/TASK/METHOD/seedN: the run in a grid's and a search's lines."""
+    return os.path.relpath(d, os.path.dirname(os.path.dirname(d)))
+
+
+def ended(script: str, task: str, ran: int, skipped: int, failed: List[str]) -> int:
+    """The last lines of a grid's runs: the counts, then each failure (exit 1); 0 without."""
+    print(f"{script}: {task}: ran {ran}, skipped {skipped}, failed {len(failed)}", flush=True)
+    if failed:
+        print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
+        return 1
+    return 0
 
 
 def interrupted_exit(script: str, what: str) -> int:

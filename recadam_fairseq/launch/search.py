@@ -27,7 +27,8 @@ from recadam_fairseq.engine import trials as T
 from recadam_fairseq.engine.execute import RunError
 
 from . import glue, prelaunch, recipe, space
-from .runs import INTERRUPTED, Runs, SpecJob, cluster_params, interrupted_exit, sigterm_is_ctrl_c
+from .command import say_error
+from .runs import INTERRUPTED, Runs, SpecJob, cluster_params, ended, interrupted_exit, run_name, sigterm_is_ctrl_c
 from .spec import Conflict, RunSpec, Stop
 from .study import JOURNAL, Jobs, Studies
 from .variables import Variables
@@ -57,13 +58,9 @@ class Search:
             if v.get(name):
                 raise Stop(f"{name}={v.get(name)}: not taken by tune.sh: {why}")
         self.methods = words(v, "METHODS")
-        for m in self.methods:
-            try:
-                prelaunch.method_plan(m, env)
-            except Stop as e:
-                raise Stop(f"METHODS: {e}") from None
+        prelaunch.methods_plans(self.methods, env)
         self.trials = v.whole("TRIALS", DEFAULTS["TRIALS"])
-        self.seeds = [int(Variables({"SEEDS": s}, SCRIPT).whole("SEEDS", minimum=0)) for s in words(v, "SEEDS")]
+        self.seeds = [Variables({"SEEDS": s}, SCRIPT).whole("SEEDS", minimum=0) for s in words(v, "SEEDS")]
         self.trial_seed = self.seeds[0]
         self.sampler_seed = v.whole("SEARCH_SEED", 0, minimum=0)
         self.jobs, self.n_gpus = v.whole("JOBS", 1), v.whole("NUM_GPUS", 1)
@@ -76,13 +73,9 @@ class Search:
             if v.get(var):
                 v.say(f"warning: {var}={v.get(var)} is grid.sh's: tune.sh searches k and t0 in K_RANGE and T0_RANGE "
                       f"(K or T0 fixes one)")
-        # the task, its recipe, the data and checkpoint checked; the notes (fp32 without CUDA) said once, but T0's
-        # at its default (each trial's is drawn inside the run)
-        self.updates, notes = None, []
-        base = self.build(self.methods[0], {}, say=notes.append)
-        for note in notes:
-            if v.get("T0") or not note.startswith("warning: T0="):
-                v.say(note)
+        # the task, its recipe, the data and checkpoint checked, their notes said (fp32 without CUDA) once
+        self.updates = None
+        base = self.build(self.methods[0], {}, say=v.say)
         self.task, self.metric = base.run_json["task"], base.run_json["metric"]
         # every method's trials run exactly this many updates (MAX_UPDATE, else the first method's recipe)
         self.updates = int(base.run_json["total_updates"])
@@ -97,10 +90,11 @@ class Search:
                   f": BATCH=N gives every trial the same")
         self.root = v.get("SAVE_DIR", "runs")
         self.dir = os.path.join(os.path.dirname(os.path.dirname(base.run_dir)), "search")
-        self.study = Studies(self.dir, self.task, self.spaces, self.made_for(), self.updates, self.sampler_seed)
+        self.study = Studies(self.dir, self.spaces, self.made_for())
         self.lock = threading.Lock()
         self.inflight: Dict[str, list] = {}  # run directories being trained: [set once ended, its exit status]
         self.active = {m: 0 for m in self.methods}  # trials under way (drawn, building, training)
+        self.refused = {m: 0 for m in self.methods}  # (counted from the study in plan())
         self.capped: set = set()  # methods asked no more: TRIALS refusals
         self.fatal: Optional[str] = None  # a refusal every trial would meet
         self.runs = None
@@ -113,7 +107,7 @@ class Search:
         if self.updates is not None:
             env["MAX_UPDATE"] = str(self.updates)
         return glue.build(Variables(env, "finetune.sh", say=say or (lambda msg: None), cuda=self.cuda), self.task_arg,
-                          method, self.extra, name_lr=True)
+                          method, self.extra, name_lr=True, t0_drawn=not self.v.get("T0"))
 
     def made_for(self) -> dict:
         return {"task": self.task, "metric": self.metric, "forgetting_meter": self.meter,
@@ -172,11 +166,8 @@ class Search:
                 self.inflight.pop(spec.run_dir)[0].set()
 
     def train_here(self, spec: RunSpec, say, name: str) -> int:
-        if os.path.exists(os.path.join(spec.run_dir, "train.log")):
-            say(f"resume {spec.run_dir} (unfinished)")
-        spec.write()
-        (say if self.jobs == 1 else (lambda t: say(f"[{name}] {t}")))(spec.banner)
-        return self.runs.train(spec, say, name, err=lambda text: None)  # (the trial's line says why)
+        v = Variables(self.v.env, "finetune.sh", say=lambda msg: say(f"finetune.sh: {msg}"))
+        return self.runs.launch(spec, v, say, name, err=lambda text: None)  # (the trial's line says why)
 
     def train_there(self, spec: RunSpec, say, name: str) -> int:
         """As a cluster job, its id kept in search/jobs.json: a launcher that died waits for a SLURM job again (one
@@ -209,11 +200,10 @@ class Search:
             while not self.runs.stop.is_set():
                 with self.lock:
                     if trial is None:
-                        refused = T.counts(self.study.records(), method).get("refused", 0)
-                        if refused >= self.trials:
+                        if self.refused[method] >= self.trials:
                             if method not in self.capped:
-                                say(f"{SCRIPT}: {self.task}: {method}: {refused} trials refused, no more asked: "
-                                    f"narrow its ranges (the reasons: {os.path.join(self.dir, 'trials.csv')})")
+                                say(f"{SCRIPT}: {self.task}: {method}: {self.refused[method]} trials refused, no more "
+                                    f"asked: narrow its ranges (the reasons: {os.path.join(self.dir, 'trials.csv')})")
                             self.capped.add(method)
                             return None
                         trial = self.study.ask(method)
@@ -226,6 +216,7 @@ class Search:
                         self.runs.stop.set()  # left running in the study: the same command resumes it
                         return None
                     self.study.tell(method, number, outcome)
+                    self.refused[method] += outcome["state"] == "refused"
                     self.report(method, number, values, outcome, say)
                     if outcome["state"] == "refused" and not any(v in outcome["reason"] for v in values.values()):
                         self.fatal = self.fatal or f"{method} #{number} refused, not for its values: {outcome['reason']}"
@@ -253,8 +244,9 @@ class Search:
     def report(self, method: str, number: int, values: Dict[str, str], outcome: dict, say) -> None:
         """trials.csv rewritten; a line for the trial, the counts, each method's front so far."""
         recs = self.study.records()
-        self.write_csv(recs)
-        trained = {m: sum(r["method"] == m and r["state"] in T.TRAINED for r in recs) for m in self.methods}
+        fronts = T.fronts(recs)
+        self.write_csv(recs, fronts)
+        trained = {m: T.trained(recs, m) for m in self.methods}
         running = sum(self.active.values())
         left = sum(max(0, self.trials - trained[m] - self.active[m]) for m in self.methods if m not in self.capped)
         shown = " ".join(f"{k}={v}" for k, v in values.items())
@@ -263,12 +255,12 @@ class Search:
         say(f"{SCRIPT}: {self.task}: {method} #{number} {outcome['state']}: {what} ({shown}); {sum(trained.values())} "
             f"of {self.trials * len(self.methods)} trials ended, {running} running, {left} left")
         say(f"{SCRIPT}: {self.task}: fronts ({self.metric}/forgetting): "
-            + "; ".join(f"{m} {T.front_text(f)}" for m, f in T.fronts(recs).items()))
+            + "; ".join(f"{m} {T.front_text(f)}" for m, f in fronts.items()))
 
-    def write_csv(self, recs: List[dict]) -> None:
+    def write_csv(self, recs: List[dict], fronts: Optional[dict] = None) -> None:
         from recadam_fairseq.engine.write import write_csv
 
-        rows, fields = T.csv_rows(recs, T.fronts(recs))
+        rows, fields = T.csv_rows(recs, fronts if fronts is not None else T.fronts(recs))
         tmp = os.path.join(self.dir, "trials.csv.tmp")
         write_csv(tmp, rows, fields)
         os.replace(tmp, os.path.join(self.dir, "trials.csv"))
@@ -283,7 +275,8 @@ class Search:
             for r in [r for r in orphans if not r["values"]]:
                 self.study.tell(m, r["number"], {"state": "refused", "reason": "never drawn: its launcher stopped"})
             orphans = [r for r in orphans if r["values"]]
-            trained = sum(r["method"] == m and r["state"] in T.TRAINED for r in recs)
+            trained = T.trained(recs, m)
+            self.refused[m] = T.counts(recs, m).get("refused", 0)
             if trained > self.trials:
                 raise Stop(f"TRIALS={self.trials}: the search has {trained} trials of {m} already: TRIALS only grows "
                            f"(another SAVE_DIR starts a search over)")
@@ -358,8 +351,8 @@ class Search:
                     s.state()
                 except Conflict as e:
                     raise RunError(str(e)) from None
-                rc, _ = self.train(s, say, os.path.relpath(s.run_dir, os.path.dirname(os.path.dirname(s.run_dir))))
-                if rc == INTERRUPTED or (rc != 0 and self.runs.stop.is_set()):
+                rc, _ = self.train(s, say, run_name(s.run_dir))
+                if rc == INTERRUPTED:
                     self.runs.stop.set()
                 elif rc != 0:
                     say(f"{SCRIPT}: run failed: {s.run_dir}")
@@ -376,10 +369,7 @@ class Search:
         if self.runs.stop.is_set():
             return self.stopped()
         self.summarize(recs, chosen, [s.run_dir for s in specs])
-        if failed:
-            print("".join(f"  failed: {d}\n" for d in failed), end="", file=sys.stderr)
-            return 1
-        return 0
+        return ended(SCRIPT, self.task, len(todo), len(specs) - len(todo), failed)
 
     def summarize(self, recs: List[dict], chosen: Dict[str, List[dict]], dirs: List[str]) -> None:
         """summary.md (the search's section, then the grid's summary and verdicts of the confirmed runs), its files,
@@ -391,8 +381,7 @@ class Search:
 
         runs = [r for d in dict.fromkeys(dirs) if os.path.isdir(d) for r in read_runs(d, self.root)]
         counted = [r for r in runs if r["status"] == "done"]
-        adam = chosen.get("adam") or []
-        best = next((p for p in adam if "best metric" in p["why"]), None)
+        best = T.reference(recs) if chosen.get("adam") else None  # Adam's best trial: its best-metric pick
         answers = verdicts.answer(counted, self.root, reference=best["setting"] if best else None)
         label = next((r["forgetting_metric"] for r in runs if r["forgetting_metric"]), self.meter)
         figure = f"search-{self.task}.png"
@@ -417,8 +406,7 @@ def main(argv: List[str]) -> int:
     try:
         return Search(argv[0], argv[1:], dict(os.environ)).run()
     except Stop as e:
-        for line in str(e).splitlines():
-            print(f"{SCRIPT}: error: {line}", file=sys.stderr, flush=True)
+        say_error(SCRIPT, e)
         return 2
     except KeyboardInterrupt:  # (before the trials: reading a checkpoint, the study)
         return interrupted_exit(SCRIPT, "nothing was under way")

@@ -22,11 +22,11 @@ SHOWN = {"methods": "METHODS", "updates": "MAX_UPDATE", "trial_seed": "SEEDS' fi
 
 class Studies:
     """The studies of a search in ``folder``: ``spaces`` ({method: launch/space.MethodSpace}), ``made_for`` (what
-    search.json keeps), the run's ``updates`` (t0's fractions are of them) and the sampler's ``seed``."""
+    search.json keeps: its task, the run's updates (t0's fractions are of them), the sampler's seed, ...)."""
 
-    def __init__(self, folder: str, task: str, spaces: dict, made_for: dict, updates: int, seed: int):
-        self.dir, self.task, self.spaces, self.made_for = folder, task, spaces, made_for
-        self.updates, self.seed = updates, seed
+    def __init__(self, folder: str, spaces: dict, made_for: dict):
+        self.dir, self.spaces, self.made_for = folder, spaces, made_for
+        self.task, self.updates, self.seed = made_for["task"], made_for["updates"], made_for["sampler_seed"]
 
     def open(self, say) -> None:
         """search.json checked (Stop: made for another search) and written; tune.lock taken (Stop: another launcher
