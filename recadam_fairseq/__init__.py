@@ -11,6 +11,11 @@ fairseq in the same process: fairseq's ``--user-dir`` then finds it imported and
 
 import importlib
 import sys
+import warnings
+
+# a command-line tool imports the package before fairseq: fairscale's FutureWarnings (its offload module uses
+# torch.cuda.amp's deprecated decorators on import, when fairseq imports it) kept off the user's terminal
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"fairscale(\.|$)")
 
 _API = {"RecAdam": ".core.recadam", "anneal_lambda": ".core.anneal"}
 

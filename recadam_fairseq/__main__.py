@@ -51,10 +51,10 @@ def flag_text(m: catalogue.Method, values: dict) -> str:
     return text + (f" --lr {m.lr}" if m.lr else "")
 
 
-def space_text(s: catalogue.Space) -> str:
-    """A knob's search range in words: ``0.01 to 1 (log)``, ``sigmoid | linear``."""
-    if s.choices:
-        return " | ".join(s.choices)
+def space_text(s: catalogue.Space, choices=()) -> str:
+    """A knob's search range in words: ``0.01 to 1 (log)``, a word knob's ``choices`` (``sigmoid | linear``)."""
+    if choices:
+        return " | ".join(choices)
     return f"{s.low} to {s.high}" + (" of the run's updates" if s.relative else "") + (" (log)" if s.log else "")
 
 
@@ -78,10 +78,11 @@ def describe(m: catalogue.Method) -> str:
     lines.append(f"  flags at the defaults: {flag_text(m, defaults)}")
     if m.scripts:
         lines.append(f"  run directory (scripts/glue/finetune.sh): {m.run_name(defaults)}  ({run_dir_pattern(m)})")
-        searched = [("LR", catalogue.LR_SPACE)] + [(KNOBS[k].var, KNOBS[k].space) for k in m.knobs
-                                                   if KNOBS[k].space is not None and KNOBS[k].space.searched]
-        lines.append("  searched by scripts/glue/tune.sh: " + ", ".join(f"{v} {space_text(s)} ({v}_RANGE)"
-                                                                     for v, s in searched))
+        searched = [("LR", catalogue.LR_SPACE, ())] + [(KNOBS[k].var, KNOBS[k].space, KNOBS[k].choices)
+                                                       for k in m.knobs
+                                                       if KNOBS[k].space is not None and KNOBS[k].space.searched]
+        lines.append("  searched by scripts/glue/tune.sh: " + ", ".join(f"{v} {space_text(s, c)} ({v}_RANGE)"
+                                                                     for v, s, c in searched))
     if m.aliases:
         lines.append(f"  old spelling, still taken: {', '.join(m.aliases)}")
     for other, why in m.refuses:
@@ -150,8 +151,8 @@ def search_table() -> str:
         users = [m.name for m in METHODS.values() if m.scripts and k.key in m.knobs]
         if not users:
             continue
-        scale = "words" if s.choices else "log" if s.log else "linear"
-        rng = " \\| ".join(s.choices) if s.choices else f"{s.low} to {s.high}" + (
+        scale = "words" if k.choices else "log" if s.log else "linear"
+        rng = " \\| ".join(k.choices) if k.choices else f"{s.low} to {s.high}" + (
             " of MAX_UPDATE" if s.relative else " (the encoder's)" if s.high == "layers" else "")
         who = ", ".join(f"`{u}`" for u in users) if len(users) <= 4 else f"{len(users)}: `{users[0]}`, `{users[1]}`, ..."
         rows.append(f"| `{k.var}` | `{k.var}_RANGE` | {rng} | {scale} | "

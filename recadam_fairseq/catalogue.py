@@ -34,13 +34,12 @@ class UnknownMethod(ValueError):
 @dataclass(frozen=True)
 class Space:
     """Where tune.sh searches a knob (scripts/glue/tune.sh, launch/space.py): ``low`` to ``high`` (text, in the knob's
-    values; ``layers``: the encoder's), on a log scale or not; a word knob's ``choices``; ``relative``: fractions of
-    the run's updates (t0). ``searched``: by default; False: only when its range variable (``<VAR>_RANGE``) is set."""
+    values; ``layers``: the encoder's), on a log scale or not (a word knob: among its ``choices``); ``relative``:
+    fractions of the run's updates (t0). ``searched``: by default; False: only when its ``<VAR>_RANGE`` is set."""
 
     low: str = ""
     high: str = ""
     log: bool = False
-    choices: Tuple[str, ...] = ()
     relative: bool = False
     searched: bool = True
 
@@ -129,7 +128,7 @@ SCHEDULES = ("sigmoid", "linear", "constant")
 KNOBS: Dict[str, Knob] = {k.key: k for k in (
     Knob("anneal_fun", "ANNEAL_FUN", "sigmoid", str, "--recadam-anneal-fun", "λ(t)'s schedule: sigmoid, linear "
          "or constant", tag="", tag_if_changed=True, off_default="linear", choices=SCHEDULES,
-         space=Space(choices=SCHEDULES, searched=False)),
+         space=Space(searched=False)),
     Knob("k", "K", "0.1", float, "--recadam-anneal-k", "the slope of the sigmoid λ(t)", tag="k", off_default="0.3",
          bounds=("(0, inf)", "k"), space=Space("0.01", "1", log=True)),
     Knob("t0", "T0", "1000", float, "--recadam-anneal-t0", "the update where λ(t) = 1/2", tag="t", off_default="77",

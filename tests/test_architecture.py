@@ -299,6 +299,8 @@ def test_module_names_are_unique_but_the_core_adapter_mirror():
         parts = path.split(os.sep)
         if parts[-1] != "__init__.py":
             where.setdefault(parts[-1], []).append(parts[1] if len(parts) > 2 else "(root)")
+        elif len(parts) > 2:  # a folder's name is taken too (prepare/ and a prepare.py would read as one)
+            where.setdefault(parts[-2] + ".py", []).append("(a folder)")
     problems = []
     for name, folders in sorted(where.items()):
         if len(folders) == 1:

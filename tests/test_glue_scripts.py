@@ -1140,6 +1140,10 @@ def test_a_preempted_slurm_job_is_requeued_and_its_run_ends(fake, tmp_path):
     subprocess.run([str(tmp_path / "bin" / "scancel"), "--signal", "USR2", job], env=env, check=True)
     out, _ = grid.communicate(timeout=60)
     assert grid.returncode == 0 and "grid.sh: RTE: ran 1, skipped 0, failed 0" in out, out
+    # (the pretend cluster writes COMPLETED once the job's script has exited: the grid may have read the result first)
+    deadline = time.time() + 30
+    while open(state / job).read().startswith("RUNNING") and time.time() < deadline:
+        time.sleep(0.1)
     assert open(state / (job + ".requeued")).read() == "1" and open(state / job).read() == "COMPLETED"
     assert len(open(attempts).read().splitlines()) == 2 and os.path.exists(os.path.join(run_dir, "done"))
     log = "".join(open(f).read() for f in glob.glob(f"{env['SAVE_DIR']}/RTE/.submitit/*_log.err"))

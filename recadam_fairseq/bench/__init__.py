@@ -3,9 +3,3 @@ implementations, timing, the report's tables, the end-to-end timer and the comma
 the costs in fairseq-train and of a model's state, each the code of the script of its name: ``bench_methods`` (a set
 of methods against each one's base), ``bench_r3f``, ``bench_sharding``, ``ca_mtl_overhead``, ``e2e_overhead`` (the
 GPU pass, scripts/gpu/), with ``bench_rows``, each method's rows in those benchmarks and the GPU pass."""
-
-import warnings
-
-# before fairseq: fairscale's FutureWarnings off the terminal (fairseq imports fairscale, whose offload module uses
-# torch.cuda.amp's deprecated decorators on import: not the user's doing)
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"fairscale(\.|$)")

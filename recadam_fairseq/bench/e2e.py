@@ -10,9 +10,10 @@ from typing import List
 from recadam_fairseq import catalogue
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 from recadam_fairseq.launch import tiny_train
+from recadam_fairseq.launch.recipe import REPO
 
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+ROOT = REPO  # the checkout
 E2E_BASE = catalogue.get("recadam").base  # RecAdam timed against its base in the catalogue (adam)
 E2E = (E2E_BASE, "recadam")  # methods of the catalogue, at its defaults but t0 (the runs are short)
 

@@ -36,12 +36,12 @@ from recadam_fairseq.engine import methods  # the comparison's specs, on the cat
 from recadam_fairseq.engine.fairseq_log import parse_log_lines
 from recadam_fairseq.bench import bench_rows
 from recadam_fairseq.launch import tiny_train
-from recadam_fairseq.launch.recipe import PRECISION
+from recadam_fairseq.launch.recipe import PRECISION, REPO
 from recadam_fairseq.tiny import make_tiny_roberta as tiny_roberta
 from recadam_fairseq.tiny.text_data import glue_layout
 from recadam_fairseq.tools import readme_block
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+ROOT = REPO  # the checkout
 TRAIN_PEAK = os.path.join(ROOT, "scripts", "gpu", "train_peak.py")  # fairseq-train, then its peak CUDA memory
 README_START, README_END = "<!-- gpu-e2e:start -->", "<!-- gpu-e2e:end -->"
 

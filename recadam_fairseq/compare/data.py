@@ -4,7 +4,7 @@ per setting in WORK/data[-TASK], and where a run finds its target and the probe.
 import os
 import sys
 
-from recadam_fairseq.compare import prepare
+from recadam_fairseq.compare import sdist_data
 from recadam_fairseq.compare.files import read_json, task_dirs, write_json
 from recadam_fairseq.compare.plan import MULTI
 from recadam_fairseq.engine import methods
@@ -18,7 +18,7 @@ def data_settings(opts, task=None):
     task = task or opts.task
     if task == MULTI:
         return {t: data_settings(opts, t) for t in opts.tasks}
-    t = prepare.TARGETS[task]
+    t = sdist_data.TARGETS[task]
     out = dict(train_size=opts.train_size or t.train_size, test_size=opts.test_size or t.test_size,
                snli_pairs=opts.snli_pairs, neutral_band=opts.neutral_band, max_tokens=opts.max_tokens,
                data_seed=opts.data_seed)
@@ -35,11 +35,11 @@ def ensure_data(opts, task, pre_dir):
         return data, info
     print(f"== preparing data in {data}", flush=True)
     try:
-        info = prepare.prepare_target(
+        info = sdist_data.prepare_target(
             task, opts.sdist_dir or os.path.join(opts.work, "sdists"),
             opts.model_dir or packaged_model_dir(), os.path.join(pre_dir, "dict.txt"), data,
             **{k: v for k, v in settings.items() if k != "task"})
-    except prepare.DataError as e:
+    except sdist_data.DataError as e:
         sys.exit(f"run.py: error: {e}")
     info["settings"] = settings
     write_json(info_path, info)
@@ -54,7 +54,7 @@ def task_layout(opts, data, dirs, create=True):
     if opts.task == MULTI:
         targets = {t: os.path.join(d, "sentiment-bin" if t == "movie" else f"{t}-bin") for t, d in dirs.items()}
         out = task_dirs(opts.work, MULTI)[0]
-        glue = prepare.multi_layout(out, targets) if create else prepare.multi_glue(out)
+        glue = sdist_data.multi_layout(out, targets) if create else sdist_data.multi_glue(out)
         return {"targets": {t: os.path.join(glue, f"{t}-bin") for t in targets}, "snli": os.path.join(data, "snli-bin"),
                 "glue": glue, "mt_task": ",".join(targets), "num_classes": None, "multitask": True}
     glue = glue_dir(data)
@@ -62,5 +62,5 @@ def task_layout(opts, data, dirs, create=True):
         return {"sentiment": os.path.join(data, "sentiment-bin"), "snli": os.path.join(data, "snli-bin"),
                 "glue": glue_layout(data) if create else glue, "mt_task": methods.MT_TASK, "num_classes": 2}
     return {"sentiment": os.path.join(data, f"{opts.task}-bin"), "snli": os.path.join(data, "snli-bin"),
-            "glue": prepare.own_layout(data, opts.task) if create else glue, "mt_task": opts.task,
-            "num_classes": len(prepare.TARGETS[opts.task].classes)}
+            "glue": sdist_data.own_layout(data, opts.task) if create else glue, "mt_task": opts.task,
+            "num_classes": len(sdist_data.TARGETS[opts.task].classes)}

@@ -3,7 +3,7 @@
 import json
 import os
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+from recadam_fairseq.launch.recipe import REPO as ROOT  # the checkout
 USER_DIR = os.path.join(ROOT, "recadam_fairseq")
 SCRIPTS = os.path.join(ROOT, "scripts", "forgetting")  # the command lines the recorded commands name
 

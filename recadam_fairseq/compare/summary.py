@@ -26,7 +26,7 @@ import os
 
 import numpy as np
 
-from recadam_fairseq.compare import plan, prepare
+from recadam_fairseq.compare import plan, sdist_data
 from recadam_fairseq.compare.files import ROOT, read_json, write_json
 from recadam_fairseq.engine import methods
 from recadam_fairseq.compare.report import delta_auc
@@ -38,7 +38,7 @@ from recadam_fairseq.tools import readme_block
 
 SUMMARY = ("<!-- forgetting-summary:start -->", "<!-- forgetting-summary:end -->")
 MULTITASK = ("<!-- forgetting-multitask:start -->", "<!-- forgetting-multitask:end -->")
-TASKS = tuple(prepare.TARGETS)  # movie, tweets, nli
+TASKS = tuple(sdist_data.TARGETS)  # movie, tweets, nli
 
 
 def task_settings():

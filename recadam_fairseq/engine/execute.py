@@ -20,7 +20,7 @@ def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None
     threading.Event the runs may watch, or set: then too no more start) and is raised once the runs under way have
     ended (``on_stop`` is called first: the launcher's passes the Ctrl-C on to its trainers); each further Ctrl-C
     meanwhile calls ``on_interrupt`` (the launcher's: stop the trainers)."""
-    lock = threading.Lock()
+    lock, stop = threading.Lock(), stop or threading.Event()
 
     def say(text):
         with lock:
@@ -31,8 +31,8 @@ def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None
     results, errors, waiting, running = [None] * len(plan), [], list(order), {}
     pool = ThreadPoolExecutor(max_workers=max(1, jobs))
     try:
-        while (waiting and not (stop is not None and stop.is_set())) or running:
-            while waiting and len(running) < max(1, jobs) and not (stop is not None and stop.is_set()):
+        while (waiting and not stop.is_set()) or running:
+            while waiting and len(running) < max(1, jobs) and not stop.is_set():
                 # started here, so a stopped plan starts no more
                 i = waiting.pop(0)
                 running[pool.submit(plan[i], say)] = i
@@ -47,12 +47,13 @@ def execute(plan, jobs=1, order=None, on_done=None, stop=None, on_interrupt=None
                     if on_done:
                         on_done(i, results[i], say)
     except BaseException:
-        if stop is not None:
-            stop.set()
+        stop.set()
         if on_stop is not None:
             on_stop()
-        while running:  # the runs under way end (their trainers got the Ctrl-C too); waited on as futures (a join
-            try:        # that a Ctrl-C interrupted would not wait again)
+        # the runs under way end (their trainers got the Ctrl-C too), waited on as futures: a thread's join that a
+        # Ctrl-C interrupted would not wait again
+        while running:
+            try:
                 wait(list(running))
                 break
             except KeyboardInterrupt:

@@ -88,9 +88,9 @@ def parse_range(var: str, text: str, space: catalogue.Space, knob: Optional[cata
     key = knob.key if knob else LR
     typ = knob.type if knob else float
     words = text.split()
-    if space.choices:
+    if knob is not None and knob.choices:
         if not words:
-            raise Stop(f"{name}: an empty range: give some of {' '.join(space.choices)}")
+            raise Stop(f"{name}: an empty range: give some of {' '.join(knob.choices)}")
         for w in words:
             try:
                 knob.check(w)
@@ -120,8 +120,8 @@ def parse_range(var: str, text: str, space: catalogue.Space, knob: Optional[cata
 
 def default_dim(space: catalogue.Space, knob: Optional[catalogue.Knob], layers: int) -> Dim:
     """The catalogue's range of a knob (``layers``: the encoder's, for a range up to it), or LR_SPACE's."""
-    if space.choices:
-        return Dim(knob.key, knob.var, knob.type, choices=space.choices)
+    if knob is not None and knob.choices:
+        return Dim(knob.key, knob.var, knob.type, choices=knob.choices)
     high = float(layers) if space.high == "layers" else float(space.high)
     if knob is None:
         return Dim(LR, "LR", float, float(space.low), high, space.log)

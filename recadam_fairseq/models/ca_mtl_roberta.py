@@ -31,7 +31,7 @@ from torch import Tensor
 
 from ..core.errors import ConfigError
 from . import layer_norm_eps
-from .tiny import tiny_sizes
+from .tiny_sizes import tiny_sizes
 from ..core.layers import parse_layers
 from ..core.conditional_modules import (
     ConditionalAlignment,

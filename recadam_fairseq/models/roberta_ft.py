@@ -42,7 +42,7 @@ from fairseq.utils import safe_getattr
 from ..core import lora, mixout
 from ..core.errors import ConfigError
 from . import layer_norm_eps
-from .tiny import tiny_sizes
+from .tiny_sizes import tiny_sizes
 
 # under fairseq's logger: recadam's anchor re-runs the upgrade quietly (it silences "fairseq.models" around it)
 logger = logging.getLogger("fairseq.models.roberta_ft")

@@ -4,9 +4,3 @@ original's forward by ``verify_hf``; ``bert_forward``, the original's plain-torc
 user's or the GLUE tasks binarized for fine-tuning (``prepare_task``, ``prepare_glue``), a forgetting-meter probe
 (``binarize_probe``) and a labelled example set to ship (``example_task``). Their command lines are data-prep/*.py and
 scripts/binarize_probe.py, of the same names; never imported by the plug-in."""
-
-import warnings
-
-# before fairseq: fairscale's FutureWarnings off the terminal (fairseq imports fairscale, whose offload module uses
-# torch.cuda.amp's deprecated decorators on import: not the user's doing)
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"fairscale(\.|$)")

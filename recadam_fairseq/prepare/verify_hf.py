@@ -24,9 +24,8 @@ VERIFY_SENTENCES = [
 ]
 
 
-def original(source: Source, eps: Optional[float] = None):
-    """The original model through transformers (its masked-LM class when it has the head), float64, eval; ``eps``:
-    every LayerNorm's instead of its own (DistilBERT's is in its code, not its config)."""
+def original(source: Source):
+    """The original model through transformers (its masked-LM class when it has the head), float64, eval."""
     from transformers import AutoConfig, AutoModel, AutoModelForMaskedLM
     from transformers.utils import logging as hf_logging
 
@@ -41,11 +40,15 @@ def original(source: Source, eps: Optional[float] = None):
         hf_logging.set_verbosity(level)
         if bars:
             hf_logging.enable_progress_bar()
-    if eps is not None:
-        for m in model.modules():
-            if isinstance(m, torch.nn.LayerNorm):
-                m.eps = eps
     return model.double().eval()
+
+
+def with_eps(model, eps: float):
+    """``model`` with every LayerNorm's eps ``eps`` (DistilBERT's is in its code, not its config)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.LayerNorm):
+            m.eps = eps
+    return model
 
 
 def verify(model_dir: Optional[str], out_dir: str, sentences: Sequence[str] = VERIFY_SENTENCES) -> dict:
@@ -80,9 +83,10 @@ def verify(model_dir: Optional[str], out_dir: str, sentences: Sequence[str] = VE
     tokens = b2f[ids].masked_fill(mask == 0, PAD)
     with torch.no_grad():
         ours = [s.double() for s in hub.extract_features(tokens, return_all_hiddens=True)]
-        refs = [original(source)(input_ids=ids, attention_mask=mask, output_hidden_states=True)]
-        if eps != source.eps:
-            refs.append(original(source, eps)(input_ids=ids, attention_mask=mask, output_hidden_states=True))
+        model = original(source)
+        refs = [model(input_ids=ids, attention_mask=mask, output_hidden_states=True)]
+        if eps != source.eps:  # (the same model, at the converted one's eps: what the conversion itself changed)
+            refs.append(with_eps(model, eps)(input_ids=ids, attention_mask=mask, output_hidden_states=True))
         logits = hub.model(tokens)[0].double() if source.head is not None else None
     keep = mask.bool()
 

@@ -3,9 +3,3 @@ RoBERTa and a GLUE-style set (``make_tiny_roberta``; its runs' commands: launch/
 language pair and a tiny pretrained transformer (``make_tiny_translation``), a rule-based pair over real text
 (``make_text_translation``) and the two PyPI sdists' text that it and the forgetting comparison read (``text_data``).
 Never imported by the plug-in."""
-
-import warnings
-
-# before fairseq: fairscale's FutureWarnings off the terminal (fairseq imports fairscale, whose offload module uses
-# torch.cuda.amp's deprecated decorators on import: not the user's doing)
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"fairscale(\.|$)")

@@ -3,9 +3,3 @@ submission (``predict_multitask``), export a classifier to Hugging Face (``expor
 plain weights (``merge_lora``), mix a run's weights with the pretrained ones (WiSE-FT: ``interpolate``). Their command
 lines are scripts/glue/predict.py, scripts/glue/predict_multitask.py, scripts/export_hf.py, scripts/merge_lora.py and
 scripts/interpolate.py; never imported by the plug-in."""
-
-import warnings
-
-# before fairseq: fairscale's FutureWarnings off the terminal (fairseq imports fairscale, whose offload module uses
-# torch.cuda.amp's deprecated decorators on import: not the user's doing)
-warnings.filterwarnings("ignore", category=FutureWarning, module=r"fairscale(\.|$)")
