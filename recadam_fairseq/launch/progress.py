@@ -19,8 +19,8 @@ from recadam_fairseq.engine.fairseq_log import parse_log_lines
 SHOWN_LOGGERS = ("recadam_fairseq.criterions.fisher_source",)
 # torch.compile of RecAdam's fused update: minutes the first time on a loaded CPU, with nothing else to show
 COMPILING = " | INFO | recadam_fairseq.core.fused | RecAdam: compiling "
-COMPILE_NOTE = ("  RecAdam: compiling its fused update with torch.compile: the first time can take minutes (on a CPU), "
-                "later runs take it from torch's on-disk cache")
+COMPILE_NOTE = ("  --optimizer recadam: compiling its fused update with torch.compile: the first time can take minutes "
+                "(on a CPU), later runs take it from torch's on-disk cache")
 
 
 def _num(x) -> str:

@@ -282,7 +282,7 @@ class CaMtlRobertaModel(RobertaModel):
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # re-initialises every Linear/Embedding (BERT init) ...
         reset_conditional_parameters(self.encoder)  # ... so put the conditional modules back to the identity
-        layer_norm_eps.apply(self, safe_getattr(args, "layer_norm_eps", layer_norm_eps.FAIRSEQ_EPS))
+        layer_norm_eps.apply(self, args)
 
     @property
     def num_tasks(self) -> int:

@@ -29,9 +29,10 @@ def check(args) -> None:
         raise ConfigError(f"--layer-norm-eps {eps}: must be a positive number (fairseq's is 1e-5, BERT's 1e-12)")
 
 
-def apply(model, eps: float) -> None:
+def apply(model, args) -> None:
     """Every layer norm of ``model`` (torch's, apex's, CA-MTL's conditional one: a module with normalized_shape and
-    eps) computes with ``eps``."""
+    eps) computes with ``args.layer_norm_eps`` (fairseq's where args, e.g. an old checkpoint's, has none)."""
+    eps = getattr(args, "layer_norm_eps", None) or FAIRSEQ_EPS
     for m in model.modules():
         if hasattr(m, "normalized_shape") and hasattr(m, "eps"):
             m.eps = float(eps)

@@ -129,7 +129,7 @@ class RobertaFtModel(RobertaModel):
 
     def __init__(self, args, encoder):
         super().__init__(args, encoder)  # BERT's init on every tensor: what --reinit-layers keeps
-        layer_norm_eps.apply(self, safe_getattr(args, "layer_norm_eps", layer_norm_eps.FAIRSEQ_EPS))
+        layer_norm_eps.apply(self, args)
         n = args.reinit_layers
         self.reinit_indices = list(range(args.encoder_layers - n, args.encoder_layers))
         if n:

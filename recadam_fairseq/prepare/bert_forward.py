@@ -24,7 +24,7 @@ def bert_forward(bert: Source, input_ids: torch.Tensor, attention_mask: torch.Te
     every layer, (batch, time, dim) each, in ``dtype`` (the comparison's reference SNLI AUC of the original
     weights, compare/pretrained.py, on a machine without transformers)."""
     t, cfg = bert.tensors, bert.config
-    eps = cfg.get("layer_norm_eps", 1e-12) if eps is None else eps
+    eps = bert.eps if eps is None else eps
     w = {k: v.to(dtype) for k, v in t.items() if v.is_floating_point()}
     heads, dim = cfg["num_attention_heads"], cfg["hidden_size"]
     approximate = "none" if cfg.get("hidden_act", "gelu") == "gelu" else "tanh"  # erf GELU, or gelu_new

