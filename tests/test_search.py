@@ -167,7 +167,16 @@ def test_fronts_and_picks_by_hand():
     assert T.picks([r for r in recs if r["method"] != "adam"], 0.5)["recadam"][0]["number"] == 2  # the reference: 83
     rows, fields = T.csv_rows(recs, T.fronts(recs))
     assert fields[:4] == ["method", "trial", "state", "LR"] and [r["front"] for r in rows[:5]] == ["yes", "yes", "", "yes", ""]
+    from recadam_fairseq.engine.trials_plot import x_range
 
+    # the figure's forgetting axis ends at the boxplot's whisker, Q3 + 1.5 IQR, by hand: 0, .01, .02, .03, .04, .37
+    # have Q1 = .0125, Q3 = .0375 (linear between ranks), so the whisker is .075 and .37 is drawn at the edge of an
+    # axis ending at .04; a front point is never cut; fewer than 4 trials are all drawn
+    xs = [0.0, 0.01, 0.02, 0.03, 0.04, 0.37]
+    assert x_range(xs, [0.0]) == (0.0, 0.04) and x_range(xs, [0.0, 0.37]) == (0.0, 0.37)
+    assert x_range(xs[:2] + [0.37], [0.0]) == (0.0, 0.37)
+    tiny = [-0.00057, -0.00055, -0.00043, -0.00036, -0.00013, -0.00009]  # every trial at chance: none far off
+    assert x_range(tiny, [-0.00057, -0.00055]) == (-0.00057, -0.00009)
 
 def test_the_same_seed_proposes_the_same_trials(fake, tmp_path):
     """Two studies under one SEARCH_SEED draw the same trials, past the random start (their TPE fits the same told
