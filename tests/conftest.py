@@ -1,6 +1,7 @@
 """The session's fixtures and hooks; everything else the tests share is in tests/helpers/."""
 
 import os
+import signal
 
 import pytest
 import torch
@@ -13,6 +14,12 @@ from recadam_fairseq.tiny import make_tiny_roberta
 # processes; more threads would only oversubscribe the cores. Launches inherit it (helpers.launch, the scripts).
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+
+# A suite started in the background (`make test &` in a script) inherits SIGINT ignored, and so would the launchers
+# the tests send a real Ctrl-C to (grid.sh, tune.sh): Python's handler here gives their SIGINT back its default
+# (exec resets a caught signal to it).
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 # In-process tests use fairseq's registries; a test module may have imported the core (no fairseq)
 # first, after which --user-dir skips the package: register explicitly, as a notebook user would.
