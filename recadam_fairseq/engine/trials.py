@@ -130,8 +130,8 @@ def markdown(records: List[dict], chosen: Dict[str, List[dict]], meta: dict) -> 
         picked = "; ".join(f"{r['setting']} ({r['why']})" for r in chosen.get(method, [])) or "none"
         md.append(f"| {method} | {c.get('complete', 0)} / {failed} / {c.get('refused', 0)} | "
                   f"{front_text(front_of.get(method, []))} | {picked} |")
-        if c.get("complete", 0) + failed < meta["trials"]:
-            short.append(f"{method} trained {c.get('complete', 0) + failed} of its {meta['trials']} trials: after "
+        if trained(records, method) < meta["trials"]:
+            short.append(f"{method} trained {trained(records, method)} of its {meta['trials']} trials: after "
                          f"{c.get('refused', 0)} refusals no more were asked.")
     md += [""] + short + ([""] if short else [])
     why = [r for r in records if r["state"] in ("failed", "diverged", "refused")]

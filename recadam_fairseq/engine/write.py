@@ -27,6 +27,21 @@ def cell_text(c):
     return f"{c['mean']:.2f} ± {c['std']:.2f} (n={c['n']})"
 
 
+def read_json(path):
+    """The JSON at ``path``, None when there is no such file."""
+    if not os.path.isfile(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def write_json(path, obj):
+    """``obj`` as indented JSON and a newline, replacing ``path`` at once (a reader never sees half a file)."""
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        f.write(json.dumps(obj, indent=2) + "\n")
+    os.replace(path + ".tmp", path)
+
+
 def write_csv(path, rows, fields):
     with open(path, "w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")

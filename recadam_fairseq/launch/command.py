@@ -18,7 +18,7 @@ from recadam_fairseq.launch import prelaunch
 
 from . import glue, multitask, translation
 from .spec import RunSpec, Stop
-from .train import score, train
+from .train import INTERRUPTED, score, train
 from .variables import Variables
 
 # KIND: (what it expects, the catalogue's METHODs it lists: prelaunch.methods_help's arguments, or None)
@@ -94,7 +94,7 @@ def main(argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None)
 
             return demo.main([script, *args])
     except KeyboardInterrupt:  # (each run's launcher got it too, and waits for its trainer)
-        return 130
+        return INTERRUPTED
     v = Variables(os.environ if env is None else env, prog)
     extra = args[len(expects.split()):]
     try:
@@ -108,7 +108,7 @@ def main(argv: Optional[List[str]] = None, env: Optional[Dict[str, str]] = None)
         say_error(prog, e)
         return 2
     except KeyboardInterrupt:  # Ctrl-C before training (reading the checkpoint): nothing more to say
-        return 130
+        return INTERRUPTED
 
 
 def say_error(prog: str, e: Stop) -> None:

@@ -136,7 +136,7 @@ def main(argv: List[str]) -> int:
     def one(run, s):
         def go(say):
             name = run_name(s.run_dir)
-            tell = (lambda msg: say(f"[{name}] {msg}")) if jobs > 1 else say
+            tell = pool.tagged(say, name) or say
             try:
                 rc = pool.launch(s, variables(run, env, say=lambda msg: tell(f"finetune.sh: {msg}")), say, name)
             finally:

@@ -17,9 +17,9 @@ import time
 from typing import Callable, Dict, List, Optional
 
 from .spec import RunSpec, Stop
+from .train import INTERRUPTED
 from .variables import Variables
 
-INTERRUPTED = 130  # a run Ctrl-C ended: not done, not failed
 NODE_OWN = ("CUDA_VISIBLE_DEVICES", "TMPDIR", "TMP", "TEMP", "HOSTNAME")  # a cluster node's, not the login node's
 
 
@@ -118,8 +118,7 @@ class Runs:
 
         if os.path.exists(os.path.join(spec.run_dir, "train.log")) and not v.restart:
             say(f"resume {spec.run_dir} (unfinished)")
-        tell = (lambda msg: say(f"[{name}] {msg}")) if self.jobs > 1 else say
-        rc = launch(spec, v, trainer=lambda sp, _: self.train(sp, say, name, err), out=tell)
+        rc = launch(spec, v, trainer=lambda sp, _: self.train(sp, say, name, err), out=self.tagged(say, name) or say)
         return INTERRUPTED if rc != 0 and self.stop.is_set() else rc
 
     def train(self, spec: RunSpec, say: Callable[[str], None], name: str = "", err=None) -> int:
@@ -133,13 +132,17 @@ class Runs:
         env = dict(self.env)
         if self.groups:
             env["CUDA_VISIBLE_DEVICES"] = ",".join(self.groups[slot])
-        out = (lambda text: say(f"[{name}] {text}")) if self.jobs > 1 else None
+        out = self.tagged(say, name)
         try:
             return train(spec, lambda msg: (out or say)(f"{os.path.basename(spec.script)}: {msg}"), env=env, out=out,
                          err=err or out or _stderr, procs=self.procs, stop=self.stop)
         finally:
             with self.lock:
                 self.free.append(slot)
+
+    def tagged(self, say: Callable[[str], None], name: str) -> Optional[Callable[[str], None]]:
+        """``say`` with each line marked ``[name]`` when runs go side by side (which run said it), else None."""
+        return (lambda text: say(f"[{name}] {text}")) if self.jobs > 1 else None
 
     def executor(self):
         import submitit

@@ -7,10 +7,11 @@ A trial's values (its variables: LR, K, T0, ...) are what its run trained with; 
 its drawn parameters when a launcher stopped between the two."""
 
 import fcntl
-import json
 import os
 import zlib
 from typing import Dict, List
+
+from recadam_fairseq.engine.write import read_json, write_json
 
 from .spec import Stop
 
@@ -38,9 +39,8 @@ class Studies:
         from optuna.storages.journal import JournalFileBackend
 
         path = os.path.join(self.dir, "search.json")
-        if os.path.exists(path):
-            with open(path, encoding="utf-8") as f:
-                theirs = json.load(f)
+        theirs = read_json(path)
+        if theirs is not None:
             differ = [k for k in MADE_FOR if theirs.get(k) != self.made_for[k]]
             if {"methods", "updates"} & set(differ):  # (the ranges differ with them: not said twice)
                 differ = [k for k in differ if k != "spaces"]
@@ -65,8 +65,7 @@ class Studies:
             raise Stop(f"another tune.sh runs the search in {self.dir} (it holds tune.lock)") from None
         except OSError as e:  # Lustre without flock, ...: nothing keeps a second launcher out
             say(f"warning: {self.dir} cannot be locked ({e.strerror}): run one tune.sh on it at a time")
-        with open(path, "w", encoding="utf-8") as f:
-            json.dump(self.made_for, f, indent=1)
+        write_json(path, self.made_for)
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning)
         self.storage = JournalStorage(JournalFileBackend(os.path.join(self.dir, JOURNAL)))
@@ -134,14 +133,7 @@ class Jobs:
         self.path = os.path.join(folder, "jobs.json")
 
     def read(self) -> Dict[str, str]:
-        if not os.path.exists(self.path):
-            return {}
-        with open(self.path, encoding="utf-8") as f:
-            return json.load(f)
+        return read_json(self.path) or {}
 
     def add(self, run_dir: str, job_id: str) -> None:
-        sent = self.read()
-        sent[run_dir] = job_id
-        with open(self.path + ".tmp", "w", encoding="utf-8") as f:
-            json.dump(sent, f, indent=1)
-        os.replace(self.path + ".tmp", self.path)
+        write_json(self.path, {**self.read(), run_dir: job_id})

@@ -15,6 +15,7 @@ from recadam_fairseq.launch import prelaunch
 
 from .spec import RunSpec, Stop
 
+INTERRUPTED = 130  # a run Ctrl-C ended (the shell's status for SIGINT): not done, not failed
 # the trainer's one-line refusal (fairseq-train's argparse and the plug-in's: "PROG: error: ..."), or an exception's
 REFUSAL = re.compile(r"^[\w.-]+: error: ")
 _ERROR = re.compile(REFUSAL.pattern + r"|^[A-Za-z_.]*(Error|Exception): ")
@@ -80,7 +81,7 @@ def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, sessi
         with open(log, "a", encoding="utf-8") as f:
             f.write(f"{os.path.basename(spec.script)}: {msg}\n")
     if stop is not None and stop.is_set():  # (Ctrl-C while it was resumed: reading a checkpoint takes a while)
-        return 130
+        return INTERRUPTED
     with open(log, "a", encoding="utf-8") as f:
         offset = f.tell()
         try:
@@ -107,7 +108,7 @@ def train(spec: RunSpec, say, env=None, out=None, err=_stderr, procs=None, sessi
             ended.set()
             follower.join()
     if interrupted or (rc != 0 and stop is not None and stop.is_set()):  # (a second Ctrl-C's SIGTERM too)
-        return 130
+        return INTERRUPTED
     if rc != 0:
         rc = 128 - rc if rc < 0 else rc  # killed by a signal: the shell's status
         error = last_error(log, offset)
